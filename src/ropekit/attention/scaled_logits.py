@@ -1,0 +1,27 @@
+"""Per-query-position attention-logit scaling (Entropy-aware ABF)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..methods.rope import entropy_logit_scale
+
+
+class QueryLogitScale:
+    """Multiply the logits of query position ``m`` by ``t = max(log_c(m+1), 1)`` (Entropy-ABF Eq. 5).
+
+    Scaling the query scales every logit of its row by the same ``t``; keys (and the KV cache) are
+    untouched, so cached decoding stays exact.
+    """
+
+    def __init__(self, context: int):
+        self.context = int(context)
+
+    def __call__(self, module, query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None):
+        if position_ids is None:
+            raise RuntimeError("ropekit's logit scale needs position_ids; transformers did not pass them")
+        scale = entropy_logit_scale(position_ids, self.context).to(device=query.device, dtype=query.dtype)
+        return query * scale[:, None, :, None], key
+
+    def __repr__(self) -> str:
+        return f"QueryLogitScale(context={self.context})"

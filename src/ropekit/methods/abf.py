@@ -1,0 +1,86 @@
+"""ABF (adjusted base frequency) and Entropy-aware ABF."""
+
+from __future__ import annotations
+
+from ..errors import InvalidParameterError
+from .base import FACTOR, AttentionSpec, Method, Param, original_window, register
+from .rope import default_inv_freq
+
+NEW_BASE = Param("rope_theta", float, 500000.0, "the new RoPE base b'", minimum=1.0, exclusive_minimum=True)
+DECLARED_FACTOR = Param(
+    "factor", float, 1.0, "declares the extended window (C·factor); the base alone sets the frequencies", minimum=1.0
+)
+
+
+@register
+class ABF(Method):
+    """Adjusted base frequency (Xiong et al. 2023): replace ``b`` by a larger ``b'``; ``θ_i = b'^(−2i/d)``.
+
+    Default ``b' = 500,000`` as in Entropy-ABF (paper 001, Table 1). Continual pre-training is expected.
+    """
+
+    name = "abf"
+    title = "Adjusted base frequency"
+    summary = "Replace the RoPE base with a larger one (default 500,000); meant for continual pre-training."
+    reference = "Xiong et al. 2023, arXiv 2309.16039; Entropy-ABF (paper 001) Table 1"
+    params = (NEW_BASE, DECLARED_FACTOR)
+    needs_training = True
+    uses_factor = False
+
+    def inv_freq(self, info, params, seq_len=None, device=None):
+        return default_inv_freq(params["rope_theta"], info.rotary_dim, device), 1.0
+
+    def transformers_rope(self, info, params):
+        return {"rope_type": "default", "rope_theta": params["rope_theta"]}
+
+    def exports_to(self, params=None):
+        return ["transformers", "vllm"]
+
+
+@register
+class EntropyABF(ABF):
+    """Entropy-aware ABF (Zhang et al. 2024, paper 001 §3.2, Eq. 5).
+
+    ABF with ``b' = 500,000`` plus a per-query-position logit scale
+    ``t = max(log_c i, 1)`` (``i`` the 1-based query index, ``c`` the pretrained window) on every layer
+    except ``skip_layers`` (default 0 and 1, where the paper observes near-uniform attention). This is the
+    paper's rule; the released code applies the scale to every layer (notes §4). Plain transformers has no
+    such scale, so the export is ropekit-only.
+    """
+
+    name = "entropy_abf"
+    title = "Entropy-aware ABF"
+    summary = "ABF plus logit scale max(log_c i, 1) on layers ≥ 2 to keep attention entropy stable."
+    reference = "Zhang et al. 2024, arXiv 2401.07004 (paper 001) Eq. 5"
+    params = (
+        NEW_BASE,
+        Param("scale_context", int, original_window, "c in log_c i: the pretrained window", minimum=2),
+        Param("skip_layers", list, (0.0, 1.0), "layers left unscaled (the paper: 0 and 1)"),
+        DECLARED_FACTOR,
+    )
+    changes = ("frequencies", "logit_scale_per_position")
+
+    def resolve(self, info, given):
+        params = super().resolve(info, given)
+        if given.get("skip_layers") is None:  # the paper's default, on models with fewer layers too
+            params["skip_layers"] = [i for i in (0, 1) if i < info.num_layers]
+            return params
+        layers = []
+        for v in params["skip_layers"]:
+            if float(v) != int(v) or not 0 <= int(v) < info.num_layers:
+                raise InvalidParameterError(
+                    f"entropy_abf: skip_layers entry {v:g} is not a layer index of this {info.num_layers}-layer model",
+                    f"pass indices between 0 and {info.num_layers - 1}, e.g. --param skip_layers=0,1",
+                )
+            layers.append(int(v))
+        params["skip_layers"] = sorted(set(layers))
+        return params
+
+    def attention(self, info, params):
+        return AttentionSpec(logit_scale_context=params["scale_context"], skip_layers=frozenset(params["skip_layers"]))
+
+    def transformers_rope(self, info, params):
+        return None
+
+    def exports_to(self, params=None):
+        return []

@@ -1,0 +1,334 @@
+"""What a context-extension method is: typed parameters, validation, and what it changes in a model.
+
+A :class:`Method` is a small stateless object. Given the facts of a model's RoPE (:class:`RopeInfo`) and
+the user's parameters it can
+
+* resolve and validate the parameters (defaults come from the papers or from the model),
+* compute the shared inverse frequencies and attention factor (the transformers rope-init contract),
+* describe attention-side changes (per-head RoPE, logit scaling) as an :class:`AttentionSpec`,
+* say whether plain transformers (and therefore vLLM) has an exactly equivalent ``rope_parameters``.
+
+Installing a method into a model is :mod:`ropekit.patching`'s job; this module knows nothing about models.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from ..errors import InvalidParameterError, UnsupportedModelError
+
+#: Vocabulary for :attr:`Method.changes`.
+CHANGES = {
+    "frequencies": "the inverse frequency of each rotary dimension (shared by heads and layers)",
+    "frequencies_per_head": "a different RoPE base per attention head (per KV group on GQA models)",
+    "length_dependent": "frequencies recomputed from the current input length",
+    "attention_factor": "a constant attention-logit scale (via cos/sin)",
+    "logit_scale_per_position": "an attention-logit scale that depends on the query position",
+    "attention_pattern": "which keys a query sees, or the relative positions it sees them at",
+    "weights": "adds or trains weights",
+}
+
+
+@dataclass(frozen=True)
+class RopeInfo:
+    """The RoPE facts of a model, read from its transformers config."""
+
+    model_type: str
+    rope_type: str
+    rope_theta: float
+    head_dim: int
+    rotary_dim: int
+    partial_rotary_factor: float
+    window: int
+    num_heads: int
+    num_kv_heads: int
+    num_layers: int
+
+    @property
+    def kv_groups(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def from_config(cls, config) -> "RopeInfo":
+        """Read the RoPE facts of a transformers 5.x config; raise a one-line error when it has no RoPE."""
+        model_type = getattr(config, "model_type", "unknown")
+        rope = getattr(config, "rope_parameters", None)
+        if not rope or "rope_theta" not in rope or rope.get("rope_theta") is None:
+            raise UnsupportedModelError(
+                f"model type '{model_type}' has no rotary position embedding (RoPE)",
+                "ropekit extends RoPE models such as Llama, Mistral, Qwen2/3, Phi-3 and GPT-NeoX",
+            )
+        if any(isinstance(v, dict) for v in rope.values()):
+            raise UnsupportedModelError(
+                f"model type '{model_type}' has per-layer-type RoPE settings, which ropekit does not extend yet",
+                "use a model with one rope_parameters dict (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX)",
+            )
+        num_heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        prf = float(rope.get("partial_rotary_factor", 1.0) or 1.0)
+        return cls(
+            model_type=model_type,
+            rope_type=rope.get("rope_type", "default"),
+            rope_theta=float(rope["rope_theta"]),
+            head_dim=int(head_dim),
+            rotary_dim=int(head_dim * prf),
+            partial_rotary_factor=prf,
+            window=int(config.max_position_embeddings),
+            num_heads=int(num_heads),
+            num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),
+            num_layers=int(config.num_hidden_layers),
+        )
+
+
+_TYPE_NAMES = {float: "a number", int: "an integer", bool: "true or false", str: "a string", list: "a list of numbers"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One typed, documented method parameter.
+
+    ``default`` is a value, ``None`` (optional), or a callable ``RopeInfo -> value`` for defaults that
+    depend on the model (e.g. the original window). ``minimum``/``maximum`` bound numbers (inclusive unless
+    ``exclusive_minimum``); ``choices`` bounds strings.
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    minimum: float | None = None
+    exclusive_minimum: bool = False
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+
+    def default_for(self, info: RopeInfo | None) -> Any:
+        if callable(self.default):
+            return self.default(info) if info is not None else None
+        return self.default
+
+    def describe_default(self) -> Any:
+        """The default as shown in ``ropekit methods``: model-dependent defaults are described in words."""
+        if callable(self.default):
+            return getattr(self.default, "__doc__", None) or "from the model"
+        return self.default
+
+    def coerce(self, method: str, value: Any) -> Any:
+        """Convert ``value`` (a Python value or a CLI string) to this parameter's type, or raise one line."""
+        bad = InvalidParameterError(
+            f"{method}: parameter '{self.name}' must be {_TYPE_NAMES[self.type]}, got {value!r}",
+            f"pass e.g. --param {self.name}={self._example()}",
+        )
+        if value is None:
+            return None
+        if self.type is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+                return value.lower() in ("true", "1", "yes")
+            raise bad
+        if self.type in (int, float):
+            if isinstance(value, bool):
+                raise bad
+            if isinstance(value, str):
+                try:
+                    value = float(value)
+                except ValueError:
+                    raise bad from None
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise bad
+            if self.type is int:
+                if float(value) != int(value):
+                    raise bad
+                value = int(value)
+            else:
+                value = float(value)
+            self._check_range(method, value)
+            return value
+        if self.type is str:
+            if not isinstance(value, str):
+                raise bad
+            if self.choices and value not in self.choices:
+                raise InvalidParameterError(
+                    f"{method}: parameter '{self.name}' must be one of {', '.join(self.choices)}, got '{value}'",
+                    f"pass e.g. --param {self.name}={self.choices[0]}",
+                )
+            return value
+        if self.type is list:
+            if isinstance(value, str):
+                value = [v for v in value.replace(";", ",").split(",") if v.strip()]
+            if not isinstance(value, (list, tuple)):
+                raise bad
+            out = []
+            for v in value:
+                try:
+                    out.append(float(v))
+                except (TypeError, ValueError):
+                    raise bad from None
+            return out
+        raise TypeError(f"unsupported parameter type {self.type}")
+
+    def _check_range(self, method: str, value: float) -> None:
+        if self.minimum is not None:
+            if value < self.minimum or (self.exclusive_minimum and value == self.minimum):
+                op = ">" if self.exclusive_minimum else "≥"
+                raise InvalidParameterError(
+                    f"{method}: parameter '{self.name}' must be {op} {self.minimum:g}, got {value:g}",
+                    f"pass a value {op} {self.minimum:g}",
+                )
+        if self.maximum is not None and value > self.maximum:
+            raise InvalidParameterError(
+                f"{method}: parameter '{self.name}' must be ≤ {self.maximum:g}, got {value:g}",
+                f"pass a value ≤ {self.maximum:g}",
+            )
+
+    def _example(self) -> str:
+        return {float: "2.0", int: "4", bool: "true", str: (self.choices or ("x",))[0], list: "1e6,2e6"}[self.type]
+
+
+def original_window(info: RopeInfo) -> int:
+    """the model's window (max_position_embeddings)"""
+    return info.window
+
+
+def model_theta(info: RopeInfo) -> float:
+    """the model's rope_theta"""
+    return info.rope_theta
+
+
+FACTOR = Param("factor", float, 1.0, "scale factor s = target length / original window", minimum=1.0)
+ORIGINAL_WINDOW = Param(
+    "original_max_position_embeddings", int, original_window, "pretrained window C the scaling is relative to", minimum=2
+)
+ROPE_THETA = Param("rope_theta", float, model_theta, "RoPE base b the method starts from", minimum=1.0, exclusive_minimum=True)
+
+
+@dataclass
+class AttentionSpec:
+    """Attention-side changes a method needs, applied by ropekit's attention functions.
+
+    * ``logit_scale_context`` — multiply the logits of query position ``i`` by ``max(log_c(i+1), 1)``
+      (Entropy-ABF) on every layer except ``skip_layers``.
+    * ``head_bases`` — one RoPE base per KV group (HARPE); the shared rotary embedding becomes the
+      identity and each head is rotated with its own frequencies.
+    """
+
+    logit_scale_context: int | None = None
+    skip_layers: frozenset[int] = field(default_factory=frozenset)
+    head_bases: list[float] | None = None
+
+    def is_empty(self) -> bool:
+        return self.logit_scale_context is None and self.head_bases is None
+
+
+class Method:
+    """Base class of every registered method; subclasses set the class attributes and override hooks."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    summary: ClassVar[str]
+    reference: ClassVar[str]
+    params: ClassVar[tuple[Param, ...]] = ()
+    changes: ClassVar[tuple[str, ...]] = ("frequencies",)
+    needs_training: ClassVar[bool] = False
+    #: Whether ``factor`` drives the method's math (else it only declares the extended window).
+    uses_factor: ClassVar[bool] = True
+
+    # ---- parameters -------------------------------------------------------------------------
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def resolve(self, info: RopeInfo, given: dict[str, Any]) -> dict[str, Any]:
+        """Validate ``given`` and fill every default; unknown names raise one line listing the known ones."""
+        known = {p.name for p in self.params}
+        for key in given:
+            if key not in known:
+                raise InvalidParameterError(
+                    f"{self.name}: unknown parameter '{key}'",
+                    f"known parameters: {', '.join(sorted(known)) or 'none'}",
+                )
+        out: dict[str, Any] = {}
+        for p in self.params:
+            value = p.coerce(self.name, given[p.name]) if given.get(p.name) is not None else p.default_for(info)
+            out[p.name] = value
+        self.check(info, out)
+        return out
+
+    def check(self, info: RopeInfo, params: dict[str, Any]) -> None:
+        """Cross-parameter and model-dependent validation; raise :class:`InvalidParameterError`."""
+
+    # ---- what it does -----------------------------------------------------------------------
+    def inv_freq(
+        self, info: RopeInfo, params: dict[str, Any], seq_len: int | None = None, device=None
+    ) -> tuple[torch.Tensor, float]:
+        """Shared inverse frequencies (length rotary_dim/2) and the cos/sin attention factor."""
+        raise NotImplementedError(f"{type(self).__name__} must implement inv_freq")
+
+    def attention(self, info: RopeInfo, params: dict[str, Any]) -> AttentionSpec | None:
+        """Attention-side changes, or ``None`` when the method only changes the shared frequencies."""
+        return None
+
+    def max_position_embeddings(self, info: RopeInfo, params: dict[str, Any]) -> int:
+        """The window the extended model declares (``config.max_position_embeddings``)."""
+        return int(round(info.window * params.get("factor", 1.0)))
+
+    def transformers_rope(self, info: RopeInfo, params: dict[str, Any]) -> dict[str, Any] | None:
+        """``rope_parameters`` with which plain transformers builds exactly this model, or ``None``."""
+        return None
+
+    def exports_to(self, params: dict[str, Any] | None = None) -> list[str]:
+        """Which runtimes can run the exported model without ropekit (``transformers``, ``vllm``)."""
+        return []
+
+    def frozen_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Parameters that rebuild exactly this installation without recomputing anything (used by ``load``)."""
+        return dict(params)
+
+    def reach(self, info: RopeInfo, params: dict[str, Any]) -> int | None:
+        """The longest input the method is meant for, when it has a hard limit (else ``None``)."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready description (what ``ropekit methods --json`` prints)."""
+        return {
+            "name": self.name,
+            "title": self.title,
+            "summary": self.summary,
+            "reference": self.reference,
+            "params": {
+                p.name: {
+                    "type": p.type.__name__,
+                    "default": p.describe_default(),
+                    "help": p.help,
+                    **({"choices": list(p.choices)} if p.choices else {}),
+                    **({"minimum": p.minimum} if p.minimum is not None else {}),
+                }
+                for p in self.params
+            },
+            "changes": list(self.changes),
+            "needs_training": self.needs_training,
+            "exports_to": self.exports_to(),
+        }
+
+
+_REGISTRY: dict[str, Method] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Class decorator: add a method to the registry under ``cls.name``."""
+    if cls.name in _REGISTRY:
+        raise ValueError(f"method '{cls.name}' registered twice")
+    _REGISTRY[cls.name] = cls()
+    return cls
+
+
+def registered() -> dict[str, Method]:
+    return dict(_REGISTRY)
+
+

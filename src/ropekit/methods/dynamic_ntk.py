@@ -1,0 +1,87 @@
+"""Dynamic NTK: the NTK base recomputed from the input length (transformers' rule or LCEG's frozen variant)."""
+
+from __future__ import annotations
+
+from ..errors import InvalidParameterError
+from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Method, Param, register
+from .rope import default_inv_freq, dynamic_ntk_base
+
+
+def _trained_default(info):
+    """the original window (transformers' rule)"""
+    return info.window
+
+
+@register
+class DynamicNTK(Method):
+    """Dynamic NTK (emozilla 2023; Fu et al. 2024 as used by LCEG §7.8).
+
+    ``b' = b·(s·max(C', C_test)/C − (s − 1))^(d/(d−2))`` where ``C_test`` is the longest length seen so far
+    (:func:`ropekit.methods.rope.dynamic_ntk_alpha`).
+
+    * ``trained_length`` = ``C`` (default): transformers' ``dynamic`` rule — plain RoPE inside the window,
+      growing base beyond it. Exports to transformers' ``dynamic`` type.
+    * ``trained_length`` = ``C' > C``: LCEG's NTK-32k/64k — the base is *frozen* at its ``C'`` value for
+      every shorter input (training and inference), dynamic above ``C'`` (Tables 13–15; s = C'/(2C)).
+
+    The model declares ``max_position_embeddings = C'`` because transformers' ``@dynamic_rope_update``
+    recomputes frequencies only past it. Like transformers, keys already in the KV cache keep the rotation
+    they were cached with when the base grows during generation (transformers #25104).
+    """
+
+    name = "dynamic_ntk"
+    title = "Dynamic NTK"
+    summary = "NTK base recomputed from the input length; optionally frozen below a trained length (LCEG)."
+    reference = "emozilla 2023; Fu et al. 2024; LCEG (paper 002) §7.8, Tables 13–15"
+    params = (
+        FACTOR,
+        ORIGINAL_WINDOW,
+        Param(
+            "trained_length",
+            int,
+            _trained_default,
+            "C': base frozen at its C' value for shorter inputs (the fine-tuning length); C = transformers' rule",
+            minimum=2,
+        ),
+        ROPE_THETA,
+    )
+    changes = ("frequencies", "length_dependent")
+
+    def check(self, info, params):
+        if params["trained_length"] < params["original_max_position_embeddings"]:
+            raise InvalidParameterError(
+                f"dynamic_ntk: trained_length {params['trained_length']} is below the original window "
+                f"{params['original_max_position_embeddings']}",
+                "pass trained_length ≥ the original window (or leave it unset for transformers' rule)",
+            )
+
+    def inv_freq(self, info, params, seq_len=None, device=None):
+        if params["factor"] == 1.0:
+            return default_inv_freq(params["rope_theta"], info.rotary_dim, device), 1.0
+        trained = params["trained_length"]
+        length = trained if seq_len is None else max(int(seq_len), trained)
+        base = dynamic_ntk_base(
+            params["rope_theta"],
+            info.rotary_dim,
+            params["factor"],
+            length,
+            params["original_max_position_embeddings"],
+            trained,
+        )
+        return default_inv_freq(base, info.rotary_dim, device), 1.0
+
+    def max_position_embeddings(self, info, params):
+        return params["trained_length"]
+
+    def _is_transformers_rule(self, params) -> bool:
+        return params["trained_length"] == params["original_max_position_embeddings"]
+
+    def transformers_rope(self, info, params):
+        if not self._is_transformers_rule(params):
+            return None
+        return {"rope_type": "dynamic", "factor": params["factor"], "rope_theta": params["rope_theta"]}
+
+    def exports_to(self, params=None):
+        if params is not None and not self._is_transformers_rule(params):
+            return []
+        return ["transformers"]

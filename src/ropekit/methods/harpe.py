@@ -1,0 +1,94 @@
+"""HARPE: a different RoPE base for every attention head (per KV group on GQA models)."""
+
+from __future__ import annotations
+
+from ..errors import InvalidParameterError
+from .base import AttentionSpec, Method, Param, register
+from .abf import DECLARED_FACTOR
+import torch
+
+
+@register
+class HARPE(Method):
+    """Head-Adaptive RoPE (Lian et al. 2024, paper 004 §3): head ``h`` uses ``θ_{h,i} = b_h^(−2i/d)`` (Eq. 6–8).
+
+    The bases come from one of three strategies:
+
+    * ``explicit`` — the list in ``bases``;
+    * ``uniform`` — ``b_h = b_min + h·(b_max − b_min)/(N − 1)`` (Eq. 9);
+    * ``peak_valley`` — Algorithm 1 over the candidates ``b_min + i·stride`` (Eq. 10), see
+      :mod:`ropekit.methods.harpe_search` for the reconstructed attention waveform.
+
+    On grouped-query models the keys of a group are shared by its query heads, so a base can only differ
+    between KV groups: ``N`` is the number of KV heads and query head ``h`` uses the base of group
+    ``h // (heads / kv_heads)``. On MHA models ``N`` is the number of heads. The paper's settings are the
+    defaults (b_min 1e6, b_max 5e6, stride 30k). Rotation happens in ropekit's attention function; the
+    model's shared rotary embedding becomes the identity.
+    """
+
+    name = "harpe"
+    title = "HARPE (head-adaptive RoPE)"
+    summary = "One RoPE base per attention head (per KV group), chosen by a peak-valley search; train single-stage."
+    reference = "Lian et al. 2024, arXiv 2412.07171 (paper 004) Eq. 6–10, Algorithm 1"
+    params = (
+        Param("strategy", str, "peak_valley", "how bases are chosen", choices=("peak_valley", "uniform", "explicit")),
+        Param("bases", list, None, "explicit bases, one per KV group (strategy=explicit)"),
+        Param("b_min", float, 1.0e6, "smallest base", minimum=1.0, exclusive_minimum=True),
+        Param("b_max", float, 5.0e6, "largest base", minimum=1.0, exclusive_minimum=True),
+        Param("stride", float, 3.0e4, "candidate spacing of the peak-valley search", minimum=0, exclusive_minimum=True),
+        DECLARED_FACTOR,
+    )
+    changes = ("frequencies_per_head",)
+    needs_training = True
+    uses_factor = False
+
+    def resolve(self, info, given):
+        given = dict(given)
+        if given.get("bases") is not None and given.get("strategy") is None:
+            given["strategy"] = "explicit"
+        params = super().resolve(info, given)
+        n = info.num_kv_heads
+        if params["strategy"] == "explicit":
+            bases = params["bases"]
+            if not bases:
+                raise InvalidParameterError(
+                    "harpe: strategy 'explicit' needs a list of bases", f"pass --param bases=b1,...,b{n}"
+                )
+            if len(bases) != n:
+                what = "KV group" if info.num_kv_heads != info.num_heads else "head"
+                raise InvalidParameterError(
+                    f"harpe: {len(bases)} bases given but this model has {n} {what}s",
+                    f"pass exactly {n} bases, one per {what}",
+                )
+            if any(b <= 1 for b in bases):
+                raise InvalidParameterError("harpe: every base must be above 1", "pass bases such as 1e6,2e6")
+            return params
+        if params["b_max"] < params["b_min"]:
+            raise InvalidParameterError(
+                f"harpe: b_max ({params['b_max']:g}) is below b_min ({params['b_min']:g})", "swap them"
+            )
+        from .harpe_search import peak_valley_search, uniform_bases
+
+        if params["strategy"] == "uniform":
+            bases = uniform_bases(params["b_min"], params["b_max"], n)
+        else:
+            candidates = int((params["b_max"] - params["b_min"]) // params["stride"])
+            if candidates + 1 < n:
+                raise InvalidParameterError(
+                    f"harpe: the search range holds {candidates + 1} candidate bases but {n} are needed",
+                    "lower the stride or widen b_min..b_max",
+                )
+            bases = peak_valley_search(params["b_min"], params["b_max"], params["stride"], n, info.rotary_dim)
+        params["bases"] = [float(b) for b in bases]
+        return params
+
+    def frozen_params(self, params):
+        # The searched bases are stored; reloading must not re-run (or re-tune) the search.
+        return {**params, "strategy": "explicit"}
+
+    def inv_freq(self, info, params, seq_len=None, device=None):
+        # Identity shared rotation (cos = 1, sin = 0): the per-head rotation is done in attention.
+        return torch.zeros(info.rotary_dim // 2, device=device), 1.0
+
+    def attention(self, info, params):
+        return AttentionSpec(head_bases=list(params["bases"]))

@@ -1,0 +1,35 @@
+"""NTK-aware scaling: a larger RoPE base that stretches low frequencies like PI and keeps high ones."""
+
+from __future__ import annotations
+
+from .base import FACTOR, ROPE_THETA, Method, register
+from .rope import default_inv_freq, ntk_base
+
+
+@register
+class NTKAware(Method):
+    """NTK-aware RoPE (bloc97 2023): static base ``b' = b·α^(d/(d−2))`` with ``α = s``.
+
+    LCEG Eq. 9 (``κ = t^(d/(d−2))``) and PoSE §3.1 (``λ = α^(d/(d−2))``): the lowest frequency is scaled
+    exactly like PI, the highest is unchanged. The exported config is a plain ``rope_theta`` change.
+    """
+
+    name = "ntk"
+    title = "NTK-aware scaling"
+    summary = "Raise the base to b·s^(d/(d−2)): low frequencies interpolated, high ones kept; works without training."
+    reference = "bloc97 2023 (reddit r/LocalLLaMA); LCEG (paper 002) Eq. 9; PoSE (paper 003) §3.1"
+    params = (FACTOR, ROPE_THETA)
+
+    def new_base(self, info, params) -> float:
+        if params["factor"] == 1.0:
+            return params["rope_theta"]
+        return ntk_base(params["rope_theta"], info.rotary_dim, params["factor"])
+
+    def inv_freq(self, info, params, seq_len=None, device=None):
+        return default_inv_freq(self.new_base(info, params), info.rotary_dim, device), 1.0
+
+    def transformers_rope(self, info, params):
+        return {"rope_type": "default", "rope_theta": self.new_base(info, params)}
+
+    def exports_to(self, params=None):
+        return ["transformers", "vllm"]

@@ -1,0 +1,93 @@
+"""NTK-by-parts: interpolate low frequencies, keep high ones, ramp in between (YaRN without temperature)."""
+
+from __future__ import annotations
+
+from ..errors import InvalidParameterError
+from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Method, Param, register
+from .rope import blend_inv_freq, default_inv_freq, keep_fraction
+
+BETA_FAST = Param("beta_fast", float, 32.0, "β: pairs rotating more than β times in C keep their frequency", minimum=0, exclusive_minimum=True)
+BETA_SLOW = Param("beta_slow", float, 1.0, "α: pairs rotating fewer than α times in C are fully interpolated", minimum=0, exclusive_minimum=True)
+BLEND = Param(
+    "blend", str, "frequency", "mix frequencies (YaRN, transformers) or wavelengths ('harmonic', PoSE's revision)",
+    choices=("frequency", "wavelength"),
+)
+TRUNCATE = Param("truncate", bool, True, "floor/ceil the ramp's end dimensions (ramp='dim' only), as transformers")
+
+
+def ramp_param(default: str) -> Param:
+    return Param(
+        "ramp", str, default, "'ratio': γ linear in r = C/λ (YaRN paper); 'dim': linear in the pair index (reference code)",
+        choices=("ratio", "dim"),
+    )
+
+
+class _ByParts(Method):
+    """Shared machinery of NTK-by-parts and YaRN: ``θ'_i`` from the keep-fraction ``γ_i``."""
+
+    def check(self, info, params):
+        if params["beta_slow"] >= params["beta_fast"]:
+            raise InvalidParameterError(
+                f"{self.name}: beta_slow ({params['beta_slow']:g}) must be below beta_fast ({params['beta_fast']:g})",
+                "pass e.g. beta_fast=32 beta_slow=1",
+            )
+
+    def gamma(self, info, params, device=None):
+        return keep_fraction(
+            params["rope_theta"],
+            info.rotary_dim,
+            params["original_max_position_embeddings"],
+            params["beta_fast"],
+            params["beta_slow"],
+            ramp=params["ramp"],
+            truncate=params["truncate"],
+            device=device,
+        )
+
+    def scaled_inv_freq(self, info, params, device=None):
+        base = default_inv_freq(params["rope_theta"], info.rotary_dim, device)
+        if params["factor"] == 1.0:
+            return base
+        return blend_inv_freq(base, params["factor"], self.gamma(info, params, device), params["blend"])
+
+    def _matches_transformers_yarn(self, params) -> bool:
+        return params["ramp"] == "dim" and params["blend"] == "frequency"
+
+
+@register
+class NTKByParts(_ByParts):
+    """NTK-by-parts (bloc97 2023, as defined in the YaRN paper §3.2, Eq. 17–18).
+
+    ``θ'_i = (1 − γ(r_i))·θ_i/s + γ(r_i)·θ_i`` with ``r_i = C/λ_i`` and
+    ``γ(r) = clamp((r − α)/(β − α), 0, 1)``, α = ``beta_slow`` = 1, β = ``beta_fast`` = 32 for Llama.
+    No attention temperature. With ``ramp='dim'`` the ramp is linear in the pair index as in YaRN's code;
+    that form exports to transformers as ``yarn`` with ``attention_factor = 1``.
+    """
+
+    name = "ntk_by_parts"
+    title = "NTK-by-parts"
+    summary = "Interpolate wavelengths longer than C, keep short ones, linear ramp between (no temperature)."
+    reference = "bloc97 2023; YaRN paper (Peng et al. 2023) §3.2 Eq. 17–18"
+    params = (FACTOR, ORIGINAL_WINDOW, BETA_FAST, BETA_SLOW, ramp_param("ratio"), BLEND, TRUNCATE, ROPE_THETA)
+
+    def inv_freq(self, info, params, seq_len=None, device=None):
+        return self.scaled_inv_freq(info, params, device), 1.0
+
+    def transformers_rope(self, info, params):
+        if not self._matches_transformers_yarn(params):
+            return None
+        return {
+            "rope_type": "yarn",
+            "factor": params["factor"],
+            "original_max_position_embeddings": params["original_max_position_embeddings"],
+            "beta_fast": params["beta_fast"],
+            "beta_slow": params["beta_slow"],
+            "attention_factor": 1.0,
+            "truncate": params["truncate"],
+            "rope_theta": params["rope_theta"],
+        }
+
+    def exports_to(self, params=None):
+        if params is not None and self._matches_transformers_yarn(params):
+            return ["transformers"]
+        return []

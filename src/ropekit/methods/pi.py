@@ -1,0 +1,33 @@
+"""Linear Position Interpolation (PI): squeeze ``C'`` positions into the pretrained ``C``."""
+
+from __future__ import annotations
+
+from .base import FACTOR, ROPE_THETA, Method, register
+from .rope import default_inv_freq, pi_inv_freq
+
+
+@register
+class PositionInterpolation(Method):
+    """PI (Chen et al. 2023): every frequency divided by ``s`` — LCEG Eq. 8, ``α_j = C/C' = 1/t``.
+
+    Equivalent to feeding position ``m/s``. transformers calls it ``linear``; the exported config is
+    plain transformers and vLLM.
+    """
+
+    name = "pi"
+    title = "Position Interpolation"
+    summary = "Divide every RoPE frequency by s (positions m → m/s); best after fine-tuning at the target length."
+    reference = "Chen et al. 2023, arXiv 2306.15595; LCEG (paper 002) Eq. 8"
+    params = (FACTOR, ROPE_THETA)
+    needs_training = True
+
+    def inv_freq(self, info, params, seq_len=None, device=None):
+        if params["factor"] == 1.0:
+            return default_inv_freq(params["rope_theta"], info.rotary_dim, device), 1.0
+        return pi_inv_freq(params["rope_theta"], info.rotary_dim, params["factor"], device), 1.0
+
+    def transformers_rope(self, info, params):
+        return {"rope_type": "linear", "factor": params["factor"], "rope_theta": params["rope_theta"]}
+
+    def exports_to(self, params=None):
+        return ["transformers", "vllm"]

@@ -1,0 +1,72 @@
+"""YaRN: NTK-by-parts frequencies plus an attention temperature."""
+
+from __future__ import annotations
+
+from ..errors import InvalidParameterError
+from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Param, register
+from .ntk_by_parts import BETA_FAST, BETA_SLOW, BLEND, TRUNCATE, _ByParts, ramp_param
+from .rope import yarn_mscale
+
+
+@register
+class YaRN(_ByParts):
+    """YaRN (Peng et al. 2023): NTK-by-parts + temperature.
+
+    Frequencies: ``θ'_i = (1 − γ_i)·θ_i/s + γ_i·θ_i`` (LCEG Eq. 10 without ``√T``), γ linear in the pair
+    index between the correction dimensions of β_fast and β_slow (``ramp='dim'``, the reference code and
+    transformers); ``blend='wavelength'`` mixes wavelengths instead (the PoSE authors' revision).
+    Temperature: cos and sin are multiplied by ``attention_factor``, default ``0.1·ln s + 1`` (YaRN Eq. 22),
+    so logits scale by its square. The ramp uses ``original_max_position_embeddings`` and the model's own
+    ``rope_theta`` (the reference Llama code silently used 10000; see notes §2).
+    """
+
+    name = "yarn"
+    title = "YaRN"
+    summary = "NTK-by-parts frequencies plus attention temperature 0.1·ln s + 1; strong with little fine-tuning."
+    reference = "Peng et al. 2023, arXiv 2309.00071; LCEG (paper 002) Eq. 10"
+    params = (
+        FACTOR,
+        ORIGINAL_WINDOW,
+        BETA_FAST,
+        BETA_SLOW,
+        Param("attention_factor", float, None, "cos/sin multiplier (logits × its square); default 0.1·ln s + 1", minimum=0, exclusive_minimum=True),
+        BLEND,
+        ramp_param("dim"),
+        TRUNCATE,
+        ROPE_THETA,
+    )
+    changes = ("frequencies", "attention_factor")
+
+    def resolve(self, info, given):
+        params = super().resolve(info, given)
+        if params["attention_factor"] is None:
+            params["attention_factor"] = yarn_mscale(params["factor"])
+        return params
+
+    def inv_freq(self, info, params, seq_len=None, device=None):
+        return self.scaled_inv_freq(info, params, device), float(params["attention_factor"])
+
+    def transformers_rope(self, info, params):
+        if not self._matches_transformers_yarn(params):
+            return None
+        return {
+            "rope_type": "yarn",
+            "factor": params["factor"],
+            "original_max_position_embeddings": params["original_max_position_embeddings"],
+            "beta_fast": params["beta_fast"],
+            "beta_slow": params["beta_slow"],
+            "attention_factor": params["attention_factor"],
+            "truncate": params["truncate"],
+            "rope_theta": params["rope_theta"],
+        }
+
+    def exports_to(self, params=None):
+        if params is None:
+            return ["transformers", "vllm"]
+        if not self._matches_transformers_yarn(params):
+            return []
+        out = ["transformers"]
+        # vLLM derives the temperature from the factor itself; only the default value survives there.
+        if abs(params["attention_factor"] - yarn_mscale(params["factor"])) < 1e-12 and params["truncate"]:
+            out.append("vllm")
+        return out

@@ -1,0 +1,360 @@
+"""Install a method into a transformers model, describe a model's RoPE, export and load extended models.
+
+How a method gets in (no model file is copied or patched):
+
+1. Frequencies go through transformers' rope-init registry: every method is registered as rope type
+   ``ropekit_<name>`` in ``ROPE_INIT_FUNCTIONS``; ``extend`` writes that type and the resolved
+   parameters into ``config.rope_parameters`` and rebuilds the model's rotary-embedding module, which
+   calls ropekit's function. Length-dependent methods carry ``dynamic`` in their name so transformers'
+   ``@dynamic_rope_update`` recomputes them per forward.
+2. Attention-side changes (per-head RoPE, logit scale) attach transforms to each attention module and
+   switch the model to the ``ropekit_<kernel>`` attention function (:mod:`ropekit.attention`).
+3. ``config.ropekit`` records the method, its resolved parameters and the base model's RoPE, so that
+   :func:`save_pretrained` / :func:`load` round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
+
+from . import __version__
+from .attention import PerHeadRotation, QueryLogitScale, install_transforms
+from .attention.interface import attention_modules
+from .errors import InvalidParameterError, ModelLoadError, RopekitError, UnsupportedModelError
+from .methods import Method, RopeInfo, get_method, list_methods
+
+ROPE_TYPE_PREFIX = "ropekit_"
+
+
+# ---- registration with transformers ----------------------------------------------------------------
+def _rope_type(method: Method) -> str:
+    return ROPE_TYPE_PREFIX + method.name
+
+
+def _params_from_rope(method: Method, rope: dict[str, Any]) -> dict[str, Any]:
+    names = {p.name for p in method.params}
+    return {k: v for k, v in rope.items() if k in names}
+
+
+def _make_rope_init(method: Method):
+    def rope_init(config, device=None, seq_len=None, layer_type=None):
+        rope = config.rope_parameters if layer_type is None else config.rope_parameters[layer_type]
+        info = RopeInfo.from_config(config)
+        seq = None if seq_len is None else int(seq_len)
+        return method.inv_freq(info, _params_from_rope(method, rope), seq_len=seq, device=device)
+
+    rope_init.__name__ = f"compute_{method.name}_rope_parameters"
+    rope_init.__doc__ = f"ropekit's '{method.name}' frequencies (transformers rope-init contract)."
+    return rope_init
+
+
+def _make_validator(method: Method):
+    def validate(self, rope_parameters, ignore_keys=None):
+        known = {p.name for p in method.params} | {"rope_type", "rope_theta", "partial_rotary_factor"}
+        unknown = set(rope_parameters) - known - set(ignore_keys or ())
+        if unknown:
+            raise InvalidParameterError(
+                f"rope_parameters of type '{_rope_type(method)}' has unknown keys {sorted(unknown)}",
+                "fix config.json or re-export the model with ropekit",
+            )
+
+    return validate
+
+
+def _register_rope_types() -> None:
+    for method in list_methods():
+        ROPE_INIT_FUNCTIONS[_rope_type(method)] = _make_rope_init(method)
+        # transformers looks up `_validate_<type>_rope_parameters` on the config mixin; without one it warns.
+        setattr(RotaryEmbeddingConfigMixin, f"_validate_{_rope_type(method)}_rope_parameters", _make_validator(method))
+
+
+_register_rope_types()
+
+
+# ---- reading a model ---------------------------------------------------------------------------------
+def _text_config(model_or_config):
+    config = getattr(model_or_config, "config", model_or_config)
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def rotary_modules(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
+    """``(parent, attribute, module)`` for every rotary-embedding module (it has ``inv_freq`` and ``rope_type``)."""
+    found = []
+    for parent in model.modules():
+        for attr, child in parent.named_children():
+            if hasattr(child, "inv_freq") and hasattr(child, "rope_type"):
+                found.append((parent, attr, child))
+    return found
+
+
+def rope_info(model: PreTrainedModel) -> RopeInfo:
+    """The RoPE facts of ``model``; a model without RoPE raises a one-line :class:`UnsupportedModelError`."""
+    config = _text_config(model)
+    info = RopeInfo.from_config(config)
+    if isinstance(model, torch.nn.Module) and not rotary_modules(model):
+        raise UnsupportedModelError(
+            f"model type '{info.model_type}' has RoPE settings but no rotary-embedding module ropekit can rebuild",
+            "use a transformers 5.x Llama, Mistral, Qwen2/3, Phi-3 or GPT-NeoX model",
+        )
+    return info
+
+
+def installed(model_or_config) -> dict[str, Any] | None:
+    """The ropekit record of an extended model (method, params, base RoPE) or ``None``."""
+    return getattr(_text_config(model_or_config), "ropekit", None)
+
+
+def _base_info(config) -> RopeInfo:
+    """RoPE facts of the model *before* extension (from the ropekit record when there is one)."""
+    record = getattr(config, "ropekit", None)
+    if not record:
+        return RopeInfo.from_config(config)
+    base = copy.copy(config)
+    base.rope_parameters = record["base"]["rope_parameters"]
+    base.max_position_embeddings = record["base"]["max_position_embeddings"]
+    return RopeInfo.from_config(base)
+
+
+# ---- extending -------------------------------------------------------------------------------------
+def _factor_from(info: RopeInfo, factor: float | None, target_length: int | None) -> float | None:
+    if factor is not None and target_length is not None:
+        raise InvalidParameterError("both factor and target_length were given", "pass only one of them")
+    if target_length is None:
+        return factor
+    if isinstance(target_length, bool) or not isinstance(target_length, int):
+        raise InvalidParameterError(
+            f"target_length must be an integer number of tokens, got {target_length!r}", "pass e.g. 32768"
+        )
+    if target_length <= info.window:
+        raise InvalidParameterError(
+            f"target length {target_length} is not longer than the model's window ({info.window} tokens)",
+            f"pass a target above {info.window}, e.g. {info.window * 4}",
+        )
+    return target_length / info.window
+
+
+def resolve_params(
+    model: PreTrainedModel, method: str | Method, *, factor=None, target_length=None, **params
+) -> tuple[Method, RopeInfo, dict[str, Any]]:
+    """Validate a method and its parameters against ``model`` without changing it."""
+    info = rope_info(model)
+    m = get_method(method) if isinstance(method, str) else method
+    f = _factor_from(info, factor, target_length)
+    given = dict(params)
+    if f is not None:
+        given["factor"] = f
+    return m, info, m.resolve(info, given)
+
+
+def extend(
+    model: PreTrainedModel,
+    method: str | Method,
+    *,
+    factor: float | None = None,
+    target_length: int | None = None,
+    **params: Any,
+) -> PreTrainedModel:
+    """Install ``method`` into ``model`` in place and return it.
+
+    ``factor`` is the scale ``s``; ``target_length`` sets it to ``target_length / window``. Other keyword
+    arguments are the method's parameters (``ropekit methods`` lists them; names follow transformers'
+    ``rope_parameters`` keys). Weights are never touched: training, ``generate`` and the KV cache work as
+    before. Raises a one-line :class:`~ropekit.errors.RopekitError` for bad input; the model is left
+    unchanged in that case.
+    """
+    config = _text_config(model)
+    record = getattr(config, "ropekit", None)
+    if record:
+        raise UnsupportedModelError(
+            f"model is already extended with '{record['method']}'", "load the base model and extend that instead"
+        )
+    m, info, resolved = resolve_params(model, method, factor=factor, target_length=target_length, **params)
+    if info.rope_type != "default":
+        raise UnsupportedModelError(
+            f"model already uses rope_type '{info.rope_type}'",
+            "ropekit extends models with plain RoPE (rope_type 'default'); start from the base model",
+        )
+    spec = m.attention(info, resolved)
+
+    base_rope = copy.deepcopy(dict(config.rope_parameters))
+    rope = {"rope_type": _rope_type(m), "rope_theta": resolved.get("rope_theta", info.rope_theta)}
+    if "partial_rotary_factor" in base_rope:
+        rope["partial_rotary_factor"] = base_rope["partial_rotary_factor"]
+    rope.update({k: v for k, v in resolved.items() if v is not None})
+    config.ropekit = {
+        "method": m.name,
+        "params": resolved,
+        "version": __version__,
+        "base": {"rope_parameters": base_rope, "max_position_embeddings": info.window},
+    }
+    config.rope_parameters = rope
+    config.max_position_embeddings = m.max_position_embeddings(info, resolved)
+    _rebuild_rotary(model)
+    if spec is not None and not spec.is_empty():
+        _install_attention(model, info, spec)
+    return model
+
+
+def _rebuild_rotary(model: PreTrainedModel) -> None:
+    for parent, attr, old in rotary_modules(model):
+        device = old.inv_freq.device
+        new = type(old)(config=old.config)
+        setattr(parent, attr, new.to(device))
+
+
+def _install_attention(model, info: RopeInfo, spec) -> None:
+    def make(layer_idx: int):
+        transforms = []
+        if spec.head_bases is not None:
+            transforms.append(PerHeadRotation(spec.head_bases, info.rotary_dim))
+        if spec.logit_scale_context is not None and layer_idx not in spec.skip_layers:
+            transforms.append(QueryLogitScale(spec.logit_scale_context))
+        return tuple(transforms)
+
+    if install_transforms(model, make) != info.num_layers:
+        raise UnsupportedModelError(
+            f"found {len(attention_modules(model))} attention modules for {info.num_layers} layers",
+            "this architecture's attention layout is not supported for attention-side methods",
+        )
+
+
+# ---- describing ---------------------------------------------------------------------------------------
+def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
+    """Architecture, RoPE settings and applicable methods of ``model`` (what ``ropekit inspect`` shows)."""
+    config = _text_config(model)
+    record = getattr(config, "ropekit", None)
+    info = _base_info(config)
+    rope_info(model)  # raises when there is no rotary module
+    methods = []
+    for m in list_methods():
+        try:
+            params = m.resolve(info, {"factor": 2.0})
+            ok, why = True, ""
+        except RopekitError as err:
+            params, ok, why = None, False, err.one_line()
+        methods.append({"name": m.name, "applies": ok, "exports_to": m.exports_to(params) if ok else [], "why_not": why})
+    return {
+        "architecture": type(model).__name__,
+        "model_type": info.model_type,
+        "rope_type": config.rope_parameters.get("rope_type", "default"),
+        "rope_theta": info.rope_theta,
+        "window": info.window,
+        "max_position_embeddings": int(config.max_position_embeddings),
+        "head_dim": info.head_dim,
+        "rotary_dim": info.rotary_dim,
+        "num_layers": info.num_layers,
+        "num_heads": info.num_heads,
+        "num_kv_heads": info.num_kv_heads,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "extended_with": record and {"method": record["method"], "params": record["params"]},
+        "methods": methods,
+    }
+
+
+# ---- export and load --------------------------------------------------------------------------------
+_EXPORT_NOTE = """# Extended with ropekit
+
+Method: `{method}` — parameters in `config.json` under `ropekit`.
+
+{how}
+"""
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
+
+
+def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None) -> dict[str, Any]:
+    """Save ``model`` so that plain transformers rebuilds the same model wherever it has the method.
+
+    * Methods with an exact transformers equivalent (PI → ``linear``, NTK/ABF → ``rope_theta``, YaRN →
+      ``yarn``, Dynamic NTK with transformers' rule → ``dynamic``, NTK-by-parts with ``ramp='dim'`` →
+      ``yarn`` with attention factor 1) are written as that equivalent.
+    * The others keep rope type ``ropekit_<name>``: plain transformers then stops with
+      ``KeyError: 'ropekit_<name>'`` when it builds the model, instead of silently giving a different
+      one. ``ropekit.load`` restores every method.
+
+    Returns a report: method, ``transformers`` (plain loading gives the same model), ``vllm``.
+    """
+    out = Path(out_dir)
+    config = _text_config(model)
+    record = getattr(config, "ropekit", None)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    if not record:
+        return {"method": None, "path": str(out), "transformers": True, "vllm": True}
+    m = get_method(record["method"])
+    info = _base_info(config)
+    native = m.transformers_rope(info, record["params"])
+    config_path = out / "config.json"
+    data = json.loads(config_path.read_text())
+    target = data.get("text_config", data) if "text_config" in data else data
+    if native is not None:
+        base_rope = record["base"]["rope_parameters"]
+        if "partial_rotary_factor" in base_rope:
+            native["partial_rotary_factor"] = base_rope["partial_rotary_factor"]
+        target["rope_parameters"] = native
+        if native["rope_type"] == "dynamic":
+            target["max_position_embeddings"] = info.window  # transformers reads it as the original window
+    target["ropekit"] = _json_safe(record)
+    config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    exports = m.exports_to(record["params"])
+    how = (
+        "Plain transformers loads this directory to the same model (rope type "
+        f"`{native['rope_type']}`)." if native is not None else
+        f"Plain transformers cannot build this model: it stops with `KeyError: 'ropekit_{m.name}'`. "
+        "Load it with `ropekit.load(path)`."
+    )
+    (out / "ROPEKIT.md").write_text(_EXPORT_NOTE.format(method=m.name, how=how))
+    return {
+        "method": m.name,
+        "path": str(out),
+        "transformers": native is not None,
+        "vllm": "vllm" in exports,
+        "rope_parameters": native or config.rope_parameters,
+    }
+
+
+def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_implementation: str = "sdpa"):
+    """Load a model saved by :func:`save_pretrained` (or any transformers directory) with its method restored."""
+    path = Path(path)
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"no config.json in '{path}'", "pass a directory written by `ropekit extend` or save_pretrained")
+    try:
+        data = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ModelLoadError(f"'{config_path}' is not valid JSON ({err.msg} at line {err.lineno})", "re-export the model") from None
+    record = (data.get("text_config", data) if "text_config" in data else data).get("ropekit")
+    config = AutoConfig.from_pretrained(path)
+    if record:
+        text = _text_config(config)
+        text.rope_parameters = copy.deepcopy(record["base"]["rope_parameters"])
+        text.max_position_embeddings = record["base"]["max_position_embeddings"]
+        del text.ropekit
+    kwargs: dict[str, Any] = {"config": config, "attn_implementation": attn_implementation}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if record:
+        m = get_method(record["method"])
+        extend(model, m, **m.frozen_params(record["params"]))
+    model.eval()
+    return model
