@@ -28,7 +28,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddin
 from . import __version__
 from .attention import PerHeadRotation, QueryLogitScale, install_transforms
 from .attention.interface import attention_modules
-from .errors import InvalidParameterError, ModelLoadError, RopekitError, UnsupportedModelError
+from .errors import InvalidParameterError, ModelLoadError, UnsupportedModelError
 from .methods import Method, RopeInfo, get_method, list_methods
 
 ROPE_TYPE_PREFIX = "ropekit_"
@@ -235,12 +235,9 @@ def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
     rope_info(model)  # raises when there is no rotary module
     methods = []
     for m in list_methods():
-        try:
-            params = m.resolve(info, {"factor": 2.0})
-            ok, why = True, ""
-        except RopekitError as err:
-            params, ok, why = None, False, err.one_line()
-        methods.append({"name": m.name, "applies": ok, "exports_to": m.exports_to(params) if ok else [], "why_not": why})
+        why = m.not_applicable(info)
+        methods.append({"name": m.name, "applies": why is None, "exports_to": m.exports_to() if why is None else [],
+                        "why_not": why or ""})
     return {
         "architecture": type(model).__name__,
         "model_type": info.model_type,

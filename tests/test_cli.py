@@ -1,0 +1,150 @@
+"""The command line: JSON outputs, a real extend → load round trip, and every bad input as exit 2 + one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+import ropekit
+from ropekit import cli
+from ropekit.models.tiny import TINY_WINDOW, build_tiny_model
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()  # drop whatever the test's own setup printed
+    monkeypatch.setattr(sys, "argv", ["ropekit", *args])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_methods_json_lists_every_method_with_defaults(monkeypatch, capsys):
+    code, out, _ = run_cli(monkeypatch, capsys, "methods", "--json")
+    assert code == 0
+    data = json.loads(out)
+    names = [d["name"] for d in data]
+    assert names == [m.name for m in ropekit.list_methods()]
+    for want in ("pi", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "abf", "entropy_abf", "harpe"):
+        assert want in names
+    yarn = data[names.index("yarn")]
+    assert yarn["params"]["beta_fast"]["default"] == 32.0
+    assert yarn["params"]["beta_slow"]["default"] == 1.0
+    assert yarn["exports_to"] == ["transformers", "vllm"]
+    assert data[names.index("entropy_abf")]["params"]["rope_theta"]["default"] == 500000.0
+    assert data[names.index("entropy_abf")]["exports_to"] == []
+    assert all(isinstance(d["needs_training"], bool) for d in data)
+
+
+def test_inspect_tiny_json(monkeypatch, capsys):
+    code, out, _ = run_cli(monkeypatch, capsys, "inspect", "tiny", "--json")
+    assert code == 0
+    facts = json.loads(out)
+    model = build_tiny_model("llama")
+    assert facts["window"] == TINY_WINDOW
+    assert facts["num_heads"] == model.config.num_attention_heads
+    assert facts["num_kv_heads"] == model.config.num_key_value_heads
+    assert facts["rope_theta"] == model.config.rope_parameters["rope_theta"]
+    assert {m["name"] for m in facts["methods"] if m["applies"]} >= {"pi", "yarn", "harpe"}
+
+
+def test_extend_writes_a_model_plain_transformers_and_ropekit_load(monkeypatch, capsys, tmp_path):
+    out_dir = tmp_path / "yarn4"
+    code, out, err = run_cli(
+        monkeypatch, capsys, "extend", "tiny", "--method", "yarn", "--factor", "4", "--param", "beta_fast=16",
+        "--out", str(out_dir), "--json",
+    )
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["transformers"] is True and report["params"]["beta_fast"] == 16.0
+    reference = ropekit.extend(build_tiny_model("llama"), "yarn", factor=4, beta_fast=16)
+    x = torch.randint(0, 256, (1, 3 * TINY_WINDOW), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = reference(x).logits
+        plain = AutoModelForCausalLM.from_pretrained(out_dir).eval()
+        assert plain.config.rope_parameters["rope_type"] == "yarn"
+        assert torch.equal(plain(x).logits, want)
+        assert torch.equal(ropekit.load(out_dir)(x).logits, want)
+
+
+def _gpt2_dir(tmp_path):
+    path = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64)).save_pretrained(path)
+    return path
+
+
+BAD_INPUTS = {
+    "model without RoPE": (lambda tmp: ["extend", str(_gpt2_dir(tmp)), "--method", "pi", "--factor", "2"], "no rotary position embedding"),
+    "factor below 1": (lambda tmp: ["extend", "tiny", "--method", "pi", "--factor", "0.5"], "factor"),
+    "target not above the window": (lambda tmp: ["extend", "tiny", "--method", "yarn", "--target-length", str(TINY_WINDOW)], "not longer than the model's window"),
+    "both factor and target": (lambda tmp: ["extend", "tiny", "--method", "yarn", "--factor", "2", "--target-length", "256"], "both factor and target_length"),
+    "unknown method": (lambda tmp: ["extend", "tiny", "--method", "rope-magic", "--factor", "2"], "unknown method 'rope-magic'"),
+    "unknown parameter": (lambda tmp: ["extend", "tiny", "--method", "yarn", "--factor", "2", "--param", "beta_fats=3"], "unknown parameter 'beta_fats'"),
+    "wrong parameter type": (lambda tmp: ["extend", "tiny", "--method", "yarn", "--factor", "2", "--param", "beta_fast=fast"], "must be a number"),
+    "wrong option type": (lambda tmp: ["extend", "tiny", "--method", "yarn", "--factor", "abc"], "--factor"),
+    "malformed --param": (lambda tmp: ["extend", "tiny", "--method", "yarn", "--factor", "2", "--param", "beta_fast"], "key=value"),
+    "missing path": (lambda tmp: ["inspect", str(tmp / "does-not-exist")], "does-not-exist"),
+    "missing gguf": (lambda tmp: ["extend", str(tmp / "model.gguf"), "--method", "pi", "--factor", "2"], "model.gguf"),
+    "harpe bases count": (lambda tmp: ["extend", "tiny", "--method", "harpe", "--param", "bases=1e4,2e4,3e4"], "bases given"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(monkeypatch, capsys, tmp_path, case):
+    make_args, needle = BAD_INPUTS[case]
+    args = make_args(tmp_path)
+    out_dir = tmp_path / "out"
+    if args[0] == "extend":
+        args += ["--out", str(out_dir)]
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2, (code, out, err)
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error:"), err
+    assert needle.lower() in lines[0].lower(), err
+    assert "Traceback" not in err + out
+    assert not out_dir.exists()
+
+
+def test_unsupported_gguf_architecture(monkeypatch, capsys, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "bert.gguf"
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 4).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    code, _, err = run_cli(monkeypatch, capsys, "extend", str(path), "--method", "pi", "--factor", "2", "--out", str(tmp_path / "o"))
+    assert code == 2 and "bert" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_refuses_to_overwrite_results(monkeypatch, capsys, tmp_path):
+    out_dir = tmp_path / "keep"
+    out_dir.mkdir()
+    (out_dir / "results.jsonl").write_text("precious\n")
+    code, _, err = run_cli(monkeypatch, capsys, "extend", "tiny", "--method", "pi", "--factor", "2", "--out", str(out_dir))
+    assert code == 2 and "not empty" in err
+    assert (out_dir / "results.jsonl").read_text() == "precious\n"
+
+
+def test_real_process_exit_code_and_no_traceback(tmp_path):
+    """The installed console script itself: exit status 2 and a single stderr line."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "ropekit.cli", "extend", "tiny", "--method", "pi", "--factor", "0.5", "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "factor" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
