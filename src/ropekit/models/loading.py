@@ -527,6 +527,19 @@ def _load_dir(directory: str, *, dtype, attn_implementation: str, with_tokenizer
     return model, tokenizer
 
 
+def _forget_gguf_quantization(model) -> None:
+    """transformers dequantizes GGUF weights into ordinary float tensors but keeps a GGUF "quantizer"
+    attached, which makes ``save_pretrained`` refuse the model. The weights are plain, so drop it."""
+    model.hf_quantizer = None
+    if hasattr(model, "is_quantized"):
+        try:
+            model.is_quantized = False
+        except AttributeError:  # a read-only property in some versions
+            pass
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+
+
 def _load_gguf(file: str, *, dtype, attn_implementation: str, with_tokenizer: bool):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -551,6 +564,7 @@ def _load_gguf(file: str, *, dtype, attn_implementation: str, with_tokenizer: bo
         dtype=torch.float32 if dtype in (None, "auto") else dtype,
         attn_implementation=attn_implementation,
     )
+    _forget_gguf_quantization(model)
     tokenizer = None
     if with_tokenizer:
         tokenizer = _from_pretrained(f"tokenizer of GGUF '{file}'", AutoTokenizer, directory, gguf_file=name, local_files_only=True)
