@@ -16,6 +16,7 @@ How a method gets in (no model file is copied or patched):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -99,11 +100,19 @@ def rope_info(model: PreTrainedModel) -> RopeInfo:
     """The RoPE facts of ``model``; a model without RoPE raises a one-line :class:`UnsupportedModelError`."""
     config = _text_config(model)
     info = RopeInfo.from_config(config)
-    if isinstance(model, torch.nn.Module) and not rotary_modules(model):
+    if not isinstance(model, torch.nn.Module):
+        return info
+    modules = rotary_modules(model)
+    if not modules:
         raise UnsupportedModelError(
             f"model type '{info.model_type}' has RoPE settings but no rotary-embedding module ropekit can rebuild",
             "use a transformers 5.x Llama, Mistral, Qwen2/3, Phi-3 or GPT-NeoX model",
         )
+    if info.rope_type == "default":
+        # Some families ignore `partial_rotary_factor` (Llama, Qwen2…): the module's own frequencies are the truth.
+        rotary_dim = 2 * modules[0][2].inv_freq.numel()
+        if rotary_dim != info.rotary_dim:
+            info = dataclasses.replace(info, rotary_dim=rotary_dim, partial_rotary_factor=rotary_dim / info.head_dim)
     return info
 
 
@@ -186,8 +195,8 @@ def extend(
 
     base_rope = copy.deepcopy(dict(config.rope_parameters))
     rope = {"rope_type": _rope_type(m), "rope_theta": resolved.get("rope_theta", info.rope_theta)}
-    if "partial_rotary_factor" in base_rope:
-        rope["partial_rotary_factor"] = base_rope["partial_rotary_factor"]
+    if "partial_rotary_factor" in base_rope or info.partial_rotary_factor != 1.0:
+        rope["partial_rotary_factor"] = info.partial_rotary_factor  # what the model really rotates
     rope.update({k: v for k, v in resolved.items() if v is not None})
     config.ropekit = {
         "method": m.name,
@@ -276,15 +285,50 @@ def _json_safe(value):
     return value
 
 
+def _transformers_builds(data: dict[str, Any], rope: dict[str, Any]) -> bool:
+    """Whether this model family's own config class accepts ``rope`` unchanged.
+
+    Families validate rope types differently (Phi-3 accepts only ``default`` and ``longrope`` and renames
+    ``yarn``), so the only reliable test is to build the config the way plain transformers would.
+    """
+    from transformers import CONFIG_MAPPING
+
+    trial = {k: v for k, v in data.items() if k != "ropekit"}
+    trial["rope_parameters"] = copy.deepcopy(rope)
+    try:
+        built = CONFIG_MAPPING[data["model_type"]].from_dict(trial)
+    except Exception:  # any refusal means plain transformers cannot build it
+        return False
+    got = built.rope_parameters or {}
+    return all(got.get(key) == value for key, value in rope.items())
+
+
+def _with_base_rope(config, record):
+    """Context: ``config`` temporarily carries the base model's RoPE (so family validators accept it)."""
+
+    class _Swap:
+        def __enter__(self):
+            self.saved = (config.rope_parameters, config.max_position_embeddings)
+            config.rope_parameters = copy.deepcopy(record["base"]["rope_parameters"])
+            config.max_position_embeddings = record["base"]["max_position_embeddings"]
+
+        def __exit__(self, *exc):
+            config.rope_parameters, config.max_position_embeddings = self.saved
+            return False
+
+    return _Swap()
+
+
 def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None) -> dict[str, Any]:
     """Save ``model`` so that plain transformers rebuilds the same model wherever it has the method.
 
     * Methods with an exact transformers equivalent (PI → ``linear``, NTK/ABF → ``rope_theta``, YaRN →
       ``yarn``, Dynamic NTK with transformers' rule → ``dynamic``, NTK-by-parts with ``ramp='dim'`` →
-      ``yarn`` with attention factor 1) are written as that equivalent.
-    * The others keep rope type ``ropekit_<name>``: plain transformers then stops with
-      ``KeyError: 'ropekit_<name>'`` when it builds the model, instead of silently giving a different
-      one. ``ropekit.load`` restores every method.
+      ``yarn`` with attention factor 1) are written as that equivalent — when the model family's own
+      config accepts it (Phi-3's accepts only plain RoPE and LongRoPE).
+    * Otherwise the config keeps rope type ``ropekit_<name>``: plain transformers then refuses to build
+      the model (``KeyError: 'ropekit_<name>'``, or the family's own validation error) instead of
+      silently giving a different one. ``ropekit.load`` restores every method.
 
     Returns a report: method, ``transformers`` (plain loading gives the same model), ``vllm``.
     """
@@ -292,32 +336,39 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None)
     config = _text_config(model)
     record = getattr(config, "ropekit", None)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     if not record:
+        model.save_pretrained(out)
         return {"method": None, "path": str(out), "transformers": True, "vllm": True}
+    with _with_base_rope(config, record):  # weights are unaffected; the config is rewritten below
+        model.save_pretrained(out)
     m = get_method(record["method"])
     info = _base_info(config)
     native = m.transformers_rope(info, record["params"])
     config_path = out / "config.json"
     data = json.loads(config_path.read_text())
-    target = data.get("text_config", data) if "text_config" in data else data
     if native is not None:
         base_rope = record["base"]["rope_parameters"]
         if "partial_rotary_factor" in base_rope:
             native["partial_rotary_factor"] = base_rope["partial_rotary_factor"]
-        target["rope_parameters"] = native
-        if native["rope_type"] == "dynamic":
-            target["max_position_embeddings"] = info.window  # transformers reads it as the original window
-    target["ropekit"] = _json_safe(record)
+        if not _transformers_builds(data, native):
+            native = None
+    if native is not None:
+        data["rope_parameters"] = native
+        # transformers' `dynamic` reads max_position_embeddings as the original window
+        data["max_position_embeddings"] = info.window if native["rope_type"] == "dynamic" else config.max_position_embeddings
+    else:
+        data["rope_parameters"] = _json_safe(dict(config.rope_parameters))
+        data["max_position_embeddings"] = config.max_position_embeddings
+    data["ropekit"] = _json_safe(record)
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    exports = m.exports_to(record["params"])
+    exports = m.exports_to(record["params"]) if native is not None else []
     how = (
         "Plain transformers loads this directory to the same model (rope type "
         f"`{native['rope_type']}`)." if native is not None else
-        f"Plain transformers cannot build this model: it stops with `KeyError: 'ropekit_{m.name}'`. "
-        "Load it with `ropekit.load(path)`."
+        f"Plain transformers cannot build this model: it refuses rope type `ropekit_{m.name}` "
+        "(a KeyError, or the model family's own validation error). Load it with `ropekit.load(path)`."
     )
     (out / "ROPEKIT.md").write_text(_EXPORT_NOTE.format(method=m.name, how=how))
     return {
@@ -325,12 +376,18 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None)
         "path": str(out),
         "transformers": native is not None,
         "vllm": "vllm" in exports,
-        "rope_parameters": native or config.rope_parameters,
+        "rope_parameters": native or data["rope_parameters"],
     }
 
 
 def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_implementation: str = "sdpa"):
-    """Load a model saved by :func:`save_pretrained` (or any transformers directory) with its method restored."""
+    """Load a model saved by :func:`save_pretrained` (or any transformers directory) with its method restored.
+
+    The model is built with the base model's RoPE (recorded at export) and the method is installed again
+    with its recorded parameters, so a ropekit-only method comes back exactly.
+    """
+    from transformers import CONFIG_MAPPING
+
     path = Path(path)
     config_path = path / "config.json"
     if not config_path.is_file():
@@ -339,19 +396,25 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
         data = json.loads(config_path.read_text())
     except json.JSONDecodeError as err:
         raise ModelLoadError(f"'{config_path}' is not valid JSON ({err.msg} at line {err.lineno})", "re-export the model") from None
-    record = (data.get("text_config", data) if "text_config" in data else data).get("ropekit")
-    config = AutoConfig.from_pretrained(path)
+    record = data.pop("ropekit", None) if isinstance(data, dict) else None
     if record:
-        text = _text_config(config)
-        text.rope_parameters = copy.deepcopy(record["base"]["rope_parameters"])
-        text.max_position_embeddings = record["base"]["max_position_embeddings"]
-        del text.ropekit
+        try:
+            data["rope_parameters"] = copy.deepcopy(record["base"]["rope_parameters"])
+            data["max_position_embeddings"] = record["base"]["max_position_embeddings"]
+            m = get_method(record["method"])
+            params = m.frozen_params(record["params"])
+        except (KeyError, TypeError):
+            raise ModelLoadError(f"the 'ropekit' record in '{config_path}' is incomplete", "re-export the model") from None
+        if data.get("model_type") not in CONFIG_MAPPING:
+            raise ModelLoadError(f"unknown model_type {data.get('model_type')!r} in '{config_path}'", "re-export the model")
+        config = CONFIG_MAPPING[data["model_type"]].from_dict(data)
+    else:
+        config = AutoConfig.from_pretrained(path)
     kwargs: dict[str, Any] = {"config": config, "attn_implementation": attn_implementation}
     if dtype is not None:
         kwargs["dtype"] = dtype
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if record:
-        m = get_method(record["method"])
-        extend(model, m, **m.frozen_params(record["params"]))
+        extend(model, m, **params)
     model.eval()
     return model
