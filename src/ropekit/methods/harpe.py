@@ -17,7 +17,10 @@ class HARPE(Method):
     * ``explicit`` — the list in ``bases``;
     * ``uniform`` — ``b_h = b_min + h·(b_max − b_min)/(N − 1)`` (Eq. 9);
     * ``peak_valley`` — Algorithm 1 over the candidates ``b_min + i·stride`` (Eq. 10), see
-      :mod:`ropekit.methods.harpe_search` for the reconstructed attention waveform.
+      :mod:`ropekit.methods.harpe_search` for the reconstructed attention waveform. The waveform covers
+      the target length (window × ``factor``: pass the factor or target length you train for) and keeps
+      wavelengths of at least the pretrained window. The paper's text does not define the waveform
+      exactly; the reconstruction matches 10 of its 32 published bases (docs/harpe.md).
 
     On grouped-query models the keys of a group are shared by its query heads, so a base can only differ
     between KV groups: ``N`` is the number of KV heads and query head ``h`` uses the base of group
@@ -78,8 +81,19 @@ class HARPE(Method):
                     f"harpe: the search range holds {candidates + 1} candidate bases but {n} are needed",
                     "lower the stride or widen b_min..b_max",
                 )
-            bases = peak_valley_search(params["b_min"], params["b_max"], params["stride"], n, info.rotary_dim)
-        params["bases"] = [float(b) for b in bases]
+            # The waveform spans the target length and keeps wavelengths ≥ the pretrained window — the
+            # paper's setting for Llama-2 (4k → 128k, factor 32); see docs/harpe.md.
+            bases = peak_valley_search(
+                params["b_min"],
+                params["b_max"],
+                params["stride"],
+                n,
+                head_dim=info.rotary_dim,
+                max_distance=int(round(info.window * params["factor"])),
+                min_wavelength=float(info.window),
+            )
+        # Table 2 assigns the searched bases to heads in ascending order.
+        params["bases"] = sorted(float(b) for b in bases)
         return params
 
     def frozen_params(self, params):
