@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import InvalidParameterError
-from .base import FACTOR, AttentionSpec, Method, Param, original_window, register
+from .base import AttentionSpec, Method, Param, original_window, register
 from .rope import default_inv_freq
 
 NEW_BASE = Param("rope_theta", float, 500000.0, "the new RoPE base b'", minimum=1.0, exclusive_minimum=True)

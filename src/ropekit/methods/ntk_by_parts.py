@@ -53,6 +53,21 @@ class _ByParts(Method):
     def _matches_transformers_yarn(self, params) -> bool:
         return params["ramp"] == "dim" and params["blend"] == "frequency"
 
+    def _transformers_yarn(self, params, attention_factor: float) -> dict | None:
+        """transformers' ``yarn`` rope_parameters for this installation, when it is the same math."""
+        if not self._matches_transformers_yarn(params):
+            return None
+        return {
+            "rope_type": "yarn",
+            "factor": params["factor"],
+            "original_max_position_embeddings": params["original_max_position_embeddings"],
+            "beta_fast": params["beta_fast"],
+            "beta_slow": params["beta_slow"],
+            "attention_factor": attention_factor,
+            "truncate": params["truncate"],
+            "rope_theta": params["rope_theta"],
+        }
+
 
 @register
 class NTKByParts(_ByParts):
@@ -74,18 +89,7 @@ class NTKByParts(_ByParts):
         return self.scaled_inv_freq(info, params, device), 1.0
 
     def transformers_rope(self, info, params):
-        if not self._matches_transformers_yarn(params):
-            return None
-        return {
-            "rope_type": "yarn",
-            "factor": params["factor"],
-            "original_max_position_embeddings": params["original_max_position_embeddings"],
-            "beta_fast": params["beta_fast"],
-            "beta_slow": params["beta_slow"],
-            "attention_factor": 1.0,
-            "truncate": params["truncate"],
-            "rope_theta": params["rope_theta"],
-        }
+        return self._transformers_yarn(params, attention_factor=1.0)
 
     def exports_to(self, params=None):
         if params is not None and self._matches_transformers_yarn(params):

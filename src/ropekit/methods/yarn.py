@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ..errors import InvalidParameterError
 from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Param, register
 from .ntk_by_parts import BETA_FAST, BETA_SLOW, BLEND, TRUNCATE, _ByParts, ramp_param
 from .rope import yarn_mscale
@@ -47,18 +46,7 @@ class YaRN(_ByParts):
         return self.scaled_inv_freq(info, params, device), float(params["attention_factor"])
 
     def transformers_rope(self, info, params):
-        if not self._matches_transformers_yarn(params):
-            return None
-        return {
-            "rope_type": "yarn",
-            "factor": params["factor"],
-            "original_max_position_embeddings": params["original_max_position_embeddings"],
-            "beta_fast": params["beta_fast"],
-            "beta_slow": params["beta_slow"],
-            "attention_factor": params["attention_factor"],
-            "truncate": params["truncate"],
-            "rope_theta": params["rope_theta"],
-        }
+        return self._transformers_yarn(params, attention_factor=params["attention_factor"])
 
     def exports_to(self, params=None):
         if params is None:
