@@ -1,0 +1,550 @@
+"""The default demo: pre-train the built-in tiny Llama, extend it, and compare next-token loss by length.
+
+``ropekit demo`` (or ``python -c "from ropekit.demo import main; main()"``) runs on a fresh CPU machine
+without internet:
+
+1. :func:`pretrain_tiny` trains the built-in tiny Llama (:func:`ropekit.models.tiny.build_tiny_model`,
+   byte vocabulary, 64-token window) from scratch on the offline standard-library corpus
+   (:mod:`ropekit.data.local_text`) at its window length, deterministically, and caches the weights under
+   ``$ROPEKIT_CACHE`` (default ``~/.cache/ropekit``) so later runs load them in a second;
+2. :func:`loss_table` measures mean next-token loss (nats per byte) on held-out text at 1×, 2× and 4× the
+   window for the base model and for each method installed with :func:`ropekit.extend` — *frozen*: the
+   weights are never fine-tuned after extension, so this shows what each method does out of the box,
+   not what it reaches after the fine-tuning most of them are meant for;
+3. :func:`main` prints the table.
+
+The per-method settings (:func:`demo_settings`) are scaled to a 64-token model: the papers' defaults of
+ABF (base 500,000) and HARPE (bases 1e6–5e6) are meant for 4k-token models and would be far too large here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .data.local_text import ByteTokenizer, corpus_digest, stdlib_documents
+from .methods import Method, RopeInfo, get_method, list_methods
+from .methods.rope import ntk_base
+from .models.tiny import TINY_WINDOW, build_tiny_model
+
+#: Bump when training changes in a way the settings below do not capture (invalidates old caches).
+CACHE_FORMAT = 1
+#: File in a cached model directory that records how it was trained.
+META_FILE = "ropekit_demo.json"
+
+#: The demo model: a 3-layer byte-level Llama (≈0.56M parameters; head size 32). Three layers so that
+#: Entropy-ABF (which leaves layers 0 and 1 unscaled) changes something; MHA so that HARPE gets 4 bases.
+MODEL = {"hidden_size": 128, "num_layers": 3, "num_heads": 4, "num_kv_heads": 4, "rope_theta": 10000.0}
+#: Training defaults: 800 steps of 16 × 64 bytes (≈0.8M tokens), sized for about a minute on 2 CPU cores.
+TRAIN = {"steps": 800, "batch_size": 16, "lr": 3e-3, "train_bytes": 4_000_000}
+#: Held-out text used by :func:`loss_table`: this many sequences, the same starts at every length.
+EVAL_SEQUENCES = 32
+HELDOUT_BYTES = 1_000_000  # more than the held-out split holds: all of it
+
+
+# ---- determinism ------------------------------------------------------------------------------------
+def default_threads() -> int:
+    """CPU threads for the demo: 2 (its target is a 2-core machine), but 1 when the machine is already busy.
+
+    With two threads on two cores and another process running, every parallel operation waits for the
+    descheduled thread: training gets several times *slower* than with one thread. The thread count does
+    not change the results (the kernels give the same bits with 1 or 2 threads; tests/test_demo.py).
+    """
+    cores = os.cpu_count() or 1
+    threads = min(2, cores)
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not available on Windows
+        return threads
+    return 1 if threads > 1 and load > cores - 1 else threads
+
+
+@contextlib.contextmanager
+def deterministic(threads: int | None = None):
+    """Fixed thread count (default :func:`default_threads`) and deterministic kernels for the duration;
+    the caller's settings come back after."""
+    threads = threads or default_threads()
+    prev_threads = torch.get_num_threads()
+    prev_det = torch.are_deterministic_algorithms_enabled()
+    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev_det, warn_only=prev_warn)
+        torch.set_num_threads(prev_threads)
+
+
+# ---- cache ------------------------------------------------------------------------------------------
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where trained demo models live: ``cache_dir``, else ``$ROPEKIT_CACHE``, else ``~/.cache/ropekit``."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("ROPEKIT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "ropekit"
+
+
+def _settings_key(settings: dict[str, Any]) -> str:
+    blob = json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """No transformers progress bars ("Loading weights", "Writing model shards") while the demo loads or saves."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _load_cached(path: Path, settings: dict[str, Any]):
+    """The model cached at ``path`` if it is complete and was trained with ``settings``, else ``None``."""
+    meta_path = path / META_FILE
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        if meta.get("settings") != settings:
+            return None
+        from transformers import AutoModelForCausalLM
+
+        with _quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    except Exception:  # a damaged cache entry is retrained, never trusted
+        return None
+    model.eval()
+    model.ropekit_demo = {**meta, "cached": True, "path": str(path)}
+    return model
+
+
+def _save_atomically(model, path: Path, meta: dict[str, Any]) -> Path:
+    """Write ``model`` and ``meta`` to a temporary directory next to ``path`` and rename it into place.
+
+    A crash leaves at most a ``.tmp-*`` directory (never a half-written ``path``); if another process
+    finished the same entry first, its copy is kept.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; a cache entry is an ordinary directory
+        with _quiet_transformers():
+            model.save_pretrained(tmp)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        if path.exists():  # a damaged or stale entry with the same key: move it aside first
+            trash = Path(tempfile.mkdtemp(prefix=f".old-{path.name}-", dir=path.parent))
+            os.replace(path, trash / "entry")
+            shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            if not (path / META_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+# ---- data -------------------------------------------------------------------------------------------
+def _stream(documents: list[bytes]) -> torch.Tensor:
+    data = ByteTokenizer().join(documents)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+
+
+def heldout_batch(max_length: int = 4 * TINY_WINDOW, n_sequences: int = EVAL_SEQUENCES) -> torch.Tensor:
+    """``(n_sequences, max_length)`` byte ids from held-out documents, the same for every call.
+
+    Each held-out document is cut into non-overlapping ``max_length`` chunks (none crosses a document
+    boundary); ``n_sequences`` chunks evenly spaced over all of them are taken. Shorter lengths use the
+    prefixes of the same chunks, so every length is measured on the same starts.
+    """
+    chunks = []
+    for doc in stdlib_documents(HELDOUT_BYTES, "heldout"):
+        for start in range(0, len(doc) - max_length + 1, max_length):
+            chunks.append(doc[start : start + max_length])
+    if len(chunks) < n_sequences:
+        raise ValueError(f"held-out text has {len(chunks)} sequences of {max_length} bytes, {n_sequences} wanted")
+    picks = [chunks[(i * len(chunks)) // n_sequences] for i in range(n_sequences)]
+    return torch.tensor([list(c) for c in picks], dtype=torch.long)
+
+
+@torch.no_grad()
+def mean_loss(model, batch: torch.Tensor, length: int, chunk: int = 16) -> float:
+    """Mean next-token loss (nats/token) of ``model`` over the first ``length`` tokens of each row of ``batch``."""
+    total, count = 0.0, 0
+    for i in range(0, batch.shape[0], chunk):
+        ids = batch[i : i + chunk, :length]
+        logits = model(input_ids=ids).logits.float()
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum")
+        total += float(loss)
+        count += ids[:, 1:].numel()
+    return total / count
+
+
+# ---- pre-training -----------------------------------------------------------------------------------
+def _lr_at(step: int, steps: int, peak: float) -> float:
+    """Linear warm-up over the first 5% of steps, then cosine decay to 10% of ``peak``."""
+    warmup = max(1, steps // 20)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _progress(console=None):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console or Console(stderr=True),
+        transient=False,
+    )
+
+
+def pretrain_tiny(
+    seed: int = 0,
+    steps: int = TRAIN["steps"],
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    batch_size: int = TRAIN["batch_size"],
+    lr: float = TRAIN["lr"],
+    train_bytes: int = TRAIN["train_bytes"],
+    threads: int | None = None,
+    hidden_size: int = MODEL["hidden_size"],
+    num_layers: int = MODEL["num_layers"],
+    num_heads: int = MODEL["num_heads"],
+    num_kv_heads: int = MODEL["num_kv_heads"],
+    rope_theta: float = MODEL["rope_theta"],
+    use_cache: bool = True,
+    progress: bool = True,
+):
+    """The built-in tiny Llama pre-trained from scratch on the offline stdlib corpus at its 64-token window.
+
+    Byte vocabulary (256), AdamW with warm-up and cosine decay, random 64-byte windows of the training
+    split; seeded, ``threads`` CPU threads (default :func:`default_threads`: 2, or 1 on a busy machine)
+    and deterministic kernels, so the same machine gives the same weights. The result is cached (safetensors) under ``cache_root(cache_dir)/tiny-llama-<hash>``, the
+    hash covering every setting and a fingerprint of the corpus; a cached entry is loaded instead of
+    training; when the cache cannot be written the model is still returned (``cache_error`` says why).
+    ``model.ropekit_demo`` records the settings, the training losses and whether it came from the cache
+    (``cached``).
+    """
+    model_kwargs = {
+        "vocab_size": ByteTokenizer.vocab_size,
+        "hidden_size": int(hidden_size),
+        "num_layers": int(num_layers),
+        "num_heads": int(num_heads),
+        "num_kv_heads": int(num_kv_heads),
+        "window": TINY_WINDOW,
+        "rope_theta": float(rope_theta),
+    }
+    documents = stdlib_documents(int(train_bytes), "train")
+    settings = {
+        "format": CACHE_FORMAT,
+        "family": "llama",
+        "model": model_kwargs,
+        "seed": int(seed),
+        "steps": int(steps),
+        "batch_size": int(batch_size),
+        "lr": float(lr),
+        # not the thread count: CPU kernels give the same bits with 1 or 2 threads (tests/test_demo.py)
+        "corpus": {"name": "python-stdlib", "bytes": sum(map(len, documents)), "digest": corpus_digest(documents)},
+    }
+    path = cache_root(cache_dir) / f"tiny-llama-{_settings_key(settings)}"
+    if use_cache:
+        cached = _load_cached(path, settings)
+        if cached is not None:
+            return cached
+
+    stream = _stream(documents)
+    window = TINY_WINDOW
+    threads = threads or default_threads()
+    started = time.perf_counter()
+    with deterministic(threads):
+        model = build_tiny_model("llama", seed=seed, **model_kwargs)
+        model.train()
+        gen = torch.Generator().manual_seed(seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+        offsets = torch.arange(window)
+        losses: list[float] = []
+        bar = _progress() if progress else contextlib.nullcontext()
+        with bar:
+            task = bar.add_task("pre-training tiny llama", total=steps, info="") if progress else None
+            for step in range(steps):
+                starts = torch.randint(0, len(stream) - window, (batch_size,), generator=gen)
+                ids = stream[starts[:, None] + offsets]
+                for group in opt.param_groups:
+                    group["lr"] = _lr_at(step, steps, lr)
+                loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(loss.item())
+                if progress:
+                    recent = sum(losses[-20:]) / len(losses[-20:])
+                    bar.update(task, advance=1, info=f"loss {recent:.3f}")
+        model.eval()
+    seconds = time.perf_counter() - started
+    tail = losses[-max(1, min(20, steps // 5)) :]
+    meta = {
+        "settings": settings,
+        "initial_loss": losses[0] if losses else None,
+        "final_loss": sum(tail) / len(tail) if tail else None,
+        "train_seconds": round(seconds, 2),
+        "threads": threads,
+        "corpus_note": "substitute corpus made on this machine from the Python standard library's .py sources",
+    }
+    saved, cache_error = None, None
+    if use_cache:
+        try:
+            saved = str(_save_atomically(model, path, meta))
+        except OSError as err:  # an unwritable or full cache must not cost the trained model
+            cache_error = f"could not cache the model in '{path.parent}': {err}"
+    model.ropekit_demo = {**meta, "cached": False, "path": saved, "cache_error": cache_error}
+    return model
+
+
+# ---- methods and the table --------------------------------------------------------------------------
+def _round2(x: float) -> float:
+    """``x`` to two significant digits (settings are shown in the table; round numbers read better)."""
+    digits = 1 - int(math.floor(math.log10(abs(x))))
+    return float(round(x, digits))
+
+
+def demo_settings(info: RopeInfo, factor: float = 4.0) -> dict[str, dict[str, Any]]:
+    """Parameters of each registered method for the demo: ``factor`` where the method uses it, else scaled.
+
+    * factor-driven methods (PI, NTK, Dynamic NTK): ``factor`` and their defaults;
+    * NTK-by-parts / YaRN: ``factor`` with ramp ends β = 4, α = 1 rotations per window. The papers' β = 32
+      is meant for 4k windows; in a 64-token window even the fastest pair rotates only C/2π ≈ 10 times,
+      so β = 32 would interpolate every pair (almost PI). β = 4 keeps the pairs whose wavelength is at
+      most a quarter of the window and still fully interpolates those longer than the window (α = 1);
+    * ABF / Entropy-ABF: base ``b' ≈ 4 ×`` the NTK-aware base for ``factor``, rounded to two digits (the
+      papers' 500,000 is meant for 4k-token Llama-2 models and would be far too large here);
+    * HARPE: ``uniform`` bases from the model's base ``b`` to the NTK-aware base for ``factor``, one per
+      KV group (the paper's 1e6–5e6 is meant for 4k→128k).
+
+    Methods without an entry here get ``factor`` if they use it and their defaults otherwise.
+    """
+    ntk = ntk_base(info.rope_theta, info.rotary_dim, factor) if factor > 1 else info.rope_theta
+    out: dict[str, dict[str, Any]] = {}
+    for m in list_methods():
+        if m.name in ("abf", "entropy_abf"):
+            out[m.name] = {"rope_theta": _round2(4 * ntk) if factor > 1 else info.rope_theta, "factor": factor}
+        elif m.name == "harpe":
+            out[m.name] = {"strategy": "uniform", "b_min": info.rope_theta, "b_max": _round2(ntk), "factor": factor}
+        elif m.name in ("ntk_by_parts", "yarn"):
+            out[m.name] = {"factor": factor, "beta_fast": 4.0, "beta_slow": 1.0}
+        else:
+            out[m.name] = {"factor": factor}
+    return out
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:g}"
+
+
+def describe_settings(
+    name: str, params: dict[str, Any], info: RopeInfo, requested: dict[str, Any] | None = None
+) -> str:
+    """The settings column: the parameters that matter for ``name`` (resolved ``params``), in a few words."""
+    s = params.get("factor", 1.0)
+    if name == "base":
+        return f"plain RoPE, b={_num(info.rope_theta)}, window {info.window}"
+    if name == "pi":
+        return f"s={s:g}"
+    if name == "ntk":
+        b = ntk_base(params["rope_theta"], info.rotary_dim, s) if s > 1 else params["rope_theta"]
+        return f"s={s:g} (b'={_num(b)})"
+    if name == "dynamic_ntk":
+        return f"s={s:g}, base grows past {params['trained_length']} tokens" if s > 1 else f"s={s:g}"
+    if name == "ntk_by_parts":
+        return f"s={s:g}, β={params['beta_fast']:g}, α={params['beta_slow']:g} ({params['ramp']} ramp)"
+    if name == "yarn":
+        return (
+            f"s={s:g}, β={params['beta_fast']:g}, α={params['beta_slow']:g} ({params['ramp']} ramp), "
+            f"attn×{params['attention_factor']:.3f}"
+        )
+    if name == "abf":
+        return f"b'={_num(params['rope_theta'])}"
+    if name == "entropy_abf":
+        skip = set(params.get("skip_layers") or ())
+        scaled = [i for i in range(info.num_layers) if i not in skip]
+        where = f"layers {scaled[0]}–{scaled[-1]}" if len(scaled) > 1 else (f"layer {scaled[0]}" if scaled else "no layer")
+        return f"b'={_num(params['rope_theta'])}, logit×max(log_{params['scale_context']} i, 1) on {where}"
+    if name == "harpe":
+        bases = " / ".join(_num(b) for b in params.get("bases") or ())
+        how = (requested or params).get("strategy")
+        return f"per-head bases {bases}" + (f" ({how})" if how and how != "explicit" else "")
+    shown = {k: v for k, v in params.items() if v is not None}
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _method_specs(methods, info: RopeInfo, factor: float) -> list[tuple[Method, dict[str, Any]]]:
+    defaults = demo_settings(info, factor)
+    if methods is None:
+        return [(m, dict(defaults.get(m.name, {"factor": factor}))) for m in list_methods()]
+    if isinstance(methods, (str, Method)):
+        methods = [methods]
+    if isinstance(methods, Mapping):
+        return [(get_method(name) if isinstance(name, str) else name, dict(params)) for name, params in methods.items()]
+    specs = []
+    for item in methods:
+        m = get_method(item) if isinstance(item, str) else item
+        specs.append((m, dict(defaults.get(m.name, {"factor": factor}))))
+    return specs
+
+
+def loss_table(
+    model,
+    methods: Iterable[str | Method] | Mapping[str, dict[str, Any]] | str | None = None,
+    lengths: Iterable[int] | None = None,
+    *,
+    factor: float = 4.0,
+    n_sequences: int = EVAL_SEQUENCES,
+    threads: int | None = None,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Mean next-token loss on held-out text for the base model and each method, at each length.
+
+    ``methods``: ``None`` (every registered method with :func:`demo_settings` for ``factor``), names, or a
+    mapping ``name → parameters`` used as given. ``lengths`` default to 1×, 2× and 4× the model's window.
+    Each method is installed with :func:`ropekit.extend` on a fresh copy of ``model`` (never fine-tuned);
+    the same ``n_sequences`` held-out sequences (their prefixes, for shorter lengths) are used everywhere.
+
+    Returns one dict per row: ``method`` (``"base"`` first), ``settings`` (text), ``params`` (resolved),
+    ``loss`` (``{length: nats per token}``).
+    """
+    from .patching import extend, installed, rope_info
+
+    info = rope_info(model)
+    lengths = [int(n) for n in (lengths or (info.window, 2 * info.window, 4 * info.window))]
+    specs = _method_specs(methods, info, factor)
+    batch = heldout_batch(max(lengths), n_sequences)
+    rows: list[dict[str, Any]] = []
+    bar = _progress() if progress else contextlib.nullcontext()
+    with deterministic(threads), bar:
+        task = bar.add_task("measuring", total=(1 + len(specs)) * len(lengths), info="base") if progress else None
+        for name, params in [("base", None)] + [(m.name, p) for m, p in specs]:
+            if params is None:
+                subject, resolved = model, {}
+            else:
+                subject = extend(copy.deepcopy(model), get_method(name), **params)
+                resolved = installed(subject)["params"]
+            if progress:
+                bar.update(task, info=name)
+            loss = {}
+            for n in lengths:
+                loss[n] = mean_loss(subject, batch, n)
+                if progress:
+                    bar.update(task, advance=1)
+            rows.append(
+                {
+                    "method": name,
+                    "settings": describe_settings(name, resolved, info, params),
+                    "params": _jsonable(resolved),
+                    "loss": loss,
+                }
+            )
+            if subject is not model:
+                del subject
+    return rows
+
+
+# ---- entry point ------------------------------------------------------------------------------------
+CAPTION = (
+    "Mean next-token loss (nats/byte, lower is better) on held-out Python-stdlib text at 1×, 2×, 4× the "
+    "64-token training window. Methods are frozen: installed without fine-tuning, as most are meant to be used after."
+)
+
+
+def print_table(rows: list[dict[str, Any]], console=None, title: str | None = None) -> None:
+    """``rows`` of :func:`loss_table` as a rich table (rows = base + methods, columns = lengths + settings)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    lengths = list(rows[0]["loss"]) if rows else []
+    base = rows[0]["loss"] if rows and rows[0]["method"] == "base" else None
+    table = Table(title=title or "tiny llama: next-token loss by length", caption=CAPTION, caption_justify="left")
+    table.add_column("method", style="bold cyan")
+    for n in lengths:
+        table.add_column(f"{n} tok", justify="right")
+    table.add_column("settings")
+    for row in rows:
+        cells = []
+        for n in lengths:
+            value = row["loss"][n]
+            if base is not None and row["method"] != "base":
+                delta = value - base[n]
+                style = "green" if delta < -0.005 else ("red" if delta > 0.005 else "")
+                cells.append(f"[{style}]{value:.3f}[/]" if style else f"{value:.3f}")
+            else:
+                cells.append(f"{value:.3f}")
+        table.add_row(row["method"], *cells, row["settings"])
+    console.print(table)
+
+
+def main(method: str | None = None, json_out: bool = False) -> list[dict[str, Any]]:
+    """Pre-train (or load) the tiny Llama, measure base and methods, print the table; return its rows.
+
+    ``method`` limits the table to that method and the base (an unknown name raises ropekit's one-line
+    :class:`~ropekit.errors.UnknownMethodError`). With ``json_out`` nothing is printed on stdout (the
+    caller prints the returned rows as JSON); progress goes to stderr either way.
+    """
+    from rich.console import Console
+
+    chosen = [get_method(method)] if method is not None else None  # unknown names fail before training
+    err = Console(stderr=True)
+    started = time.perf_counter()
+    model = pretrain_tiny()
+    info = model.ropekit_demo
+    if info["cached"]:
+        err.print(f"loaded the pre-trained tiny llama from {info['path']} ({time.perf_counter() - started:.1f}s)")
+    else:
+        where = f"cached at {info['path']}" if info["path"] else f"not cached: {info['cache_error']}"
+        err.print(
+            f"pre-trained the tiny llama in {info['train_seconds']:.1f}s on {info['threads']} CPU thread(s) "
+            f"(training loss {info['initial_loss']:.2f} → {info['final_loss']:.2f}); {where}"
+        )
+    measured = time.perf_counter()
+    rows = loss_table(model, chosen, progress=True)
+    err.print(f"measured {len(rows)} rows in {time.perf_counter() - measured:.1f}s")
+    if not json_out:
+        print_table(rows)
+    return rows
