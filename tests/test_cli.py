@@ -148,3 +148,19 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "factor" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_inspect_and_export_respect_the_family(monkeypatch, capsys, tmp_path):
+    """Phi-3's config accepts only plain RoPE and LongRoPE: PI/YaRN/Dynamic NTK cannot be exported natively there."""
+    code, out, _ = run_cli(monkeypatch, capsys, "inspect", "tiny-phi3", "--json")
+    assert code == 0
+    exports = {m["name"]: m["exports_to"] for m in json.loads(out)["methods"]}
+    assert exports["pi"] == [] and exports["yarn"] == [] and exports["dynamic_ntk"] == []
+    assert exports["ntk"] == ["transformers", "vllm"] and exports["abf"] == ["transformers", "vllm"]
+    code, out, err = run_cli(
+        monkeypatch, capsys, "extend", "tiny-phi3", "--method", "pi", "--factor", "2", "--out", str(tmp_path / "p"), "--json"
+    )
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["transformers"] is False and report["vllm"] is False
+    assert json.loads((tmp_path / "p" / "config.json").read_text())["rope_parameters"]["rope_type"] == "ropekit_pi"

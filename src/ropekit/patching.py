@@ -242,11 +242,16 @@ def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
     record = getattr(config, "ropekit", None)
     info = _base_info(config)
     rope_info(model)  # raises when there is no rotary module
+    base_dict = config.to_dict()
     methods = []
     for m in list_methods():
         why = m.not_applicable(info)
-        methods.append({"name": m.name, "applies": why is None, "exports_to": m.exports_to() if why is None else [],
-                        "why_not": why or ""})
+        exports = m.exports_to() if why is None else []
+        if exports:  # the family's own config class must accept the exported rope type (Phi-3 does not)
+            native = m.transformers_rope(info, m.resolve(info, {"factor": 2.0}))
+            if native is None or not _transformers_builds(base_dict, native):
+                exports = []
+        methods.append({"name": m.name, "applies": why is None, "exports_to": exports, "why_not": why or ""})
     return {
         "architecture": type(model).__name__,
         "model_type": info.model_type,
