@@ -228,7 +228,17 @@ def _install_attention(model, info: RopeInfo, spec) -> None:
             transforms.append(QueryLogitScale(spec.logit_scale_context))
         return tuple(transforms)
 
-    if install_transforms(model, make) != info.num_layers:
+    make_attend = None
+    if spec.layer_attention is not None:
+        from .attention import LAYER_ATTENTIONS
+
+        factory = LAYER_ATTENTIONS[spec.layer_attention]
+        rotary = rotary_modules(model)[0][2]
+
+        def make_attend(layer_idx: int):
+            return factory(info, lambda: rotary.inv_freq, layer_idx, **spec.layer_attention_args)
+
+    if install_transforms(model, make, make_attend) != info.num_layers:
         raise UnsupportedModelError(
             f"found {len(attention_modules(model))} attention modules for {info.num_layers} layers",
             "this architecture's attention layout is not supported for attention-side methods",

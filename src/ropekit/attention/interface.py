@@ -20,6 +20,14 @@ PREFIX = "ropekit_"
 KERNELS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
 
 
+class LayerAttention(Protocol):
+    """Replaces one layer's attention: gets rotated queries/keys (keys include the cache) and the mask
+    transformers built for the kernel, returns ``(out (B, Lq, H, D), weights or None)``; ``kernel`` is the
+    function it replaces, for the parts where plain attention is right."""
+
+    def __call__(self, module, query, key, value, attention_mask, *, scaling, dropout, kernel, **kwargs): ...
+
+
 class QueryKeyTransform(Protocol):
     """Something that changes already-rotated queries/keys of one layer before the kernel runs."""
 
@@ -42,9 +50,12 @@ def _make_attention(kernel: str) -> Callable:
             position_ids = kwargs.get("position_ids")
             for transform in transforms:
                 query, key = transform(module, query, key, position_ids)
-        return _kernel_function(module, kernel)(
-            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-        )
+        kernel_fn = _kernel_function(module, kernel)
+        attend = getattr(module, "ropekit_attend", None)
+        if attend is not None:  # a method that replaces the attention computation itself
+            return attend(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                          kernel=kernel_fn, **kwargs)
+        return kernel_fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
     attention.__name__ = f"{PREFIX}{kernel}_attention"
     attention.__doc__ = f"Apply ropekit's per-layer query/key transforms, then the '{kernel}' kernel."
@@ -83,14 +94,20 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
-def install_transforms(model: torch.nn.Module, make: Callable[[int], tuple[QueryKeyTransform, ...]]) -> int:
-    """Attach ``make(layer_idx)`` to every attention module and switch the model to ``ropekit_<kernel>``.
+def install_transforms(
+    model: torch.nn.Module,
+    make: Callable[[int], tuple[QueryKeyTransform, ...]],
+    make_attend: Callable[[int], LayerAttention | None] | None = None,
+) -> int:
+    """Attach ``make(layer_idx)`` (and ``make_attend(layer_idx)``) to every attention module and switch
+    the model to ``ropekit_<kernel>``.
 
     Returns the number of attention modules changed. The current kernel (sdpa, eager, flash…) is kept.
     """
     modules = attention_modules(model)
     for module in modules:
         module.ropekit_transforms = tuple(make(module.layer_idx))
+        module.ropekit_attend = make_attend(module.layer_idx) if make_attend is not None else None
     current = getattr(model.config, "_attn_implementation", None)
     model.set_attn_implementation(attention_implementation_for(current))
     return len(modules)

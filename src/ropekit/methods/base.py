@@ -219,9 +219,13 @@ class AttentionSpec:
     logit_scale_context: int | None = None
     skip_layers: frozenset[int] = field(default_factory=frozenset)
     head_bases: list[float] | None = None
+    #: Name of a layer-attention factory in :data:`ropekit.attention.LAYER_ATTENTIONS` and its arguments:
+    #: for methods that change which keys a query sees or at what relative position (Self-Extend, …).
+    layer_attention: str | None = None
+    layer_attention_args: dict[str, Any] = field(default_factory=dict)
 
     def is_empty(self) -> bool:
-        return self.logit_scale_context is None and self.head_bases is None
+        return self.logit_scale_context is None and self.head_bases is None and self.layer_attention is None
 
 
 class Method:

@@ -1,0 +1,88 @@
+"""Building blocks for attention-side methods: attention that also returns its log-sum-exp, exact merging
+of attention over disjoint key sets, and extra RoPE rotations of already-rotated queries/keys.
+
+Why log-sum-exp: a method that attends to two key sets under different position rules (Self-Extend's
+neighbour and group parts, LM-Infinite's local and global parts) can compute each part with a fast
+kernel and merge them *exactly*: with ``o_a, l_a`` and ``o_b, l_b`` the outputs and row log-sum-exps,
+``l = logaddexp(l_a, l_b)`` and ``o = e^(l_a−l)·o_a + e^(l_b−l)·o_b`` — no n×n matrix is ever built.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..methods.rope import rotate
+
+
+def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, H_kv, L, D) → (B, heads, L, D) for grouped-query attention (no copy when H_kv == heads)."""
+    groups = heads // x.shape[1]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def attention_with_lse(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor | None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention restricted to ``allowed`` (bool, broadcastable to (B, H, Lq, Lk); None = all).
+
+    Returns ``out`` (B, H, Lq, D) and ``lse`` (B, H, Lq), the natural log of each row's softmax
+    denominator; rows with no allowed key get ``out = 0`` and ``lse = −inf`` (they merge as nothing).
+    On CPU it runs PyTorch's fused flash kernel, which returns the log-sum-exp; elsewhere it computes
+    the logits of this block explicitly (callers keep blocks small).
+    """
+    heads = query.shape[1]
+    key, value = expand_kv(key, heads), expand_kv(value, heads)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    bias = None
+    if allowed is not None:
+        bias = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(~allowed, float("-inf"))
+    if query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        if bias is not None:
+            bias = bias.expand(query.shape[0], heads, query.shape[2], key.shape[2])
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, False, attn_mask=bias, scale=scale
+        )
+        lse = lse.to(torch.float32)
+    else:
+        logits = torch.matmul(query, key.transpose(-1, -2)).float() * scale
+        if bias is not None:
+            logits = logits + bias.float()
+        lse = torch.logsumexp(logits, dim=-1)
+        probs = torch.exp(logits - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
+        out = torch.matmul(probs.to(value.dtype), value)
+    if allowed is not None:
+        empty = ~allowed.any(dim=-1).expand(lse.shape)
+        lse = lse.masked_fill(empty, float("-inf"))
+        out = out.masked_fill(empty.unsqueeze(-1), 0.0)
+    return out, lse
+
+
+def merge_attention(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exactly combine attention over disjoint key sets from their ``(out, lse)`` pairs."""
+    lses = torch.stack([lse for _, lse in parts])
+    total = torch.logsumexp(lses, dim=0)
+    safe_total = total.masked_fill(torch.isinf(total), 0.0)
+    out = None
+    for part_out, part_lse in parts:
+        weight = torch.exp(part_lse - safe_total).unsqueeze(-1).to(part_out.dtype)
+        term = part_out * weight
+        out = term if out is None else out + term
+    return out, total
+
+
+def rotate_by(x: torch.Tensor, offsets: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, L, D) vectors by a further ``offsets`` positions (B or 1, L), half-split layout.
+
+    RoPE rotations compose, so a query rotated at its true position ``i`` and rotated again by
+    ``p − i`` is the query at position ``p`` — without knowing the unrotated query, and without touching
+    the attention factor already folded into it. Only the first ``2·len(inv_freq)`` channels rotate.
+    """
+    freqs = offsets[:, None, :, None].to(torch.float32) * inv_freq.to(device=x.device, dtype=torch.float32)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return rotate(x, emb.cos().to(x.dtype), emb.sin().to(x.dtype))

@@ -1,0 +1,72 @@
+"""Attention building blocks against naive O(n²) computations written out here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ropekit.attention.kernels import attention_with_lse, merge_attention, rotate_by
+
+
+def naive(q, k, v, allowed, scale):
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    logits = (q.double() @ k.double().transpose(-1, -2)) * scale
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+    return probs @ v.double(), lse
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_attention_with_lse_matches_naive_with_empty_rows(kv_heads):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 37, 16, generator=gen)
+    k, v = torch.randn(2, 2, kv_heads, 53, 16, generator=gen).unbind(0)
+    allowed = torch.rand(2, 1, 37, 53, generator=gen) > 0.6
+    allowed[:, :, 3] = False  # a query that sees nothing
+    out, lse = attention_with_lse(q, k, v, allowed, scale=0.25)
+    want_out, want_lse = naive(q, k, v, allowed, 0.25)
+    assert torch.allclose(out.double(), want_out, atol=1e-5)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert torch.allclose(lse.double()[finite], want_lse[finite], atol=1e-5)
+
+
+def test_merge_of_disjoint_parts_equals_attention_over_their_union():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(3, 1, 2, 29, 8, generator=gen).unbind(0)
+    split = torch.rand(1, 1, 29, 29, generator=gen) > 0.5
+    causal = torch.ones(29, 29, dtype=torch.bool).tril()
+    parts = [attention_with_lse(q, k, v, causal & split), attention_with_lse(q, k, v, causal & ~split)]
+    out, lse = merge_attention(parts)
+    want_out, want_lse = naive(q, k, v, causal.expand(1, 1, 29, 29), 1 / math.sqrt(8))
+    assert torch.allclose(out.double(), want_out, atol=1e-5)
+    assert torch.allclose(lse.double(), want_lse, atol=1e-5)
+
+
+def test_rotate_by_composes_rope_rotations():
+    """Rotating position-i vectors by (p − i) equals rotating the raw vectors at p (explicit 2×2 rotations)."""
+    gen = torch.Generator().manual_seed(2)
+    d, rot = 12, 8  # partial rotary: 4 frequency pairs, 4 channels pass through
+    inv_freq = 1.0 / (100.0 ** (torch.arange(0, rot, 2).float() / rot))
+    x = torch.randn(1, 1, 5, d, generator=gen, dtype=torch.float64)
+    pos = torch.tensor([[0, 3, 7, 20, 21]])
+    target = torch.tensor([[5, 1, 7, 0, 40]])
+
+    def explicit(x, p):
+        out = x.clone()
+        for t in range(x.shape[2]):
+            for i in range(rot // 2):
+                a = float(p[0, t]) * float(inv_freq[i])
+                x1, x2 = x[0, 0, t, i].item(), x[0, 0, t, i + rot // 2].item()
+                out[0, 0, t, i] = x1 * math.cos(a) - x2 * math.sin(a)
+                out[0, 0, t, i + rot // 2] = x2 * math.cos(a) + x1 * math.sin(a)
+        return out
+
+    rotated = explicit(x, pos)
+    got = rotate_by(rotated, target - pos, inv_freq)
+    assert torch.allclose(got, explicit(x, target), atol=1e-5)
+    assert torch.equal(got[..., rot:], x[..., rot:])
