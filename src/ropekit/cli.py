@@ -158,6 +158,68 @@ def extend_cmd(
         out.print("ropekit-only method: load it with [bold]ropekit.load(path)[/] (plain transformers refuses it loudly)")
 
 
+# ---- eval ------------------------------------------------------------------------------------------
+@app.command("eval")
+def eval_cmd(
+    task: str = typer.Argument(..., help="Evaluation task (speed)."),
+    model: str = typer.Argument(..., help="Local transformers directory, .gguf file, hub id, or a built-in name."),
+    lengths: str = typer.Option(..., "--lengths", "-l", help="Comma-separated lengths, e.g. 4k,16k."),
+    methods: str = typer.Option("plain", "--methods", help="speed: comma-separated methods, measured interleaved."),
+    param: Optional[list[str]] = typer.Option(None, "--param", "-p", help="METHOD.key=value (repeatable)."),
+    decode_tokens: int = typer.Option(8, "--decode-tokens", min=0, help="speed: decode steps timed after prefill."),
+    repeats: int = typer.Option(1, "--repeats", min=1, help="Repeats per (method, length); the median is reported."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the generated inputs."),
+    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="JSONL file: one record per measurement."),
+    resume: bool = typer.Option(False, "--resume", help="Skip records already in --out."),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+):
+    """Run an evaluation task and print its summary (records go to --out as they finish)."""
+    from .eval import TASKS
+    from .eval.records import parse_lengths
+
+    if task not in TASKS:
+        raise RopekitError(f"unknown evaluation task '{task}'", f"choose one of: {', '.join(TASKS)}")
+    lengths_list = parse_lengths(lengths)
+    params = parse_params(param)
+    from .eval.speed import parse_method_specs, run_speed
+
+    parse_method_specs(methods.split(","), params)  # validate names before loading anything
+    loaded = _load(model)
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
+                  transient=True) as bar:
+        job = bar.add_task("speed", total=None)
+        rows = run_speed(
+            loaded.model, methods=methods.split(","), lengths=lengths_list, params=params, decode_tokens=decode_tokens,
+            repeats=repeats, seed=seed, out=str(out_file) if out_file else None, resume=resume,
+            progress=lambda text: bar.update(job, description=text),
+        )
+    if json_out:
+        _print_json(rows)
+        return
+    table = Table(title=f"speed — {model} ({torch_threads()} CPU threads)" if loaded.model.device.type == "cpu" else f"speed — {model}")
+    for col in ("length", "method", "prefill s", "× plain", "decode s/token", "× plain", "peak MiB", "× plain"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r["length"]), r["method"], f"{r['prefill_s']:.3f}", _ratio(r.get("prefill_ratio")),
+            f"{r['decode_s_per_token']:.4f}", _ratio(r.get("decode_ratio")),
+            f"{r['peak_mem_bytes'] / 2**20:.0f}", _ratio(r.get("memory_ratio")),
+        )
+    out.print(table)
+
+
+def _ratio(value) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 # ---- demo (main job until the study lands) ---------------------------------------------------------
 @app.command("demo")
 def demo_cmd(

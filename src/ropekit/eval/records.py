@@ -1,0 +1,87 @@
+"""Results as JSON lines: one record per scored sample, appended as it is produced, resumable.
+
+A run writes each finished record immediately (flushed and fsynced), so a crash loses at most the piece
+in flight; ``--resume`` reads the file back and skips every record whose key is already there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import RopekitError
+
+
+def parse_lengths(text: str) -> list[int]:
+    """``"4k,8k,12000"`` → ``[4096, 8192, 12000]`` (k = 1024); one-line error on anything else."""
+    lengths = []
+    for part in text.split(","):
+        item = part.strip().lower()
+        if not item:
+            continue
+        scale = 1024 if item.endswith("k") else 1
+        number = item[:-1] if item.endswith("k") else item
+        try:
+            value = float(number) * scale
+        except ValueError:
+            raise RopekitError(f"--lengths entry '{part.strip()}' is not a length", "pass e.g. --lengths 4k,8k,16000") from None
+        if value < 1 or value != int(value):
+            raise RopekitError(f"--lengths entry '{part.strip()}' is not a positive whole number of tokens", "pass e.g. --lengths 4k,8k")
+        lengths.append(int(value))
+    if not lengths:
+        raise RopekitError("--lengths is empty", "pass e.g. --lengths 4k,8k")
+    return lengths
+
+
+class RecordWriter:
+    """Append-only JSONL results file with resume support."""
+
+    def __init__(self, path: str | Path | None, *, resume: bool, key_fields: tuple[str, ...]):
+        self.path = Path(path) if path else None
+        self.key_fields = key_fields
+        self.done: dict[tuple, dict[str, Any]] = {}
+        if self.path is None:
+            return
+        if self.path.exists() and self.path.stat().st_size > 0 and not resume:
+            raise RopekitError(
+                f"results file '{self.path}' already holds records",
+                "pass --resume to continue it, or another --out",
+            )
+        if resume and self.path.exists():
+            text = self.path.read_text()
+            lines = text.splitlines()
+            if lines and not text.endswith("\n"):
+                try:
+                    json.loads(lines[-1])
+                except json.JSONDecodeError:  # the line a crash cut short: drop it, that piece is redone
+                    lines = lines[:-1]
+                    self.path.write_text("".join(line + "\n" for line in lines))
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    raise RopekitError(f"'{self.path}' line {number} is not JSON", "fix or remove that line") from None
+                self.done[self.key(record)] = record
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def key(self, record: dict[str, Any]) -> tuple:
+        return tuple(json.dumps(record.get(f), sort_keys=True) for f in self.key_fields)
+
+    def has(self, record_key: dict[str, Any]) -> bool:
+        return self.key(record_key) in self.done
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.done[self.key(record)] = record
+        if self.path is None:
+            return
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def records(self) -> Iterable[dict[str, Any]]:
+        return self.done.values()

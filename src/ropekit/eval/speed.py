@@ -1,0 +1,231 @@
+"""Speed and memory: prefill time, decode time per token and peak memory per length (LCEG Table 8).
+
+Several methods are measured in one run, *interleaved* (for each length and repeat, every method in
+turn), so that a machine's drifting load hits all of them alike; each result is also reported as a
+ratio to the plain model measured in the same run.
+
+Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` over the call; on CPU, the peak resident set
+size above the level before the call, sampled every 2 ms from ``/proc/self/statm`` by a background
+thread (CPU tensors have no allocator statistics). Both count activations, not the weights already
+resident.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..errors import RopekitError
+from ..methods import get_method
+from ..patching import extend, rope_info
+from .records import RecordWriter
+
+PLAIN = "plain"
+
+
+class _RssSampler:
+    """Peak resident memory of this process while the context is open (Linux), in bytes above the start."""
+
+    def __init__(self, interval: float = 0.002):
+        self.interval = interval
+        self.page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def _rss(self) -> int:
+        try:
+            with open("/proc/self/statm") as fh:
+                return int(fh.read().split()[1]) * self.page
+        except OSError:
+            return 0
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._rss())
+            time.sleep(self.interval)
+
+    def __enter__(self):
+        self.start = self._rss()
+        self.peak = self.start
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._rss())
+        return False
+
+    @property
+    def used(self) -> int:
+        return max(0, self.peak - self.start)
+
+
+def _release_freed_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them), so the next RSS peak is the call's own."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _measure(fn: Callable[[], Any], device: torch.device) -> tuple[float, int, Any]:
+    """Wall time (s) and peak extra memory (bytes) of ``fn()``; returns its result too."""
+    _release_freed_memory()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        start = time.perf_counter()
+        result = fn()
+        torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+        return elapsed, torch.cuda.max_memory_allocated(device) - before, result
+    with _RssSampler() as sampler:
+        start = time.perf_counter()
+        result = fn()
+        elapsed = time.perf_counter() - start
+    return elapsed, sampler.used, result
+
+
+@dataclass
+class SpeedCase:
+    """One model variant to time: the plain model or a method with its parameters."""
+
+    name: str
+    method: str | None
+    params: dict[str, Any]
+
+
+def parse_method_specs(methods: list[str], params: dict[str, str]) -> list[SpeedCase]:
+    """``["plain", "yarn", "self_extend"]`` + ``{"yarn.factor": "2"}`` → cases (plain always first)."""
+    names = [m.strip() for m in methods if m.strip()]
+    cases = [SpeedCase(PLAIN, None, {})]
+    for name in names:
+        if name == PLAIN:
+            continue
+        method = get_method(name)
+        own = {k.split(".", 1)[1]: v for k, v in params.items() if k.split(".", 1)[0] == method.name}
+        cases.append(SpeedCase(method.name, method.name, own))
+    known = {c.name for c in cases}
+    for key in params:
+        prefix = key.split(".", 1)[0]
+        if "." not in key or prefix not in known:
+            raise RopekitError(
+                f"--param '{key}' does not name a measured method", "write it as METHOD.key=value, e.g. yarn.factor=4"
+            )
+    return cases
+
+
+def _prepare(model, case: SpeedCase, max_length: int):
+    if case.method is None:
+        return model
+    variant = copy.deepcopy(model)
+    info = rope_info(variant)
+    method = get_method(case.method)
+    kwargs = dict(case.params)
+    if method.uses_factor and "factor" not in kwargs and max_length > info.window:
+        kwargs["target_length"] = max_length
+    return extend(variant, method, **kwargs)
+
+
+def run_speed(
+    model,
+    *,
+    methods: list[str],
+    lengths: list[int],
+    params: dict[str, str] | None = None,
+    decode_tokens: int = 8,
+    repeats: int = 1,
+    seed: int = 0,
+    out: str | None = None,
+    resume: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Measure every case at every length; returns (and writes) one record per (method, length, repeat)."""
+    cases = parse_method_specs(methods, params or {})
+    writer = RecordWriter(out, resume=resume, key_fields=("task", "method", "params", "length", "repeat"))
+    device = next(model.parameters()).device
+    vocab = model.config.vocab_size
+    variants = {case.name: _prepare(model, case, max(lengths)) for case in cases}
+    warm = torch.randint(0, vocab, (1, min(128, min(lengths))), generator=torch.Generator().manual_seed(seed)).to(device)
+    for variant in variants.values():
+        variant.eval()
+        with torch.no_grad():  # first calls pay one-off costs (thread pools, allocator growth)
+            variant(input_ids=warm, attention_mask=torch.ones_like(warm), use_cache=True)
+    for length in lengths:
+        gen = torch.Generator().manual_seed(seed + length)
+        ids = torch.randint(0, vocab, (1, length), generator=gen).to(device)
+        mask = torch.ones_like(ids)
+        for repeat in range(repeats):
+            for case in cases:  # interleaved: every method in turn at each (length, repeat)
+                key = {"task": "speed", "method": case.name, "params": case.params, "length": length, "repeat": repeat}
+                if writer.has(key):
+                    continue
+                if progress:
+                    progress(f"{case.name} @ {length} tokens (repeat {repeat + 1}/{repeats})")
+                variant = variants[case.name]
+                with torch.no_grad():
+                    prefill_s, prefill_mem, output = _measure(
+                        lambda: variant(input_ids=ids, attention_mask=mask, use_cache=True), device
+                    )
+                    cache, next_id = output.past_key_values, output.logits[:, -1:].argmax(-1)
+                    del output
+                    step_mask = mask
+
+                    def decode():
+                        nonlocal cache, next_id, step_mask
+                        for _ in range(decode_tokens):
+                            step_mask = torch.cat([step_mask, torch.ones_like(next_id)], dim=1)
+                            o = variant(input_ids=next_id, attention_mask=step_mask, past_key_values=cache, use_cache=True)
+                            cache, next_id = o.past_key_values, o.logits[:, -1:].argmax(-1)
+
+                    decode_s, decode_mem, _ = _measure(decode, device) if decode_tokens else (0.0, 0, None)
+                    del cache
+                writer.write({
+                    **key,
+                    "prefill_s": prefill_s,
+                    "decode_s_per_token": decode_s / decode_tokens if decode_tokens else None,
+                    "peak_mem_bytes": max(prefill_mem, decode_mem),
+                    "prefill_mem_bytes": prefill_mem,
+                    "device": str(device),
+                    "threads": torch.get_num_threads(),
+                })
+    return summarize(list(writer.records()))
+
+
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Median over repeats per (method, length), with ratios to the plain model of the same length."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["method"], r["length"]), []).append(r)
+    rows = []
+    for (method, length), recs in groups.items():
+        rows.append({
+            "method": method,
+            "length": length,
+            "prefill_s": statistics.median(r["prefill_s"] for r in recs),
+            "decode_s_per_token": statistics.median((r["decode_s_per_token"] or 0.0) for r in recs),
+            "peak_mem_bytes": statistics.median(r["peak_mem_bytes"] for r in recs),
+            "repeats": len(recs),
+        })
+    plain = {row["length"]: row for row in rows if row["method"] == PLAIN}
+    for row in rows:
+        base = plain.get(row["length"])
+        if base:
+            row["prefill_ratio"] = row["prefill_s"] / base["prefill_s"] if base["prefill_s"] else None
+            row["decode_ratio"] = (row["decode_s_per_token"] / base["decode_s_per_token"]) if base["decode_s_per_token"] else None
+            row["memory_ratio"] = (row["peak_mem_bytes"] / base["peak_mem_bytes"]) if base["peak_mem_bytes"] else None
+    order = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}
+    rows.sort(key=lambda r: (r["length"], order.get(r["method"], 0)))
+    return rows

@@ -1,0 +1,68 @@
+"""`ropekit eval speed`: records, resume, interleaving, ratios, and argument errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ropekit.errors import RopekitError
+from ropekit.eval.records import RecordWriter, parse_lengths
+from ropekit.eval.speed import PLAIN, parse_method_specs, run_speed, summarize
+from ropekit.models.tiny import build_tiny_model
+
+
+def test_parse_lengths():
+    assert parse_lengths("4k, 8k,12000,1.5k") == [4096, 8192, 12000, 1536]
+    for bad in ("", "4q", "-1", "0.5"):
+        with pytest.raises(RopekitError):
+            parse_lengths(bad)
+
+
+def test_method_specs_route_params_and_reject_strays():
+    cases = parse_method_specs(["yarn", "plain", "pi"], {"yarn.beta_fast": "16"})
+    assert [c.name for c in cases] == [PLAIN, "yarn", "pi"]
+    assert cases[1].params == {"beta_fast": "16"} and cases[2].params == {}
+    with pytest.raises(RopekitError, match="does not name a measured method"):
+        parse_method_specs(["yarn"], {"ntk.factor": "2"})
+    with pytest.raises(RopekitError, match="unknown method"):
+        parse_method_specs(["yarnn"], {})
+
+
+def test_run_writes_one_record_per_measurement_interleaved_and_resumes(tmp_path):
+    out = tmp_path / "speed.jsonl"
+    model = build_tiny_model("llama")
+    rows = run_speed(model, methods=["pi", "entropy_abf"], lengths=[32, 128], decode_tokens=2, repeats=2, out=str(out))
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 3 * 2 * 2
+    # interleaved: within each (length, repeat) every method appears once, plain first
+    assert [r["method"] for r in records[:3]] == [PLAIN, "pi", "entropy_abf"]
+    assert [(r["length"], r["repeat"]) for r in records[::3]] == [(32, 0), (32, 1), (128, 0), (128, 1)]
+    assert all(r["prefill_s"] > 0 and r["decode_s_per_token"] > 0 and r["peak_mem_bytes"] >= 0 for r in records)
+    plain_rows = [r for r in rows if r["method"] == PLAIN]
+    assert all(r["prefill_ratio"] == 1.0 for r in plain_rows)
+    # the 128-token run of pi is extended to target 128 (factor 2 over the 64-token window)
+    # resume: nothing is measured again, and the summary is the same
+    again = run_speed(model, methods=["pi", "entropy_abf"], lengths=[32, 128], decode_tokens=2, repeats=2, out=str(out), resume=True)
+    assert len(out.read_text().splitlines()) == 12
+    assert again == rows
+    with pytest.raises(RopekitError, match="already holds records"):
+        run_speed(model, methods=["pi"], lengths=[32], out=str(out))
+
+
+def test_resume_drops_a_line_cut_short_by_a_crash(tmp_path):
+    out = tmp_path / "r.jsonl"
+    good = {"task": "speed", "method": "plain", "params": {}, "length": 8, "repeat": 0, "prefill_s": 1.0}
+    out.write_text(json.dumps(good) + "\n" + '{"task": "speed", "meth')
+    writer = RecordWriter(out, resume=True, key_fields=("task", "method", "params", "length", "repeat"))
+    assert writer.has(good) and len(list(writer.records())) == 1
+    assert out.read_text() == json.dumps(good) + "\n"
+
+
+def test_summary_medians_and_ratios():
+    recs = [
+        {"method": PLAIN, "length": 8, "prefill_s": s, "decode_s_per_token": 1.0, "peak_mem_bytes": 100} for s in (1.0, 3.0, 2.0)
+    ] + [{"method": "yarn", "length": 8, "prefill_s": 4.0, "decode_s_per_token": 2.0, "peak_mem_bytes": 50}]
+    rows = {r["method"]: r for r in summarize(recs)}
+    assert rows[PLAIN]["prefill_s"] == 2.0 and rows[PLAIN]["repeats"] == 3
+    assert rows["yarn"]["prefill_ratio"] == 2.0 and rows["yarn"]["decode_ratio"] == 2.0 and rows["yarn"]["memory_ratio"] == 0.5
