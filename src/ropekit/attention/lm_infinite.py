@@ -1,0 +1,240 @@
+"""LM-Infinite's Λ-shaped attention (Han et al. 2024, NAACL; notes §6), exact and in O(n·(L_local + G)).
+
+For a query at position ``i`` and a key at position ``j ≤ i`` (``G`` global tokens, local window
+``L_local``), the logit is
+
+* ``⟨R_i q, R_j k⟩``      if ``i − j < L_local`` — ordinary RoPE attention inside the local band;
+* ``⟨R_{L_local} q, k⟩``  else if ``j < G`` — the first ``G`` tokens, seen at a relative distance
+  clamped to ``L_local`` ("distance ceiling"; the reference code rotates the query to ``limit_distance``
+  and keeps the key unrotated);
+* masked otherwise (the Λ shape).
+
+The queries and keys arrive already rotated (``R_i q``, ``R_j k``; cached keys too), so the clamped logit
+is formed with extra rotations: ``R_{L−i}(R_i q) = R_L q`` and ``R_{−j}(R_j k) = k``
+(:func:`~ropekit.attention.kernels.rotate_by`). The KV cache keeps the ordinary rotated keys, so cached
+decoding and chunked prefill need no special cache.
+
+Cost: queries are processed in chunks. Each chunk attends to (a) the keys of its local band and (b) the
+global candidates, each with :func:`~ropekit.attention.kernels.attention_with_lse`, and the two partial
+results are merged exactly with their log-sum-exps (:func:`~ropekit.attention.kernels.merge_attention`).
+The two parts are disjoint per (query, key) pair — the band part takes ``i − j < L_local``, the global part
+``i − j ≥ L_local and j < G`` — so a global token inside the band is counted once, in the band part.
+
+Positions and masks: relative distances use positions (``position_ids``; cached keys at the consecutive
+positions ending at the last query, :func:`~ropekit.attention.per_head_rope.key_positions`), so left
+padding produced by ``generate`` (whose real tokens start at position 0) is handled; which keys exist
+comes from transformers' mask (4D bool for sdpa, 4D additive float for eager, 2D padding for flash, or
+``None`` = plain causal). Positions are assumed to increase along the real tokens of a row (a dynamic
+KV cache, as ``generate`` and chunked prefill use; static caches are not supported beyond the window).
+Attention dropout is not applied on the Λ path (LM-Infinite is an inference-time method).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..errors import UnsupportedModelError
+from .kernels import attention_with_lse, expand_kv, merge_attention, rotate_by
+from .per_head_rope import key_positions
+
+#: Largest number of queries processed together; a chunk costs chunk × (chunk + L_local + globals) logits.
+DEFAULT_CHUNK = 512
+
+
+class LambdaAttention:
+    """One layer's LM-Infinite attention; see the module docstring for the definition.
+
+    ``inv_freq()`` returns the model's current shared inverse frequencies (used for the extra rotations
+    of the clamped-distance logits). When no query is at a position ``≥ local_window`` no pair can leave
+    the band, and the model's own ``kernel`` runs unchanged (bit-identical to the plain model).
+    """
+
+    def __init__(self, local_window: int, global_tokens: int, inv_freq: Callable[[], torch.Tensor],
+                 chunk_size: int | None = None):
+        if local_window < 1:
+            raise ValueError("local_window must be at least 1")
+        if global_tokens < 0:
+            raise ValueError("global_tokens must be at least 0")
+        self.local_window = int(local_window)
+        self.global_tokens = int(global_tokens)
+        self.inv_freq = inv_freq
+        self.chunk_size = int(chunk_size) if chunk_size else max(64, min(self.local_window, DEFAULT_CHUNK))
+
+    def __repr__(self) -> str:
+        return f"LambdaAttention(local_window={self.local_window}, global_tokens={self.global_tokens})"
+
+    # ------------------------------------------------------------------------------------------------
+    def __call__(self, module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, kernel, **kwargs):
+        batch, _, q_len, _ = query.shape
+        k_len = key.shape[2]
+        position_ids = kwargs.get("position_ids")
+        if position_ids is None:
+            position_ids = torch.arange(k_len - q_len, k_len, device=query.device)[None]
+        position_ids = position_ids.to(query.device).expand(batch, q_len)
+        # Every real key has a position ≥ 0, so a query below the window cannot have a pair outside the band.
+        if int(position_ids.max()) < self.local_window:
+            return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        if attention_mask is None and 1 < q_len < k_len:
+            raise UnsupportedModelError(
+                "LM-Infinite got cached keys without an attention mask (a static KV cache?)",
+                "use the default dynamic cache (generate's default) with LM-Infinite",
+            )
+        key_pos = key_positions(position_ids, k_len)
+        steps = torch.arange(q_len, device=query.device)
+        if (attention_mask is None and self.local_window >= 2
+                and bool((position_ids == position_ids[:, :1] + steps).all())):
+            out = self._attend_unpadded(query, key, value, position_ids, key_pos, scaling)
+        else:
+            mask = _bool_mask(attention_mask, q_len, k_len)
+            out = self._attend(query, key, value, mask, position_ids, key_pos, scaling)
+        return out.transpose(1, 2).contiguous(), None
+
+    # ------------------------------------------------------------------------------------------------
+    def _global_candidates(self, key, value, k_pos, inv_freq):
+        """Keys [0, n) that can be global (position < G in some row), un-rotated: R_{−j}(R_j k) = k."""
+        if self.global_tokens <= 0:
+            return 0, None, None, None
+        hits = (k_pos < self.global_tokens).any(dim=0).nonzero()
+        n = int(hits.max()) + 1 if hits.numel() else 0
+        if n == 0:
+            return 0, None, None, None
+        return n, rotate_by(key[:, :, :n], -k_pos[:, :n], inv_freq), value[:, :, :n], k_pos[:, :n]
+
+    def _global_part(self, q, qp, key_g, value_g, k_pos_g, mask_block, scale, inv_freq):
+        """Attention of a query chunk to the global candidates at the clamped distance: ⟨R_L q, k⟩."""
+        L = self.local_window
+        allowed = ((qp[:, None, :, None] - k_pos_g[:, None, None, :]) >= L) & (k_pos_g[:, None, None, :] < self.global_tokens)
+        if mask_block is not None:
+            allowed = allowed & mask_block
+        return attention_with_lse(rotate_by(q, L - qp, inv_freq), key_g, value_g, allowed, scale)
+
+    def _attend_unpadded(self, query, key, value, q_pos, k_pos, scale):
+        """The Λ rule when nothing is padded and positions are consecutive: the band is an index band.
+
+        Each chunk of ``C < L`` queries ``[a, b)`` (keys ``[a', b')`` with ``a' = a + offset``) splits its band
+        into three key ranges that need no explicit mask: the *old triangle* ``[a' − L + 1, b' − L + 1)``
+        (query ``r`` of the chunk sees its key ``c`` iff ``c ≥ r``: causal after reversing both orders), the
+        *dense* block ``[b' − L + 1, a')`` (every query sees every key) and the *new triangle* ``[a', b')``
+        (causal). On CPU they run on PyTorch's fused flash kernel, triangles with ``is_causal``.
+        """
+        q_len, k_len = query.shape[2], key.shape[2]
+        L = self.local_window
+        offset = k_len - q_len
+        inv_freq = self.inv_freq()
+        n_global, key_g, value_g, k_pos_g = self._global_candidates(key, value, k_pos, inv_freq)
+        chunk = min(self.chunk_size, L - 1)  # keeps the old triangle [a' − L + 1, b' − L + 1) left of a'
+        chunk_max = q_pos.amax(dim=0)
+        outs = []
+        for start in range(0, q_len, chunk):
+            stop = min(start + chunk, q_len)
+            q = query[:, :, start:stop]
+            a, b = start + offset, stop + offset
+            old_lo, old_hi = max(0, a - L + 1), max(0, b - L + 1)
+            parts = [_causal_lse(q, key[:, :, a:b], value[:, :, a:b], scale)]
+            if old_hi > old_lo:
+                rev_q = q.flip(2)
+                out, lse = _causal_lse(rev_q, key[:, :, old_lo:old_hi].flip(2), value[:, :, old_lo:old_hi].flip(2), scale)
+                parts.append((out.flip(2), lse.flip(2)))
+            if a > old_hi:
+                parts.append(attention_with_lse(q, key[:, :, old_hi:a], value[:, :, old_hi:a], None, scale))
+            if n_global and int(chunk_max[start:stop].max()) >= L:
+                g_hi = min(n_global, b)
+                parts.append(self._global_part(q, q_pos[:, start:stop], key_g[:, :, :g_hi], value_g[:, :, :g_hi],
+                                               k_pos_g[:, :g_hi], None, scale, inv_freq))
+            out = parts[0][0] if len(parts) == 1 else merge_attention(parts)[0]
+            outs.append(out.to(query.dtype))
+        return torch.cat(outs, dim=2)
+
+    # ------------------------------------------------------------------------------------------------
+    def _attend(self, query, key, value, mask, q_pos, k_pos, scale):
+        """(B, H, Lq, D) attention output under the Λ rule, query chunk by query chunk."""
+        q_len, k_len = query.shape[2], key.shape[2]
+        L = self.local_window
+        offset = k_len - q_len  # query t sits at key index t + offset (dynamic cache)
+        inv_freq = self.inv_freq()
+
+        # Global candidates: keys [0, n_global) — up to the last key whose position is < G in any row
+        # (G tokens plus any left padding before them).
+        n_global, key_g, value_g, k_pos_g = self._global_candidates(key, value, k_pos, inv_freq)
+        chunk_max = q_pos.amax(dim=0)  # (Lq,) largest query position over the batch
+        outs = []
+        for start in range(0, q_len, self.chunk_size):
+            stop = min(start + self.chunk_size, q_len)
+            qp = q_pos[:, start:stop]
+            q = query[:, :, start:stop]
+            # (a) local band: key indices whose distance to some query of the chunk can be < L.
+            lo, hi = max(0, start + offset - (L - 1)), stop + offset
+            dist = qp[:, None, :, None] - k_pos[:, None, None, lo:hi]
+            allowed = dist < L
+            base = _block(mask, start, stop, lo, hi, offset, query.device)
+            if base is not None:
+                allowed = allowed & base
+            parts = [attention_with_lse(q, key[:, :, lo:hi], value[:, :, lo:hi], allowed, scale)]
+            # (b) global part: the first G positions, seen at distance L (query rotated to position L).
+            if n_global and int(chunk_max[start:stop].max()) >= L:
+                g_hi = min(n_global, hi)
+                parts.append(self._global_part(q, qp, key_g[:, :, :g_hi], value_g[:, :, :g_hi], k_pos_g[:, :g_hi],
+                                               _block(mask, start, stop, 0, g_hi, offset, query.device), scale, inv_freq))
+            out = parts[0][0] if len(parts) == 1 else merge_attention(parts)[0]
+            outs.append(out.to(query.dtype))
+        return torch.cat(outs, dim=2)
+
+
+def _causal_lse(query, key, value, scale):
+    """Causal (top-left aligned) attention with its log-sum-exp: query r sees keys 0 … r."""
+    if query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        heads = query.shape[1]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, expand_kv(key, heads), expand_kv(value, heads), 0.0, True, scale=scale
+        )
+        return out, lse.to(torch.float32)
+    q_len, k_len = query.shape[2], key.shape[2]
+    causal = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril()
+    return attention_with_lse(query, key, value, causal, scale)
+
+
+def _bool_mask(attention_mask, q_len: int, k_len: int):
+    """transformers' mask as ``True = may attend``: (B|1, 1, Lq, Lk) bool, (B, Lk) bool padding, or ``None``."""
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, torch.Tensor):
+        raise UnsupportedModelError(
+            f"LM-Infinite cannot read a {type(attention_mask).__name__} attention mask (flex_attention)",
+            "use the sdpa, eager or flash attention implementation",
+        )
+    if attention_mask.dim() == 2:
+        return attention_mask[:, -k_len:].bool()
+    if attention_mask.dtype != torch.bool:  # eager: additive float mask, 0 = attend, dtype-min = masked
+        attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+    return attention_mask[..., -q_len:, :k_len]
+
+
+def _block(mask, qa: int, qb: int, ka: int, kb: int, offset: int, device):
+    """The mask block for queries [qa, qb) and keys [ka, kb), broadcastable to (B, 1, q, k); None = all allowed."""
+    if mask is not None and mask.dim() == 4:
+        return mask[:, :, qa:qb, ka:kb]
+    # Causal by index, bottom-right aligned (query t is key t + offset): what sdpa's `is_causal` means for
+    # Lq == Lk, and "every key" for a one-token decode step.
+    q_idx = torch.arange(qa, qb, device=device) + offset
+    k_idx = torch.arange(ka, kb, device=device)
+    causal = (k_idx[None, :] <= q_idx[:, None])[None, None]
+    if mask is None:
+        return causal
+    return causal & mask[:, None, None, ka:kb]
+
+
+def make_lm_infinite(info, inv_freq: Callable[[], torch.Tensor], layer_idx: int, *, local_window: int,
+                     global_tokens: int, chunk_size: int | None = None) -> LambdaAttention:
+    """Factory registered as ``LAYER_ATTENTIONS['lm_infinite']`` (every layer gets the same rule)."""
+    return LambdaAttention(local_window, global_tokens, inv_freq, chunk_size)
+
+
+def _register() -> None:
+    from . import LAYER_ATTENTIONS
+
+    LAYER_ATTENTIONS["lm_infinite"] = make_lm_infinite
+
+
+_register()

@@ -1,0 +1,58 @@
+"""LM-Infinite: Λ-shaped attention with a distance ceiling, training-free length generalisation."""
+
+from __future__ import annotations
+
+from .abf import DECLARED_FACTOR
+from .base import AttentionSpec, Method, Param, original_window, register
+from .rope import default_inv_freq
+
+
+@register
+class LMInfinite(Method):
+    """LM-Infinite (Han et al. 2024, NAACL; notes §6): a Λ-shaped mask plus a distance ceiling.
+
+    For query position ``i`` and key position ``j ≤ i``, with ``G = global_tokens`` and
+    ``L = local_window``:
+
+    * ``i − j < L``: the ordinary RoPE logit ``⟨R_i q, R_j k⟩``;
+    * else if ``j < G``: the logit at relative distance clamped to ``L``, ``⟨R_L q, R_0 k⟩`` (the paper's
+      "distance ceiling": the query rotated to ``L`` against the unrotated key);
+    * else: masked.
+
+    Defaults are the paper's: ``G = 10`` starting tokens and ``L = C``, the pretrained window (notes §12:
+    local 4096, global 10, distance clamp 4096 for Llama-2). Frequencies stay the model's own RoPE; no
+    training. ``factor`` / ``target_length`` only declare the extended window (``max_position_embeddings``).
+    The attention runs in ropekit's attention function in O(n·(L + G)) time and memory
+    (:mod:`ropekit.attention.lm_infinite`); plain transformers has no such pattern, so the export is
+    ropekit-only.
+    """
+
+    name = "lm_infinite"
+    title = "LM-Infinite"
+    summary = "Λ-shaped attention: the first G tokens plus a local window of L, distances clamped to L; no training."
+    reference = "Han et al. 2024, NAACL, arXiv 2308.16137 (LM-Infinite)"
+    params = (
+        Param("global_tokens", int, 10, "G: number of starting tokens every query keeps seeing", minimum=0),
+        Param("local_window", int, original_window, "L_local: local window and distance ceiling", minimum=1),
+        DECLARED_FACTOR,
+    )
+    changes = ("attention_pattern",)
+    needs_training = False
+    uses_factor = False
+
+    def inv_freq(self, info, params, seq_len=None, device=None):
+        return default_inv_freq(info.rope_theta, info.rotary_dim, device), 1.0
+
+    def attention(self, info, params):
+        from ..attention import lm_infinite  # noqa: F401  (registers the layer attention)
+
+        return AttentionSpec(
+            layer_attention="lm_infinite",
+            layer_attention_args={"local_window": int(params["local_window"]), "global_tokens": int(params["global_tokens"])},
+        )
+
+    def transformers_rope(self, info, params):
+        return None
+
+    def exports_to(self, params=None):
+        return []
