@@ -1,0 +1,120 @@
+"""Self-Extend (Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning").
+
+The rope stays plain; attention changes (:mod:`ropekit.attention.self_extend`): neighbours closer than
+``W`` keep their true relative positions, older keys are seen at grouped positions (floor division by
+``G``), so every relative position stays inside the pretrained window up to the reach ``(C − W)·G + W``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import InvalidParameterError
+from .base import AttentionSpec, Method, Param, RopeInfo, register
+from .rope import default_inv_freq
+
+#: Group size when neither ``group_size`` nor a target (``factor`` / ``target_length``) is given: the LongLM
+#: README's example (G = 32 with W = 1024 reaches 99,328 tokens on a 4k Llama-2).
+DEFAULT_GROUP_SIZE = 32
+#: Neighbour window of the LongLM README and of LCEG's runs (W = 1024 on 4k Llama-2, i.e. C/4).
+DEFAULT_WINDOW_SIZE = 1024
+
+
+def default_window_size(info: RopeInfo) -> int:
+    """1024 (LongLM README, LCEG), or C/4 on models whose window C is below 4096 (the same W/C as Llama-2)"""
+    return max(1, min(DEFAULT_WINDOW_SIZE, info.window // 4))
+
+
+def smallest_group_size(window: int, window_size: int, target: int) -> int:
+    """The smallest ``G ≥ 1`` with reach ``(C − W)·G + W ≥ target`` (LongLM README's maximum length)."""
+    return max(1, math.ceil((target - window_size) / (window - window_size)))
+
+
+@register
+class SelfExtend(Method):
+    """Self-Extend (Jin et al. 2024, arXiv 2401.01325 §3; LCEG paper 002 Eq. 13).
+
+    For a query at ``i`` and a key at ``j ≤ i`` the relative position is ``i − j`` when ``i − j < W``, else
+    ``(⌊i/G⌋ + W − ⌊W/G⌋) − ⌊j/G⌋`` (floor division — the paper's definition; LongLM's 4.38 code used ``/``
+    for the query and is wrong when ``G ∤ W``). No training; the frequencies are the model's own.
+
+    ``group_size`` G defaults to the smallest one whose reach ``(C − W)·G + W`` covers ``factor·C`` when a
+    target is given, else 32 (README example). ``window_size`` W defaults to 1024 (README, LCEG) capped at
+    C/4 on small models, and must stay below the window C.
+    """
+
+    name = "self_extend"
+    title = "Self-Extend"
+    summary = "Tuning-free: neighbours keep true positions, far keys are seen at grouped (floor(pos/G)) positions."
+    reference = "Jin et al. 2024, arXiv 2401.01325 §3; LCEG (paper 002) Eq. 13"
+    params = (
+        Param("group_size", int, None, "G: far keys are seen at floor(position/G) (default: smallest G whose "
+              "reach covers factor·C, else 32)", minimum=1),
+        Param("window_size", int, default_window_size, "W: keys closer than W keep their true relative position "
+              "(must be below the model's window)", minimum=1),
+        Param("factor", float, None, "target length / window: picks group_size when it is not given", minimum=1.0),
+    )
+    changes = ("attention_pattern",)
+    needs_training = False
+
+    def resolve(self, info, given):
+        params = super().resolve(info, given)
+        window, w = info.window, params["window_size"]
+        if params["group_size"] is None:
+            if params["factor"] is not None and params["factor"] > 1.0:
+                target = math.ceil(params["factor"] * window - 1e-6)
+                params["group_size"] = smallest_group_size(window, w, target)
+            else:
+                params["group_size"] = DEFAULT_GROUP_SIZE
+        self._check_reach(info, params)
+        return params
+
+    def check(self, info, params):
+        w, window = params["window_size"], info.window
+        if w >= window:
+            raise InvalidParameterError(
+                f"self_extend: window_size {w} must be below the model's window ({window} tokens)",
+                f"pass e.g. --param window_size={max(1, min(DEFAULT_WINDOW_SIZE, window // 4))}",
+            )
+
+    def _check_reach(self, info, params) -> None:
+        factor = params["factor"]
+        if factor is None:
+            return
+        target = math.ceil(factor * info.window - 1e-6)
+        reach = self.reach(info, params)
+        if reach < target:
+            need = smallest_group_size(info.window, params["window_size"], target)
+            raise InvalidParameterError(
+                f"self_extend: group_size {params['group_size']} reaches only {reach} tokens, below the target {target}",
+                f"pass group_size ≥ {need} or leave it out to derive it",
+            )
+
+    def reach(self, info, params):
+        """The LongLM README's maximum length ``(C − W)·G + W``: past it group positions leave the window."""
+        return (info.window - params["window_size"]) * params["group_size"] + params["window_size"]
+
+    def max_position_embeddings(self, info, params):
+        return self.reach(info, params)
+
+    def inv_freq(self, info, params, seq_len=None, device=None):
+        """Plain RoPE ``θ_i = b^(−2i/d)`` with the model's own base: Self-Extend changes only attention."""
+        return default_inv_freq(info.rope_theta, info.rotary_dim, device), 1.0
+
+    def attention(self, info, params):
+        from ..attention import self_extend as _se  # noqa: F401  (registers the layer attention)
+
+        return AttentionSpec(
+            layer_attention="self_extend",
+            layer_attention_args={
+                "group_size": params["group_size"],
+                "window_size": params["window_size"],
+                "reach": self.reach(info, params),
+            },
+        )
+
+    def transformers_rope(self, info, params):
+        return None
+
+    def exports_to(self, params=None):
+        return []

@@ -1,0 +1,406 @@
+"""Self-Extend (Jin et al. 2024; LCEG Eq. 13) against a naive O(n²) reference written out here.
+
+The reference takes the rotated queries/keys/values each layer's attention receives, undoes the RoPE
+rotation with explicit per-pair angles, and recomputes every logit from the definition
+
+    rel(i, j) = i − j                                  if i − j < W
+              = (⌊i/G⌋ + W − ⌊W/G⌋) − ⌊j/G⌋            otherwise
+
+with the rotated-dot-product identity ``(R_a q)·(R_b k) = cos((a−b)θ)(q₁k₁+q₂k₂) + sin((a−b)θ)(q₁k₂−q₂k₁)``
+per frequency pair, a full masked softmax in float64, and compares the layer's attention output. The
+model-level tests (padding, KV cache, chunked prefill, generate) check consistency end to end.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from transformers import DynamicCache
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+import ropekit
+import ropekit.methods.self_extend  # registers the method
+from ropekit.attention.interface import attention_modules
+from ropekit.errors import RopekitError
+from ropekit.models.tiny import build_tiny_model
+
+if "ropekit_self_extend" not in ROPE_INIT_FUNCTIONS:  # until ropekit.methods imports the module itself
+    from ropekit.patching import _register_rope_types
+
+    _register_rope_types()
+
+ATOL = 1e-5
+TEETH = 1e-3  # a wrong position rule must miss the layer output by far more than the tolerance
+
+
+# ---------------------------------------------------------------- naive reference
+def _angles(pos: torch.Tensor, theta32: torch.Tensor) -> torch.Tensor:
+    """RoPE angle p·θ_f formed in float32 as transformers forms it, then widened to float64."""
+    return (pos.to(torch.float32)[..., None] * theta32).double()
+
+
+def naive_self_extend(q, k, v, q_pos, k_pos, allowed, G, W, theta32, scale, floor=True):
+    """softmax(mask(scale · (R_a q̃_i)·(R_b k̃_j))) · v with (a, b) = (i, j) if i − j < W else
+    (⌊i/G⌋ + W − ⌊W/G⌋, ⌊j/G⌋) — LCEG Eq. 13. ``floor=False`` is LongLM 4.38's ``/`` for the query.
+
+    q (B, H, Lq, D), k/v (B, H_kv, Lk, D) rotated at q_pos (B, Lq) / k_pos (B, Lk); allowed (B, Lq, Lk).
+    Returns (B, Lq, H, D) in float64.
+    """
+    F = theta32.numel()
+    rot = 2 * F
+    heads = q.shape[1]
+    q, k, v = q.double(), k.double(), v.double()
+
+    def unrotate(x, pos):
+        a = _angles(pos, theta32)[:, None]  # (B, 1, L, F)
+        c, s = a.cos(), a.sin()
+        x1, x2 = x[..., :F], x[..., F:rot]
+        return x1 * c + x2 * s, x2 * c - x1 * s, x[..., rot:]
+
+    q1, q2, qp = unrotate(q, q_pos)
+    groups = heads // k.shape[1]
+    k1, k2, kp = (t.repeat_interleave(groups, dim=1) for t in unrotate(k, k_pos))
+    v = v.repeat_interleave(groups, dim=1)
+
+    i, j = q_pos[:, :, None], k_pos[:, None, :]
+    if floor:
+        gq, gk = i // G + W - W // G, j // G
+    else:
+        gq, gk = i / G + W - W / G, j // G
+    near = (i - j) < W
+    a = torch.where(near, i.to(torch.float64), gq.to(torch.float64))
+    b = torch.where(near, j.to(torch.float64), gk.to(torch.float64))
+    angle = (_angles(a, theta32) - _angles(b, theta32))[:, None]  # (B, 1, Lq, Lk, F)
+    dot = torch.einsum("bhqf,bhkf->bhqkf", q1, k1) + torch.einsum("bhqf,bhkf->bhqkf", q2, k2)
+    cross = torch.einsum("bhqf,bhkf->bhqkf", q1, k2) - torch.einsum("bhqf,bhkf->bhqkf", q2, k1)
+    logits = (angle.cos() * dot).sum(-1) + (angle.sin() * cross).sum(-1) + qp @ kp.transpose(-1, -2)
+    logits = (logits * scale).masked_fill(~allowed[:, None], float("-inf"))
+    probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+    return (probs @ v).transpose(1, 2)
+
+
+# ---------------------------------------------------------------- helpers
+def _sharpen(model, k: float = 3.0) -> None:
+    """Scale query/key projections so logits are O(1–10): positions then matter."""
+    with torch.no_grad():
+        for attn in attention_modules(model):
+            if hasattr(attn, "query_key_value"):  # gpt_neox: fused (q, k, v) per head
+                w = attn.query_key_value.weight.view(attn.config.num_attention_heads, 3, attn.head_size, -1)
+                w[:, :2] *= k
+            else:
+                attn.q_proj.weight *= k
+                attn.k_proj.weight *= k
+
+
+def _record(model) -> dict[int, list[dict]]:
+    """Wrap each layer's Self-Extend attention to record what it gets and returns."""
+    records: dict[int, list[dict]] = {}
+    for attn in attention_modules(model):
+        inner = attn.ropekit_attend
+
+        def wrapped(module, query, key, value, attention_mask, *, inner=inner, **kw):
+            out = inner(module, query, key, value, attention_mask, **kw)
+            records.setdefault(module.layer_idx, []).append(
+                {"q": query.detach().clone(), "k": key.detach().clone(), "v": value.detach().clone(),
+                 "out": out[0].detach().clone(), "scaling": kw["scaling"]}
+            )
+            return out
+
+        attn.ropekit_attend = wrapped
+    return records
+
+
+def _theta32(model) -> torch.Tensor:
+    info = ropekit.rope_info(model)
+    return (info.rope_theta ** (-torch.arange(0, info.rotary_dim, 2, dtype=torch.int64).float() / info.rotary_dim))
+
+
+def _ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, 256, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _extended(family="llama", kernel="sdpa", sharpen=True, **params):
+    kwargs = {"num_kv_heads": None} if family == "llama-mha" else {}
+    model = build_tiny_model("llama" if family == "llama-mha" else family, **kwargs)
+    if sharpen:
+        _sharpen(model)
+    if kernel != "sdpa":
+        model.set_attn_implementation(kernel)
+    ropekit.extend(model, "self_extend", **params)
+    return model
+
+
+def _set_chunk(model, chunk: int) -> None:
+    for attn in attention_modules(model):
+        attn.ropekit_attend.chunk = chunk
+
+
+def _check_layers(model, records, q_pos, allowed, rows, G, W, *, teeth=True):
+    """Each layer's attention output equals the naive reference on the real query ``rows`` (B, Lq)."""
+    theta = _theta32(model)
+    for layer, calls in records.items():
+        (rec,) = calls
+        want = naive_self_extend(rec["q"], rec["k"], rec["v"], q_pos, q_pos, allowed, G, W, theta, rec["scaling"])
+        got = rec["out"].double()
+        err = (got - want)[rows].abs().max().item()
+        assert err <= ATOL, f"layer {layer}: max error {err:.3g}"
+        if teeth:
+            plain = naive_self_extend(rec["q"], rec["k"], rec["v"], q_pos, q_pos, allowed, 1, 10**9, theta,
+                                      rec["scaling"])
+            assert (got - plain)[rows].abs().max().item() > TEETH, f"layer {layer}: Self-Extend is invisible"
+
+
+# ---------------------------------------------------------------- naive attention, one sequence
+CASES = {
+    # name: (family, kernel, params, length, chunk)
+    "llama-gqa": ("llama", "sdpa", {"group_size": 4, "window_size": 16}, 200, None),
+    "llama-gqa-chunked-rows": ("llama", "sdpa", {"group_size": 4, "window_size": 16}, 200, 23),
+    "llama-mha": ("llama-mha", "sdpa", {"group_size": 4, "window_size": 16}, 200, None),
+    "llama-eager": ("llama", "eager", {"group_size": 4, "window_size": 16}, 200, 50),
+    "qwen3": ("qwen3", "sdpa", {"group_size": 8, "window_size": 24}, 220, None),
+    "gpt_neox-partial-rotary": ("gpt_neox", "sdpa", {"group_size": 3, "window_size": 10}, 160, 40),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_naive_reference_per_layer(case):
+    family, kernel, params, n, chunk = CASES[case]
+    model = _extended(family, kernel, **params)
+    if chunk:
+        _set_chunk(model, chunk)
+    records = _record(model)
+    with torch.no_grad():
+        model(_ids(1, n))
+    pos = torch.arange(n)[None]
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()[None]
+    _check_layers(model, records, pos, allowed, (slice(None),), params["group_size"], params["window_size"])
+
+
+def test_group_size_not_dividing_window_uses_floor_division():
+    """G = 3 ∤ W = 5: the paper's ⌊W/G⌋ (= 1), not LongLM 4.38's W/G (= 1.67)."""
+    model = _extended("llama", group_size=3, window_size=5)
+    records = _record(model)
+    n = 150
+    with torch.no_grad():
+        model(_ids(1, n, seed=4))
+    pos = torch.arange(n)[None]
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()[None]
+    _check_layers(model, records, pos, allowed, (slice(None),), 3, 5)
+    theta = _theta32(model)
+    for layer, (rec,) in records.items():
+        buggy = naive_self_extend(rec["q"], rec["k"], rec["v"], pos, pos, allowed, 3, 5, theta, rec["scaling"],
+                                  floor=False)
+        assert (rec["out"].double() - buggy).abs().max() > TEETH, f"layer {layer}: '/' and '//' agree"
+
+
+# ---------------------------------------------------------------- padding
+def _padded(side: str, lengths=(180, 130), total=180, seed=5):
+    ids = _ids(len(lengths), total, seed)
+    mask = torch.zeros(len(lengths), total, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        if side == "left":
+            mask[b, total - n:] = 1
+        else:
+            mask[b, :n] = 1
+    ids = ids.masked_fill(mask == 0, 0)
+    if side == "left":  # as generate builds them
+        pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    else:
+        pos = torch.arange(total)[None].expand(len(lengths), -1)
+    return ids, mask, pos
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
+def test_padded_batch_matches_naive_and_single_sequences(side, kernel):
+    G, W = 4, 16
+    model = _extended("llama", kernel, group_size=G, window_size=W)
+    _set_chunk(model, 64)
+    ids, mask, pos = _padded(side)
+    records = _record(model)
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask, position_ids=pos).logits
+    L = ids.shape[1]
+    allowed = torch.ones(L, L, dtype=torch.bool).tril()[None] & mask.bool()[:, None, :]
+    _check_layers(model, records, pos, allowed, mask.bool(), G, W)
+    # Every real token's logits equal those of its sequence run alone, unpadded.
+    for b in range(ids.shape[0]):
+        real = mask[b].bool()
+        with torch.no_grad():
+            alone = model(ids[b:b + 1, real]).logits[0]
+        torch.testing.assert_close(logits[b, real], alone, rtol=0, atol=ATOL)
+
+
+# ---------------------------------------------------------------- KV cache
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+def test_chunked_prefill_and_decoding_equal_one_pass(family):
+    model = _extended(family, group_size=4, window_size=16)
+    _set_chunk(model, 32)
+    ids = _ids(1, 200, seed=6)
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits
+        cache = DynamicCache(config=model.config)
+        steps = [(0, 70), (70, 130), (130, 180)] + [(i, i + 1) for i in range(180, 200)]
+        for start, end in steps:
+            got = model(ids[:, start:end], past_key_values=cache, use_cache=True,
+                        position_ids=torch.arange(start, end)[None]).logits
+            torch.testing.assert_close(got, full[:, start:end], rtol=0, atol=ATOL,
+                                       msg=lambda m, start=start, end=end: f"tokens {start}:{end}: {m}")
+
+
+def _greedy_uncached(model, ids, mask, new_tokens):
+    """Greedy decoding by full uncached forwards, with generate's position ids (cumsum of the mask − 1)."""
+    ids, mask = ids.clone(), mask.clone()
+    for _ in range(new_tokens):
+        pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        with torch.no_grad():
+            logits = model(ids, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, -1]
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    return ids
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_generate_with_cache_equals_uncached_greedy_loop(batch):
+    model = _extended("llama", group_size=4, window_size=16)
+    if batch == 1:
+        ids, mask = _ids(1, 90, seed=7), torch.ones(1, 90, dtype=torch.long)
+    else:
+        ids, mask, _ = _padded("left", lengths=(90, 60), total=90, seed=7)
+    new = 30
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False, pad_token_id=0)
+    want = _greedy_uncached(model, ids, mask, new)
+    assert torch.equal(out, want), (out[:, -new:], want[:, -new:])
+
+
+# ---------------------------------------------------------------- degenerate case, parameters, warnings, export
+@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
+def test_window_covering_the_input_is_the_plain_model_exactly(kernel):
+    base = build_tiny_model("llama")
+    model = build_tiny_model("llama")
+    if kernel != "sdpa":
+        base.set_attn_implementation(kernel)
+        model.set_attn_implementation(kernel)
+    ropekit.extend(model, "self_extend", group_size=4, window_size=63)
+    ids = _ids(1, 60, seed=8)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, base(ids).logits)
+        # ... also with padding and a cache
+        pids, pmask, _ = _padded("left", lengths=(50, 35), total=50, seed=8)
+        a = model.generate(input_ids=pids, attention_mask=pmask, max_new_tokens=8, min_new_tokens=8,
+                           do_sample=False, pad_token_id=0)
+        b = base.generate(input_ids=pids, attention_mask=pmask, max_new_tokens=8, min_new_tokens=8,
+                          do_sample=False, pad_token_id=0)
+    assert torch.equal(a, b)
+
+
+def test_defaults_target_and_reach():
+    info = ropekit.rope_info(build_tiny_model("llama"))  # window 64
+    m = ropekit.get_method("self_extend")
+    assert m.changes == ("attention_pattern",) and not m.needs_training
+    params = m.resolve(info, {})
+    assert params["window_size"] == 16 and params["group_size"] == 32  # C/4 on a 64-token window; README G
+    assert m.reach(info, params) == (64 - 16) * 32 + 16
+    # A target picks the smallest group size whose reach (C − W)·G + W covers it.
+    params = m.resolve(info, {"factor": 4.0})
+    assert params["group_size"] == 5 and m.reach(info, params) == 256
+    params = m.resolve(info, {"factor": 4.1})
+    assert params["group_size"] == 6
+    model = ropekit.extend(build_tiny_model("llama"), "self_extend", target_length=300, window_size=20)
+    assert model.config.rope_parameters["group_size"] == 7  # (64 − 20)·7 + 20 = 328 ≥ 300 > 284
+    assert model.config.max_position_embeddings == 328
+    assert m.transformers_rope(info, params) is None and m.exports_to() == []
+
+
+@pytest.mark.parametrize("params", [
+    {"window_size": 64},
+    {"window_size": 100},
+    {"group_size": 0},
+    {"window_size": 0},
+    {"group_size": 2.5},
+    {"group_sise": 4},
+    {"group_size": 2, "factor": 4.0},
+])
+def test_bad_parameters_raise_one_line(params):
+    model = build_tiny_model("llama")
+    with pytest.raises(RopekitError) as err:
+        ropekit.extend(model, "self_extend", **params)
+    assert "\n" not in str(err.value)
+    assert getattr(model.config, "ropekit", None) is None  # the model is left unchanged
+
+
+def test_warns_once_past_the_reach():
+    model = _extended("llama", sharpen=False, group_size=2, window_size=16)  # reach (64 − 16)·2 + 16 = 112
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            model(_ids(1, 100))
+        assert not [w for w in seen if "self_extend" in str(w.message)]
+        with torch.no_grad():
+            model(_ids(1, 130))
+            model(_ids(1, 140))
+    hits = [str(w.message) for w in seen if "self_extend" in str(w.message)]
+    assert len(hits) == 1, hits
+    assert "112" in hits[0] and "\n" not in hits[0]
+
+
+def test_save_load_round_trip(tmp_path):
+    model = _extended("llama", group_size=3, window_size=10)
+    report = ropekit.save_pretrained(model, tmp_path / "se")
+    assert report["method"] == "self_extend" and report["transformers"] is False and report["vllm"] is False
+    loaded = ropekit.load(tmp_path / "se")
+    assert ropekit.installed(loaded)["params"] == ropekit.installed(model)["params"]
+    assert loaded.config.rope_parameters["rope_type"] == "ropekit_self_extend"
+    ids = _ids(1, 150, seed=9)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_rope_is_plain():
+    """Self-Extend leaves the frequencies alone: the rebuilt rotary embedding equals the base one bit for bit."""
+    base = build_tiny_model("gpt_neox")
+    model = ropekit.extend(build_tiny_model("gpt_neox"), "self_extend", factor=2)
+    assert torch.equal(model.gpt_neox.rotary_emb.inv_freq, base.gpt_neox.rotary_emb.inv_freq)
+    assert math.isclose(model.gpt_neox.rotary_emb.attention_scaling, 1.0)
+
+
+def test_position_jumps_take_the_general_path_and_match_naive(monkeypatch):
+    """Positions that are not consecutive (a PoSE-style jump) are decided pair by pair from positions."""
+    from ropekit.attention.self_extend import SelfExtendAttention
+
+    G, W = 5, 16  # reach (64 − 16)·5 + 16 = 256 covers position 249
+    model = _extended("llama", group_size=G, window_size=W)
+    _set_chunk(model, 40)
+    calls = []
+    general = SelfExtendAttention._attend_general
+    monkeypatch.setattr(SelfExtendAttention, "_attend_general",
+                        lambda self, *a, **k: calls.append(1) or general(self, *a, **k))
+    pos = torch.cat([torch.arange(80), torch.arange(150, 250)])[None]
+    n = pos.shape[1]
+    records = _record(model)
+    with torch.no_grad():  # an explicit mask: without one transformers splits at the jump (notes §9)
+        model(_ids(1, n, seed=10), attention_mask=torch.ones(1, n, dtype=torch.long), position_ids=pos)
+    assert calls, "the general path did not run"
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()[None]
+    _check_layers(model, records, pos, allowed, (slice(None),), G, W)
+
+
+def test_padding_and_cache_take_the_banded_path(monkeypatch):
+    from ropekit.attention.self_extend import SelfExtendAttention
+
+    def fail(*args, **kwargs):
+        raise AssertionError("general path used")
+
+    monkeypatch.setattr(SelfExtendAttention, "_attend_general", fail)
+    model = _extended("llama", group_size=4, window_size=16)
+    ids, mask, _ = _padded("left", lengths=(90, 60), total=90, seed=11)
+    with torch.no_grad():
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                       pad_token_id=0)
+        ids, mask, pos = _padded("right", lengths=(90, 60), total=90, seed=11)
+        model(ids, attention_mask=mask, position_ids=pos)
