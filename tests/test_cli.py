@@ -164,3 +164,14 @@ def test_inspect_and_export_respect_the_family(monkeypatch, capsys, tmp_path):
     report = json.loads(out)
     assert report["transformers"] is False and report["vllm"] is False
     assert json.loads((tmp_path / "p" / "config.json").read_text())["rope_parameters"]["rope_type"] == "ropekit_pi"
+
+
+def test_inspect_reports_self_extend_reach(monkeypatch, capsys, tmp_path):
+    out_dir = tmp_path / "se"
+    code, _, err = run_cli(monkeypatch, capsys, "extend", "tiny", "--method", "self_extend", "--param", "group_size=3",
+                           "--param", "window_size=8", "--out", str(out_dir))
+    assert code == 0, err
+    code, out, err = run_cli(monkeypatch, capsys, "inspect", str(out_dir), "--json")
+    assert code == 0, err
+    ext = json.loads(out)["extended_with"]
+    assert ext["method"] == "self_extend" and ext["reach"] == (TINY_WINDOW - 8) * 3 + 8

@@ -105,7 +105,10 @@ def inspect_cmd(
         value = facts[key]
         table.add_row(key, f"{value:,}" if isinstance(value, int) and key == "parameters" else str(value))
     if facts["extended_with"]:
-        table.add_row("extended with", json.dumps(facts["extended_with"]))
+        ext = facts["extended_with"]
+        table.add_row("extended with", f"{ext['method']} {json.dumps(ext['params'])}")
+        if ext.get("reach"):
+            table.add_row("reach", f"{ext['reach']:,} tokens (inputs past it are outside what the method covers)")
     out.print(table)
     methods = Table(title="methods")
     methods.add_column("method", style="cyan")

@@ -401,6 +401,13 @@ def describe_settings(
         bases = " / ".join(_num(b) for b in params.get("bases") or ())
         how = (requested or params).get("strategy")
         return f"per-head bases {bases}" + (f" ({how})" if how and how != "explicit" else "")
+    if name == "self_extend":
+        reach = (info.window - params["window_size"]) * params["group_size"] + params["window_size"]
+        return f"G={params['group_size']}, W={params['window_size']} (reach {reach})"
+    if name == "lm_infinite":
+        return f"{params['global_tokens']} global tokens + local window {params['local_window']}"
+    if name == "longlora":
+        return f"s={s:g}; S²-Attn (groups of {params['group_size_ratio']:g}·n) in training only, so = PI here"
     shown = {k: v for k, v in params.items() if v is not None}
     return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
 

@@ -276,7 +276,12 @@ def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
         "num_kv_heads": info.num_kv_heads,
         "parameters": sum(p.numel() for p in model.parameters()),
         "attn_implementation": getattr(config, "_attn_implementation", None),
-        "extended_with": record and {"method": record["method"], "params": record["params"]},
+        "extended_with": record and {
+            "method": record["method"],
+            "params": record["params"],
+            # the longest input the method is built for (Self-Extend: (C − W)·G + W), when it has one
+            "reach": get_method(record["method"]).reach(info, record["params"]),
+        },
         "methods": methods,
     }
 
