@@ -13,6 +13,7 @@ Installing a method into a model is :mod:`ropekit.patching`'s job; this module k
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -228,7 +229,7 @@ class AttentionSpec:
         return self.logit_scale_context is None and self.head_bases is None and self.layer_attention is None
 
 
-class Method:
+class Method(abc.ABC):
     """Base class of every registered method; subclasses set the class attributes and override hooks."""
 
     name: ClassVar[str]
@@ -268,11 +269,11 @@ class Method:
         """Cross-parameter and model-dependent validation; raise :class:`InvalidParameterError`."""
 
     # ---- what it does -----------------------------------------------------------------------
+    @abc.abstractmethod
     def inv_freq(
         self, info: RopeInfo, params: dict[str, Any], seq_len: int | None = None, device=None
     ) -> tuple[torch.Tensor, float]:
         """Shared inverse frequencies (length rotary_dim/2) and the cos/sin attention factor."""
-        raise NotImplementedError(f"{type(self).__name__} must implement inv_freq")
 
     def attention(self, info: RopeInfo, params: dict[str, Any]) -> AttentionSpec | None:
         """Attention-side changes, or ``None`` when the method only changes the shared frequencies."""
