@@ -203,7 +203,7 @@ def eval_cmd(
         return
     table = Table(title=f"speed — {model} ({torch_threads()} CPU threads)" if loaded.model.device.type == "cpu" else f"speed — {model}")
     for col in ("length", "method", "prefill s", "× plain", "decode s/token", "× plain", "peak MiB", "× plain"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")
     for r in rows:
         table.add_row(
             str(r["length"]), r["method"], f"{r['prefill_s']:.3f}", _ratio(r.get("prefill_ratio")),

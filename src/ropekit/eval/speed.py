@@ -177,7 +177,9 @@ def run_speed(
                 variant = variants[case.name]
                 with torch.no_grad():
                     prefill_s, prefill_mem, output = _measure(
-                        lambda: variant(input_ids=ids, attention_mask=mask, use_cache=True), device
+                        # only the last position's logits, as generate's prefill: the LM head over every
+                        # position would dominate both time and memory and hide the attention's cost
+                        lambda: variant(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1), device
                     )
                     cache, next_id = output.past_key_values, output.logits[:, -1:].argmax(-1)
                     del output
