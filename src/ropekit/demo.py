@@ -39,6 +39,7 @@ from .data.local_text import ByteTokenizer, corpus_digest, stdlib_documents
 from .methods import Method, RopeInfo, get_method, list_methods
 from .methods.rope import ntk_base
 from .models.tiny import TINY_WINDOW, build_tiny_model
+from .patching import json_safe
 
 #: Bump when training changes in a way the settings below do not capture (invalidates old caches).
 CACHE_FORMAT = 1
@@ -412,16 +413,6 @@ def describe_settings(
     return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
 
 
-def _jsonable(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
-
-
 def _method_specs(methods, info: RopeInfo, factor: float) -> list[tuple[Method, dict[str, Any]]]:
     defaults = demo_settings(info, factor)
     if methods is None:
@@ -484,7 +475,7 @@ def loss_table(
                 {
                     "method": name,
                     "settings": describe_settings(name, resolved, info, params),
-                    "params": _jsonable(resolved),
+                    "params": json_safe(resolved),
                     "loss": loss,
                 }
             )

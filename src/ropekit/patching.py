@@ -295,13 +295,14 @@ Method: `{method}` — parameters in `config.json` under `ropekit`.
 """
 
 
-def _json_safe(value):
+def json_safe(value):
+    """``value`` with non-finite floats as strings, so that strict JSON readers accept it."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     return value
 
 
@@ -379,9 +380,9 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None)
         # transformers' `dynamic` reads max_position_embeddings as the original window
         data["max_position_embeddings"] = info.window if native["rope_type"] == "dynamic" else config.max_position_embeddings
     else:
-        data["rope_parameters"] = _json_safe(dict(config.rope_parameters))
+        data["rope_parameters"] = json_safe(dict(config.rope_parameters))
         data["max_position_embeddings"] = config.max_position_embeddings
-    data["ropekit"] = _json_safe(record)
+    data["ropekit"] = json_safe(record)
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     exports = m.exports_to(record["params"]) if native is not None else []
     how = (
