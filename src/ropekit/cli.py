@@ -162,31 +162,165 @@ def extend_cmd(
 
 
 # ---- eval ------------------------------------------------------------------------------------------
+def _task_options(task_name: str, run, given: dict[str, Any]) -> dict[str, Any]:
+    """The options the user gave that ``run`` accepts; a one-line error for one that does not apply."""
+    import inspect
+
+    accepted = set(inspect.signature(run).parameters)
+    for name in given:
+        if name not in accepted:
+            flag = "--" + name.replace("_", "-")
+            raise RopekitError(f"{flag} does not apply to the '{task_name}' evaluation", f"drop it (see `ropekit eval --help`)")
+    return given
+
+
+class _RichProgress:
+    """A rich progress bar as :class:`ropekit.eval.common.ProgressSink`."""
+
+    def __init__(self, bar, job):
+        self.bar, self.job = bar, job
+
+    def set_total(self, total: int) -> None:
+        self.bar.update(self.job, total=total)
+
+    def advance(self, n: int = 1, description: str | None = None) -> None:
+        self.bar.update(self.job, advance=n, **({"description": description} if description else {}))
+
+
+def _split_list(text: Optional[str]) -> Optional[list[str]]:
+    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _float_list(text: Optional[str], flag: str) -> Optional[list[float]]:
+    items = _split_list(text)
+    if items is None:
+        return None
+    try:
+        return [float(t) for t in items]
+    except ValueError:
+        raise RopekitError(f"{flag} '{text}' is not a comma-separated list of numbers", f"pass e.g. {flag} 0.1,0.5,0.9") from None
+
+
+def _int_list(text: Optional[str], flag: str) -> Optional[list[int]]:
+    values = _float_list(text, flag)
+    if values is None:
+        return None
+    if any(v != int(v) or v < 1 for v in values):
+        raise RopekitError(f"{flag} '{text}' must be positive whole numbers", f"pass e.g. {flag} 1,2,4,8")
+    return [int(v) for v in values]
+
+
 @app.command("eval")
 def eval_cmd(
-    task: str = typer.Argument(..., help="Evaluation task (speed)."),
+    task: str = typer.Argument(..., help="Evaluation task: ppl, passkey, niah, ruler, longbench, manyshot, entropy, speed, short."),
     model: str = typer.Argument(..., help="Local transformers directory, .gguf file, hub id, or a built-in name."),
-    lengths: str = typer.Option(..., "--lengths", "-l", help="Comma-separated lengths, e.g. 4k,16k."),
-    methods: str = typer.Option("plain", "--methods", help="speed: comma-separated methods, measured interleaved."),
-    param: Optional[list[str]] = typer.Option(None, "--param", "-p", help="METHOD.key=value (repeatable)."),
-    decode_tokens: int = typer.Option(8, "--decode-tokens", min=0, help="speed: decode steps timed after prefill."),
-    repeats: int = typer.Option(1, "--repeats", min=1, help="Repeats per (method, length); the median is reported."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the generated inputs."),
-    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="JSONL file: one record per measurement."),
-    resume: bool = typer.Option(False, "--resume", help="Skip records already in --out."),
+    lengths: Optional[str] = typer.Option(None, "--lengths", "-l", help="Comma-separated lengths in tokens, e.g. 4k,16k."),
+    method: Optional[str] = typer.Option(None, "--method", "-m", help="Method installed before evaluating (default: the model as it is)."),
+    methods: Optional[str] = typer.Option(None, "--methods", help="speed: comma-separated methods, measured interleaved."),
+    param: Optional[list[str]] = typer.Option(None, "--param", "-p", help="key=value for --method (speed: METHOD.key=value); repeatable."),
+    depths: Optional[str] = typer.Option(None, "--depths", help="passkey/niah: needle depths in [0,1], e.g. 0.1,0.5,0.9."),
+    trials: Optional[int] = typer.Option(None, "--trials", min=1, help="passkey/niah: trials per (length, depth)."),
+    samples: Optional[int] = typer.Option(None, "--samples", min=1, help="ruler/longbench/manyshot/entropy/ppl: samples per length (or per task)."),
+    subtasks: Optional[str] = typer.Option(None, "--tasks", help="ruler: task names; longbench: dataset names (comma-separated)."),
+    data: Optional[Path] = typer.Option(None, "--data", help="ppl: corpus file/dir; longbench: directory of JSONL files; manyshot: labelled JSONL; ruler: dir with SQuAD/HotpotQA."),
+    stride: Optional[int] = typer.Option(None, "--stride", min=1, help="ppl: how far the window advances (tokens)."),
+    score_mode: Optional[str] = typer.Option(None, "--score-mode", help="ppl: last_stride | full_window | disjoint."),
+    weighting: Optional[str] = typer.Option(None, "--weighting", help="ppl: token | window."),
+    add_bos: Optional[bool] = typer.Option(None, "--add-bos/--no-add-bos", help="ppl: prepend BOS to every window."),
+    shots: Optional[str] = typer.Option(None, "--shots", help="manyshot: numbers of in-context examples, e.g. 1,2,4,8,16."),
+    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="ruler/longbench: wrap prompts in the tokenizer's chat template."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="niah/entropy/ppl: write the figure (PNG) here."),
+    decode_tokens: Optional[int] = typer.Option(None, "--decode-tokens", min=0, help="speed: decode steps timed after prefill."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="speed: repeats per (method, length); the median is reported."),
+    seed: int = typer.Option(0, "--seed", help="Seed of every generated sample."),
+    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="JSONL file: one record per scored sample, written as it finishes."),
+    resume: bool = typer.Option(False, "--resume", help="Skip samples already in --out."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ):
     """Run an evaluation task and print its summary (records go to --out as they finish)."""
-    from .eval import TASKS
+    from .eval import get_task
     from .eval.records import parse_lengths
 
-    if task not in TASKS:
-        raise RopekitError(f"unknown evaluation task '{task}'", f"choose one of: {', '.join(TASKS)}")
-    lengths_list = parse_lengths(lengths)
+    module = get_task(task)
     params = parse_params(param)
+    if task == "speed":
+        _eval_speed(model, lengths, method, methods, params, decode_tokens, repeats, seed, out_file, resume, json_out,
+                    others={"depths": depths, "trials": trials, "samples": samples, "tasks": subtasks, "data": data,
+                            "stride": stride, "score_mode": score_mode, "weighting": weighting, "add_bos": add_bos,
+                            "shots": shots, "chat": chat, "plot": plot})
+        return
+    if methods is not None or decode_tokens is not None or repeats is not None:
+        flag = "--methods" if methods is not None else "--decode-tokens" if decode_tokens is not None else "--repeats"
+        raise RopekitError(f"{flag} applies only to the 'speed' evaluation", "use --method NAME for the other tasks")
+    given = {
+        "lengths": parse_lengths(lengths) if lengths is not None else None,
+        "depths": _float_list(depths, "--depths"),
+        "trials": trials,
+        "samples": samples,
+        "tasks": _split_list(subtasks),
+        "data": str(data) if data is not None else None,
+        "stride": stride,
+        "score_mode": score_mode,
+        "weighting": weighting,
+        "add_bos": add_bos,
+        "shots": _int_list(shots, "--shots"),
+        "chat": chat,
+        "plot": str(plot) if plot is not None else None,
+    }
+    given = _task_options(task, module.run, {k: v for k, v in given.items() if v is not None})
+    if method is not None:
+        from .methods import get_method
+
+        get_method(method)  # an unknown name fails before the model loads
+    loaded = _load(model)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from .eval.common import make_context
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=err, transient=True) as bar:
+        job = bar.add_task(task, total=None)
+        ctx = make_context(
+            task, loaded.model, loaded.tokenizer, method=method, params=params,
+            lengths=given.get("lengths") or getattr(module, "DEFAULT_LENGTHS", [loaded.model.config.max_position_embeddings]),
+            key_fields=module.KEY_FIELDS, seed=seed, out=str(out_file) if out_file else None, resume=resume,
+            progress=_RichProgress(bar, job),
+        )
+        module.run(ctx, **given)
+    rows = module.summarize(list(ctx.writer.records()))
+    if json_out:
+        _print_json(rows)
+        return
+    label = ctx.method + (f" {json.dumps(ctx.params)}" if ctx.params else "")
+    _print_rows(rows, title=f"{task} — {model} — {label}")
+    if out_file:
+        err.print(f"records: {out_file}")
+
+
+def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
+    """A summary table whose columns are the rows' keys (numbers right-aligned, floats to 4 significant digits)."""
+    table = Table(title=title)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    for col in columns:
+        numeric = all(isinstance(r.get(col), (int, float)) or r.get(col) is None for r in rows)
+        table.add_column(col, justify="right" if numeric else "left")
+    for r in rows:
+        table.add_row(*("—" if r.get(c) is None else f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in columns))
+    out.print(table)
+
+
+def _eval_speed(model, lengths, method, methods, params, decode_tokens, repeats, seed, out_file, resume, json_out, others):
+    from .eval.records import parse_lengths
     from .eval.speed import parse_method_specs, run_speed
 
-    parse_method_specs(methods.split(","), params)  # validate names before loading anything
+    for name, value in others.items():
+        if value is not None:
+            raise RopekitError(f"--{name.replace('_', '-')} does not apply to the 'speed' evaluation", "drop it")
+    if lengths is None:
+        raise RopekitError("the 'speed' evaluation needs --lengths", "pass e.g. --lengths 4k,16k")
+    lengths_list = parse_lengths(lengths)
+    method_list = (methods or method or "plain").split(",")
+    parse_method_specs(method_list, params)  # validate names before loading anything
     loaded = _load(model)
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -194,8 +328,8 @@ def eval_cmd(
                   transient=True) as bar:
         job = bar.add_task("speed", total=None)
         rows = run_speed(
-            loaded.model, methods=methods.split(","), lengths=lengths_list, params=params, decode_tokens=decode_tokens,
-            repeats=repeats, seed=seed, out=str(out_file) if out_file else None, resume=resume,
+            loaded.model, methods=method_list, lengths=lengths_list, params=params, decode_tokens=8 if decode_tokens is None else decode_tokens,
+            repeats=repeats or 1, seed=seed, out=str(out_file) if out_file else None, resume=resume,
             progress=lambda text: bar.update(job, description=text),
         )
     if json_out:

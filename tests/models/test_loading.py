@@ -259,7 +259,8 @@ def test_cached_hub_id_loads_offline(monkeypatch, tmp_path):
 def test_load_tiny():
     loaded = load_model("tiny")
     assert isinstance(loaded, LoadedModel)
-    assert loaded.source == "tiny" and loaded.path == "llama" and loaded.tokenizer is None
+    assert loaded.source == "tiny" and loaded.path == "llama"
+    assert loaded.tokenizer("pass key 7").input_ids == list(b"pass key 7")  # byte tokenizer: ids are bytes
     assert not loaded.model.training
     assert loaded.model.dtype == torch.float32
 

@@ -87,7 +87,7 @@ GGUF_ARCHITECTURES: tuple[str, ...] = _gguf_architectures()
 class LoadedModel:
     """A loaded causal LM in eval mode.
 
-    ``tokenizer`` is None for the tiny models, for directories that ship no tokenizer files, and when
+    ``tokenizer`` is a byte-level tokenizer for the tiny models (ids are bytes); it is None for directories that ship no tokenizer files, and when
     ``with_tokenizer=False``. ``source`` is the kind from :func:`resolve_model` and ``path`` its second item
     (family name, directory, GGUF file or hub id).
     """
@@ -631,7 +631,10 @@ def load_model(
     kind, target = resolve_model(spec)
     info: dict[str, Any] = {}
     if kind == "tiny":
-        model, tokenizer = _load_tiny(target, attn_implementation, dtype), None
+        from .byte_tokenizer import byte_tokenizer
+
+        model = _load_tiny(target, attn_implementation, dtype)
+        tokenizer = byte_tokenizer() if with_tokenizer else None
     elif kind == "dir":
         model, tokenizer = _load_dir(target, dtype=dtype, attn_implementation=attn_implementation, with_tokenizer=with_tokenizer)
     elif kind in ("gguf", "smollm2"):

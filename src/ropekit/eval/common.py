@@ -1,0 +1,227 @@
+"""What every evaluation task shares: the prepared model, the record stream, generation and progress.
+
+A task is a module with ``KEY_FIELDS`` (what identifies one scored sample besides the common fields),
+``run(ctx, **options)`` (score every sample not yet in ``ctx``'s results and write one record each) and
+``summarize(records) -> rows`` (one row per length, or per length and depth, with the task's aggregate).
+:class:`EvalContext` carries what is common: the model with the method installed, its tokenizer, the
+seed, the resumable :class:`~ropekit.eval.records.RecordWriter`, and a progress bar.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from ..errors import RopekitError
+from ..methods import get_method
+from ..patching import extend, rope_info
+from .records import RecordWriter
+
+#: Fields every record carries; with a task's own KEY_FIELDS they identify a sample for ``--resume``.
+COMMON_KEY_FIELDS = ("task", "method", "params", "length")
+
+
+def prepare_model(model, method: str | None, params: dict[str, Any] | None, lengths: list[int]):
+    """``(model_to_evaluate, resolved_params)``: a copy of ``model`` with ``method`` installed, or ``model`` itself.
+
+    A factor-based method given neither ``factor`` nor ``target_length`` is sized to the longest length
+    evaluated. Raises a one-line error when a length lies beyond the method's hard reach (e.g. Self-Extend's
+    (C−W)·G+W), naming the parameter to change.
+    """
+    if method is None or method in ("plain", "base", "none"):
+        if params:
+            raise RopekitError(f"--param {', '.join(params)} given without --method", "add --method NAME, or drop --param")
+        return model, {}
+    spec = get_method(method)
+    info = rope_info(model)
+    kwargs = dict(params or {})
+    longest = max(lengths)
+    if spec.uses_factor and "factor" not in kwargs and "target_length" not in kwargs:
+        kwargs["target_length"] = max(longest, info.window)
+    variant = extend(copy.deepcopy(model), spec, **kwargs)
+    resolved = dict(variant.config.ropekit["params"])
+    reach = spec.reach(rope_info(variant), resolved)
+    if reach is not None and longest > reach:
+        raise RopekitError(
+            f"length {longest} exceeds what {spec.name} supports with {resolved} (reach {reach} tokens)",
+            "lower --lengths or enlarge the method's parameters (see `ropekit inspect`)",
+        )
+    return variant, resolved
+
+
+def require_tokenizer(tokenizer, task: str):
+    if tokenizer is None:
+        raise RopekitError(
+            f"the '{task}' evaluation needs a tokenizer and this model has none",
+            "pass a model directory that includes tokenizer files, a .gguf file, or a built-in name",
+        )
+    return tokenizer
+
+
+def encode(tokenizer, text: str, *, add_special_tokens: bool = True) -> list[int]:
+    """Token ids of ``text``; ``add_special_tokens`` adds the tokenizer's BOS (if it has one)."""
+    return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+
+
+def greedy_generate(model, input_ids: list[int], max_new_tokens: int, *, eos_token_ids: list[int] | None = None) -> list[int]:
+    """Greedy continuation of one prompt (the new token ids only), with an explicit attention mask.
+
+    The mask matters: transformers reads position_ids without one as packed sequences (methods.md §9).
+    """
+    device = next(model.parameters()).device
+    ids = torch.tensor([input_ids], device=device)
+    eos = [int(e) for e in (eos_token_ids or []) if e is not None]
+    pad = eos[0] if eos else 0
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            eos_token_id=eos or None,
+            pad_token_id=pad,
+        )
+    new = out[0, ids.shape[1]:].tolist()
+    if eos:  # generate pads finished rows with pad_token_id; cut at the first EOS
+        for i, t in enumerate(new):
+            if t in eos:
+                return new[:i]
+    return new
+
+
+def eos_ids(tokenizer) -> list[int]:
+    """The tokenizer's end-of-text ids (its EOS and, for chat models, the end-of-turn token)."""
+    ids = []
+    for tok in (getattr(tokenizer, "eos_token", None), "<|im_end|>", "<|eot_id|>", "<|end|>"):
+        if tok is None:
+            continue
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None) and tid not in ids:
+            ids.append(tid)
+    return ids
+
+
+_INT = re.compile(r"\d+")
+
+
+def first_integer(text: str) -> int | None:
+    """The first run of digits in ``text`` as an int (passkey scoring), or None."""
+    m = _INT.search(text)
+    return int(m.group()) if m else None
+
+
+class ProgressSink:
+    """Where a task reports progress; the CLI passes a rich progress bar, the API nothing."""
+
+    def set_total(self, total: int) -> None:  # pragma: no cover - interface
+        pass
+
+    def advance(self, n: int = 1, description: str | None = None) -> None:  # pragma: no cover - interface
+        pass
+
+
+@dataclass
+class EvalContext:
+    """Everything a task needs besides its own options."""
+
+    task: str
+    model: Any
+    tokenizer: Any
+    method: str
+    params: dict[str, Any]
+    seed: int = 0
+    writer: RecordWriter = field(default_factory=lambda: RecordWriter(None, resume=False, key_fields=COMMON_KEY_FIELDS))
+    progress: "ProgressSink | None" = None
+
+    def key(self, length: int, **fields: Any) -> dict[str, Any]:
+        """The identity of one sample: common fields plus the task's own (depth, trial, sample id…)."""
+        return {"task": self.task, "method": self.method, "params": self.params, "length": length, **fields}
+
+    def done(self, key: dict[str, Any]) -> bool:
+        """True (and the bar advances) when this sample was already scored, by this run or a resumed one."""
+        if self.writer.has(key):
+            self.advance(1)
+            return True
+        return False
+
+    def write(self, key: dict[str, Any], **fields: Any) -> dict[str, Any]:
+        """Write one finished sample (``score`` in [0, 1] where the task has one) and advance the bar."""
+        record = {**key, **fields}
+        self.writer.write(record)
+        self.advance(1)
+        return record
+
+    def set_total(self, total: int) -> None:
+        """How many samples this run scores in all (finished ones included), for the progress bar."""
+        if self.progress:
+            self.progress.set_total(total)
+
+    def advance(self, n: int = 1, description: str | None = None) -> None:
+        if self.progress:
+            self.progress.advance(n, description)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+@contextmanager
+def timer() -> Iterator[Callable[[], float]]:
+    """``with timer() as elapsed: …; elapsed()`` → seconds since entering."""
+    start = time.perf_counter()
+    yield lambda: time.perf_counter() - start
+
+
+def make_context(
+    task: str,
+    model,
+    tokenizer,
+    *,
+    method: str | None,
+    params: dict[str, Any] | None,
+    lengths: list[int],
+    key_fields: tuple[str, ...],
+    seed: int = 0,
+    out: str | None = None,
+    resume: bool = False,
+    progress: "ProgressSink | None" = None,
+) -> EvalContext:
+    """Install the method, open the results file (checking resume) and build the context."""
+    variant, resolved = prepare_model(model, method, params, lengths)
+    writer = RecordWriter(out, resume=resume, key_fields=COMMON_KEY_FIELDS + tuple(key_fields))
+    variant.eval()
+    return EvalContext(
+        task=task,
+        model=variant,
+        tokenizer=tokenizer,
+        method=method if method not in (None, "base", "none") else "plain",
+        params=resolved,
+        seed=seed,
+        writer=writer,
+        progress=progress,
+    )
+
+
+def mean(values) -> float | None:
+    values = list(values)
+    return sum(values) / len(values) if values else None
+
+
+def accuracy_by(records, *fields: str) -> list[dict[str, Any]]:
+    """Mean ``score`` of the records grouped by ``fields`` (e.g. ``"length"``), as rows with ``accuracy`` and ``n``."""
+    groups: dict[tuple, list[float]] = {}
+    for r in records:
+        groups.setdefault(tuple(r.get(f) for f in fields), []).append(float(r["score"]))
+    rows = [{**dict(zip(fields, k)), "accuracy": mean(v), "n": len(v)} for k, v in groups.items()]
+    rows.sort(key=lambda row: tuple((row[f] is None, row[f]) for f in fields))
+    return rows
