@@ -70,3 +70,52 @@ def test_rotate_by_composes_rope_rotations():
     got = rotate_by(rotated, target - pos, inv_freq)
     assert torch.allclose(got, explicit(x, target), atol=1e-5)
     assert torch.equal(got[..., rot:], x[..., rot:])
+
+
+def _block(seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 2, 9, 8, generator=gen)
+    k, v = torch.randn(2, 1, 2, 11, 8, generator=gen).unbind(0)
+    allowed = torch.rand(1, 1, 9, 11, generator=gen) > 0.4
+    allowed[..., 0] = True
+    bias = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf")).expand(1, 2, 9, 11)
+    return q, k, v, allowed, bias
+
+
+def test_explicit_block_path_matches_naive():
+    from ropekit.attention.kernels import _explicit_attention
+
+    q, k, v, allowed, bias = _block()
+    out, lse = _explicit_attention(q, k, v, bias, 0.3)
+    want_out, want_lse = naive(q, k, v, allowed, 0.3)
+    assert torch.allclose(out.double(), want_out, atol=1e-5)
+    assert torch.allclose(lse.double(), want_lse, atol=1e-5)
+
+
+@pytest.mark.parametrize("behaviour", ["agrees", "disagrees", "raises"])
+def test_fused_gpu_kernel_is_used_only_after_it_agrees_with_the_explicit_path(monkeypatch, behaviour):
+    """The CUDA fast path's guard, exercised on CPU with a stand-in kernel: a wrong or missing kernel is
+    dropped after one call (with a warning) and results stay those of the explicit path."""
+    from ropekit.attention import kernels
+
+    q, k, v, allowed, bias = _block()
+    calls = []
+
+    def fake(query, key, value, bias_, scale):
+        calls.append(1)
+        if behaviour == "raises":
+            raise RuntimeError("no kernel")
+        out, lse = kernels._explicit_attention(query, key, value, bias_, scale)
+        return (out, lse) if behaviour == "agrees" else (out + 1.0, lse)
+
+    monkeypatch.setattr(kernels, "_cuda_efficient_attention", fake)
+    monkeypatch.setattr(kernels, "_FUSED_VERIFIED", {})
+    want_out, _ = naive(q, k, v, allowed, 0.3)
+    for call in range(3):
+        if behaviour == "agrees" or call > 0:
+            out, _ = kernels._fused_cuda_or_explicit(q, k, v, bias, 0.3)
+        else:
+            with pytest.warns(UserWarning, match="fused CUDA attention"):
+                out, _ = kernels._fused_cuda_or_explicit(q, k, v, bias, 0.3)
+        assert torch.allclose(out.double(), want_out, atol=1e-5)
+    assert len(calls) == (3 if behaviour == "agrees" else 1)

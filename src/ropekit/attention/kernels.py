@@ -10,6 +10,7 @@ kernel and merge them *exactly*: with ``o_a, l_a`` and ``o_b, l_b`` the outputs 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -20,6 +21,69 @@ def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     """(B, H_kv, L, D) → (B, heads, L, D) for grouped-query attention (no copy when H_kv == heads)."""
     groups = heads // x.shape[1]
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def _explicit_attention(query, key, value, bias, scale):
+    """Reference path: this block's logits in float32, then softmax and its log-sum-exp."""
+    logits = torch.matmul(query, key.transpose(-1, -2)).float() * scale
+    if bias is not None:
+        logits = logits + bias.float()
+    lse = torch.logsumexp(logits, dim=-1)
+    probs = torch.exp(logits - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
+    return torch.matmul(probs.to(value.dtype), value), lse
+
+
+def _cuda_efficient_attention(query, key, value, bias, scale):
+    """PyTorch's memory-efficient CUDA kernel, which takes an additive bias and returns the log-sum-exp.
+
+    The kernel wants the bias's last dimension 16-element aligned, so it is allocated padded and sliced.
+    Its log-sum-exp comes padded to a multiple of 32 queries; the padding is cut off.
+    """
+    if bias is not None:
+        b, h, lq, lk = query.shape[0], query.shape[1], query.shape[2], key.shape[2]
+        padded = torch.zeros(b, h, lq, lk + (-lk) % 16, dtype=query.dtype, device=query.device)
+        padded[..., :lk] = bias
+        bias = padded[..., :lk]
+    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        query.contiguous(), key.contiguous(), value.contiguous(), bias, True, 0.0, False, scale=scale
+    )
+    return out, lse[..., : query.shape[2]].float()
+
+
+#: (device type, dtype) → whether the fused CUDA kernel agreed with the explicit path on first use.
+_FUSED_VERIFIED: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def _fused_cuda_or_explicit(query, key, value, bias, scale):
+    """The fused kernel where it is available and was checked against the explicit path on this device.
+
+    The first call per dtype runs both and compares them (outputs to the dtype's tolerance, log-sum-exps to
+    1e-2); a kernel that is missing, raises, or disagrees is not used again and a warning says so — the
+    explicit path is exact by construction, so a wrong fast path can only cost speed, never correctness.
+    """
+    tag = (query.device.type, query.dtype)
+    verdict = _FUSED_VERIFIED.get(tag)
+    if verdict is False:
+        return _explicit_attention(query, key, value, bias, scale)
+    try:
+        fused = _cuda_efficient_attention(query, key, value, bias, scale)
+    except (RuntimeError, NotImplementedError, AttributeError) as exc:
+        _FUSED_VERIFIED[tag] = False
+        warnings.warn(f"ropekit: fused CUDA attention unavailable ({exc}); using explicit blocks", stacklevel=3)
+        return _explicit_attention(query, key, value, bias, scale)
+    if verdict is None:
+        ref_out, ref_lse = _explicit_attention(query, key, value, bias, scale)
+        finite = torch.isfinite(ref_lse)
+        tol = 1e-4 if query.dtype == torch.float32 else 2e-2
+        ok = bool(
+            torch.allclose(fused[0][finite].float(), ref_out[finite].float(), atol=tol, rtol=tol)
+            and torch.allclose(fused[1][finite], ref_lse[finite], atol=1e-2, rtol=1e-3)
+        )
+        _FUSED_VERIFIED[tag] = ok
+        if not ok:
+            warnings.warn("ropekit: fused CUDA attention disagreed with the explicit path; using explicit blocks", stacklevel=3)
+            return ref_out, ref_lse
+    return fused
 
 
 def attention_with_lse(
@@ -33,8 +97,10 @@ def attention_with_lse(
 
     Returns ``out`` (B, H, Lq, D) and ``lse`` (B, H, Lq), the natural log of each row's softmax
     denominator; rows with no allowed key get ``out = 0`` and ``lse = −inf`` (they merge as nothing).
-    On CPU it runs PyTorch's fused flash kernel, which returns the log-sum-exp; elsewhere it computes
-    the logits of this block explicitly (callers keep blocks small).
+    On CPU it runs PyTorch's fused flash kernel, which returns the log-sum-exp; on CUDA the fused
+    memory-efficient kernel (checked once per dtype against the explicit path, see
+    :func:`_fused_cuda_or_explicit`); elsewhere it computes the logits of this block explicitly (callers
+    keep blocks small).
     """
     heads = query.shape[1]
     key, value = expand_kv(key, heads), expand_kv(value, heads)
@@ -49,13 +115,12 @@ def attention_with_lse(
             query, key, value, 0.0, False, attn_mask=bias, scale=scale
         )
         lse = lse.to(torch.float32)
-    else:
-        logits = torch.matmul(query, key.transpose(-1, -2)).float() * scale
+    elif query.device.type == "cuda" and query.dtype in (torch.float32, torch.bfloat16, torch.float16):
         if bias is not None:
-            logits = logits + bias.float()
-        lse = torch.logsumexp(logits, dim=-1)
-        probs = torch.exp(logits - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
-        out = torch.matmul(probs.to(value.dtype), value)
+            bias = bias.expand(query.shape[0], heads, query.shape[2], key.shape[2])
+        out, lse = _fused_cuda_or_explicit(query, key, value, bias, scale)
+    else:
+        out, lse = _explicit_attention(query, key, value, bias, scale)
     if allowed is not None:
         empty = ~allowed.any(dim=-1).expand(lse.shape)
         lse = lse.masked_fill(empty, float("-inf"))
