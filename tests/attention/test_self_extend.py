@@ -404,3 +404,29 @@ def test_padding_and_cache_take_the_banded_path(monkeypatch):
                        pad_token_id=0)
         ids, mask, pos = _padded("right", lengths=(90, 60), total=90, seed=11)
         model(ids, attention_mask=mask, position_ids=pos)
+
+
+def test_single_token_decoding_takes_the_folded_decode_path(monkeypatch):
+    """Cached decoding (one query) runs ``_attend_decode`` — GQA heads folded, key rotations from the
+    per-layer table — and its tokens equal the uncached loop (checked above); here: it is really used,
+    and the table gives the same rotations as computing them afresh."""
+    from ropekit.attention.kernels import rotate_by
+    from ropekit.attention.self_extend import SelfExtendAttention, group_key_position
+
+    calls = []
+    decode = SelfExtendAttention._attend_decode
+    monkeypatch.setattr(SelfExtendAttention, "_attend_decode",
+                        lambda self, *a, **k: calls.append(1) or decode(self, *a, **k))
+    model = _extended("llama", group_size=4, window_size=16)
+    ids, mask = _ids(1, 60, seed=12), torch.ones(1, 60, dtype=torch.long)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6,
+                             do_sample=False, pad_token_id=0)
+    assert len(calls) == 5 * model.config.num_hidden_layers  # every step after the prefill, every layer
+    assert torch.equal(out, _greedy_uncached(model, ids, mask, 6))
+
+    attend = SelfExtendAttention(lambda: torch.tensor([1.0, 0.3, 0.01]), group_size=3, window_size=5)
+    key = torch.randn(2, 2, 40, 6, generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(40)[None]
+    want = rotate_by(key, group_key_position(pos, 3) - pos, torch.tensor([1.0, 0.3, 0.01]))
+    assert torch.allclose(attend._rotate_keys_to_groups(key, pos, torch.tensor([1.0, 0.3, 0.01])), want, atol=1e-6)

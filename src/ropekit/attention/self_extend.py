@@ -33,6 +33,7 @@ import torch
 
 from ..methods.base import RopeInfo
 from . import LAYER_ATTENTIONS
+from ..methods.rope import rotate
 from .kernels import attention_with_lse, expand_kv, merge_attention, rotate_by
 from .per_head_rope import key_positions
 
@@ -101,6 +102,7 @@ class SelfExtendAttention:
         self.warn_past_reach = warn_past_reach
         self.chunk = int(chunk)
         self._warned = False
+        self._key_table: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (inv_freq, cos, sin)
 
     def __repr__(self) -> str:
         return f"SelfExtendAttention(group_size={self.group_size}, window_size={self.window_size})"
@@ -161,8 +163,11 @@ class SelfExtendAttention:
             lo_q = torch.where(active, shift_q, big).min(-1).values
             hi_q = torch.where(active, shift_q, -big).max(-1).values
             consecutive = bool(((lo_k == hi_k) & (lo_q == hi_q) & (lo_k == lo_q)).all())
-        attend = self._attend_banded if consecutive else self._attend_general
-        out = attend(query, key, value, allowed, q_pos, k_pos, scaling)
+        if consecutive and q_len == 1:
+            out = self._attend_decode(query, key, value, allowed, q_pos, k_pos, scaling)
+        else:
+            attend = self._attend_banded if consecutive else self._attend_general
+            out = attend(query, key, value, allowed, q_pos, k_pos, scaling)
         return out.transpose(1, 2).contiguous(), None
 
     def _group_rotated(self, query, key, value, q_pos, k_pos):
@@ -172,8 +177,60 @@ class SelfExtendAttention:
         heads = query.shape[1]
         inv_freq = self.inv_freq().to(query.device)
         q_group = rotate_by(query, group_query_position(q_pos, G, W) - q_pos, inv_freq)
-        k_group = rotate_by(key, group_key_position(k_pos, G) - k_pos, inv_freq)
+        k_group = self._rotate_keys_to_groups(key, k_pos, inv_freq)
         return q_group, expand_kv(key, heads), expand_kv(k_group, heads), expand_kv(value, heads)
+
+    def _rotate_keys_to_groups(self, key, k_pos, inv_freq):
+        """Keys rotated from ``j`` to ``⌊j/G⌋``: the same as ``rotate_by(key, ⌊j/G⌋ − j, inv_freq)``.
+
+        The rotation of a key depends only on its position, so its cos/sin come from a table kept per layer
+        (grown by doubling) instead of being recomputed for every cached key at every decoding step — the
+        trigonometry was most of Self-Extend's per-token decoding cost.
+        """
+        if k_pos.numel() == 0 or int(k_pos.min()) < 0:
+            return rotate_by(key, group_key_position(k_pos, self.group_size) - k_pos, inv_freq)
+        need = int(k_pos.max()) + 1
+        table = self._key_table
+        if table is None or table[1].shape[0] < need or table[1].device != key.device or not torch.equal(table[0], inv_freq):
+            size = max(need, 2 * table[1].shape[0] if table is not None else 1024)
+            pos = torch.arange(size, device=key.device)
+            offsets = (group_key_position(pos, self.group_size) - pos).to(torch.float32)
+            freqs = offsets[:, None] * inv_freq.to(device=key.device, dtype=torch.float32)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            table = self._key_table = (inv_freq.clone(), emb.cos(), emb.sin())
+        cos = table[1][k_pos][:, None].to(key.dtype)  # (B or 1, 1, Lk, rot)
+        sin = table[2][k_pos][:, None].to(key.dtype)
+        return rotate(key, cos, sin)
+
+    def _attend_decode(self, query, key, value, allowed, q_pos, k_pos, scaling) -> torch.Tensor:
+        """LCEG Eq. 13 for one new query per sequence (cached decoding), positions consecutive.
+
+        The query (key index ``s = Lk − 1``) sees keys ``[0, s − W]`` in the group part and ``(s − W, s]`` in
+        the neighbour part. Grouped-query heads are folded into rows — query head ``h`` uses KV head
+        ``h // g`` — so keys and values are never copied per query head.
+        """
+        W = self.window_size
+        batch, heads, _, dim = query.shape
+        kv_heads, k_len = key.shape[1], key.shape[2]
+        g = heads // kv_heads
+        s = k_len - 1
+        lo = max(0, s - W + 1)
+        inv_freq = self.inv_freq().to(query.device)
+        fold = lambda t: t.reshape(batch, kv_heads, g, dim)  # noqa: E731 - (B, H, 1, D) → (B, H_kv, g, D)
+
+        def mask(k0, k1):
+            if allowed is None:
+                return None
+            ok = allowed[:, :, :, k0:k1]
+            return None if bool(ok.all()) else ok
+
+        parts = [attention_with_lse(fold(query), key[:, :, lo:], value[:, :, lo:], mask(lo, k_len), scale=scaling)]
+        if lo > 0:
+            q_group = rotate_by(query, group_query_position(q_pos, self.group_size, W) - q_pos, inv_freq)
+            k_group = self._rotate_keys_to_groups(key[:, :, :lo], k_pos[:, :lo], inv_freq)
+            parts.append(attention_with_lse(fold(q_group), k_group, value[:, :, :lo], mask(0, lo), scale=scaling))
+        out = merge_attention(parts)[0] if len(parts) > 1 else parts[0][0]
+        return out.reshape(batch, heads, 1, dim)
 
     def _attend_banded(self, query, key, value, allowed, q_pos, k_pos, scaling) -> torch.Tensor:
         """LCEG Eq. 13 when position distance equals index distance, by structure instead of by pair.
