@@ -224,7 +224,7 @@ def eval_cmd(
     subtasks: Optional[str] = typer.Option(None, "--tasks", help="ruler: task names; longbench: dataset names (comma-separated)."),
     data: Optional[Path] = typer.Option(None, "--data", help="ppl: corpus file/dir; longbench: directory of JSONL files; manyshot: labelled JSONL; ruler: dir with SQuAD/HotpotQA."),
     stride: Optional[int] = typer.Option(None, "--stride", min=1, help="ppl: how far the window advances (tokens)."),
-    score_mode: Optional[str] = typer.Option(None, "--score-mode", help="ppl: last_stride | full_window | disjoint."),
+    score_mode: Optional[str] = typer.Option(None, "--score-mode", help="ppl: last_stride | full_window | disjoint | truncate."),
     weighting: Optional[str] = typer.Option(None, "--weighting", help="ppl: token | window."),
     add_bos: Optional[bool] = typer.Option(None, "--add-bos/--no-add-bos", help="ppl: prepend BOS to every window."),
     shots: Optional[str] = typer.Option(None, "--shots", help="manyshot: numbers of in-context examples, e.g. 1,2,4,8,16."),
@@ -355,6 +355,88 @@ def torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+# ---- train -----------------------------------------------------------------------------------------
+def _train_examples(name: str, json_out: bool) -> None:
+    from .train.examples import EXAMPLES, example_yaml
+
+    if name.strip().lower() == "list":
+        if json_out:
+            _print_json([{"name": n, "description": d} for n, (d, _) in EXAMPLES.items()])
+            return
+        table = Table(title="ropekit train --example NAME")
+        table.add_column("name", style="bold cyan", no_wrap=True)
+        table.add_column("what it trains")
+        for n, (d, _) in EXAMPLES.items():
+            table.add_row(n, d)
+        out.print(table)
+        return
+    sys.stdout.write(example_yaml(name))
+
+
+def _train_plan_rows(cfg) -> list[dict[str, Any]]:
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    rows, start = [], 0
+    for stage in cfg.stages:
+        steps = stage.steps if cfg.stop_at is None else max(0, min(stage.steps, cfg.stop_at - start))
+        batch = stage.micro_batch_size * stage.grad_accum * world
+        rows.append({
+            "stage": stage.name, "steps": f"{start + 1}–{start + steps}" if steps else "—", "seq_len": stage.seq_len,
+            "method": stage.method.name or "none", "params": json.dumps(stage.method.params), "lr": stage.lr,
+            "sequences/step": batch, "tokens/step": batch * stage.seq_len, "tokens": batch * stage.seq_len * steps,
+        })
+        start += stage.steps
+    return rows
+
+
+@app.command("train")
+def train_cmd(
+    config: Optional[Path] = typer.Argument(None, help="Training config (YAML). Print one with --example NAME."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (overrides output.dir)."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Optimizer steps (overrides train.max_steps; with stages: stop after N steps)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the run directory."),
+    example: Optional[str] = typer.Option(None, "--example", help="Print a ready config: NAME, or `list`."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate the config and print the plan; train nothing."),
+    json_out: bool = typer.Option(False, "--json", help="Print the plan / result (or --example list) as JSON."),
+):
+    """Train a model for a longer context: method + data + optimizer from a YAML config (Accelerate; runs under
+    `accelerate launch` for DDP/FSDP — on CPUs `accelerate launch --multi_gpu --num_processes N`)."""
+    if example is not None:
+        if config is not None or resume or dry_run or out_dir is not None or max_steps is not None:
+            raise RopekitError("--example prints a config and takes no other argument",
+                               "run `ropekit train --example NAME > my.yaml`, then `ropekit train my.yaml`")
+        _train_examples(example, json_out)
+        return
+    if config is None:
+        raise RopekitError("no training config given", "pass CONFIG.yaml, e.g. from `ropekit train --example tiny-full > tiny.yaml`")
+    from .train import load_config, train
+
+    cfg = load_config(config).with_overrides(out_dir=out_dir, max_steps=max_steps)
+    rows = _train_plan_rows(cfg)
+    if dry_run:
+        if json_out:
+            _print_json({"config": cfg.to_dict(), "plan": rows})
+            return
+        _print_rows(rows, title=f"{config} — {cfg.model.name} — {cfg.last_step} steps")
+        return
+    cfg.require_output()
+    result = train(cfg, resume=resume, console=err)
+    if int(os.environ.get("RANK", "0") or 0) != 0:
+        return
+    last = result.losses[-1][1] if result.losses else None
+    summary = {
+        "out_dir": str(result.out_dir), "step": result.step, "resumed_from": result.resumed_from,
+        "final_loss": last, "skipped_steps": result.skipped, "seconds": round(result.seconds, 2),
+        "final": str(result.final_dir) if result.final_dir else None, "final_ema": str(result.ema_dir) if result.ema_dir else None,
+    }
+    if json_out:
+        _print_json(summary)
+        return
+    loss = f", last loss {last:.4f}" if last is not None else ""
+    out.print(f"[green]trained[/] {result.out_dir} to step {result.step}{loss} in {result.seconds:.1f}s"
+              + (f"; model: {result.final_dir}" if result.final_dir else "")
+              + (f"; EMA model: {result.ema_dir}" if result.ema_dir else ""), highlight=False)
 
 
 # ---- demo (main job until the study lands) ---------------------------------------------------------
