@@ -28,6 +28,8 @@ from ..patching import extend, rope_info
 from .records import RecordWriter
 
 PLAIN = "plain"
+#: What identifies one measurement besides task/method/params/length (see ropekit.eval.common).
+KEY_FIELDS = ("repeat",)
 
 
 class _RssSampler:

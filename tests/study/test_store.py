@@ -1,0 +1,273 @@
+"""The study's SQLite store: round trip, atomic pieces under a real crash, concurrent writers, status counts,
+claims, schema checks, and the RecordWriter adapter an evaluation task writes through."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import socket
+import sqlite3
+
+import pytest
+
+from ropekit.errors import RopekitError
+from ropekit.eval.common import EvalContext
+from ropekit.study.store import (
+    Piece,
+    StoreRecordWriter,
+    StudyStore,
+    key_fields_for,
+    parse_piece_id,
+    sample_key,
+)
+
+PASSKEY_KEYS = ("task", "method", "params", "length", "depth", "trial")
+
+
+def passkey_record(method="plain", length=64, depth=0.5, trial=0, score=1.0, **extra):
+    return {"task": "passkey", "method": method, "params": {}, "length": length, "depth": depth, "trial": trial,
+            "score": score, "prediction": "123", "seconds": 0.01, **extra}
+
+
+@pytest.fixture
+def store(tmp_path):
+    with StudyStore(tmp_path / "s" / "study.sqlite") as st:
+        yield st
+
+
+def test_round_trip_manifest_pieces_samples_metrics_artifacts(store, tmp_path):
+    assert store.journal_mode == "wal"
+    store.initialize("demo", {"methods": ["yarn"], "lengths": [64]}, seeds=[0, 1], window=64, target_length=256)
+    m = store.get_manifest()
+    assert m["name"] == "demo" and m["config"] == {"methods": ["yarn"], "lengths": [64]} and m["seeds"] == [0, 1]
+    assert m["window"] == 64 and m["target_length"] == 256 and m["schema_version"] == 1
+    assert set(m["versions"]) == {"ropekit", "torch", "transformers"} and m["versions"]["ropekit"]
+    assert isinstance(m["machine"]["cores"], int) and m["machine"]["python"] and m["machine"]["os"]
+    assert m["created"] <= m["updated"]
+    assert store.get_manifest("missing", 7) == 7
+    store.initialize("demo", {"methods": ["yarn"], "lengths": [64]})  # same config: fine
+    with pytest.raises(RopekitError, match="another configuration"):
+        store.initialize("demo", {"methods": ["pi"]})
+
+    assert store.begin_piece("eval:passkey:yarn", params={"factor": 4}) is True
+    records = [passkey_record("yarn", depth=d, trial=t, score=float(t == 0), params={"factor": 4.0})
+               for d in (0.0, 1.0) for t in (0, 1)]
+    assert store.finish_piece("eval:passkey:yarn", records) == 4  # key fields from the passkey module
+    assert store.is_done("eval:passkey:yarn")
+    assert store.samples(task="passkey") == records
+    assert store.samples(method="yarn", task="ppl") == []
+    piece = store.pieces()[0]
+    assert (piece["kind"], piece["method"], piece["task"], piece["params"], piece["status"]) == \
+        ("eval", "yarn", "passkey", {"factor": 4}, "done")
+    assert piece["seconds"] >= 0 and piece["attempts"] == 1 and piece["worker"].endswith(f":{os.getpid()}")
+    scores = [r[0] for r in sqlite3.connect(store.path).execute("SELECT score FROM samples ORDER BY id")]
+    assert scores == [1.0, 0.0, 1.0, 0.0]
+
+    store.begin_piece("train:yarn")
+    store.add_metrics("train:yarn", [{"step": 0, "loss": 5.0, "lr": 1e-3}, {"step": 10, "loss": 4.0, "lr": 1e-3}])
+    store.finish_piece("train:yarn", metrics=[{"step": 10, "loss": 3.5, "lr": 5e-4, "tokens": 640}],
+                       artifacts={"checkpoint": tmp_path / "ckpt"})
+    steps = store.train_metrics("train:yarn")
+    assert [(s["step"], s["loss"], s["method"]) for s in steps] == [(0, 5.0, "yarn"), (10, 3.5, "yarn")]  # step 10 replaced
+    assert store.artifacts() == [{"piece": "train:yarn", "name": "checkpoint", "path": str(tmp_path / "ckpt"),
+                                  "created": store.artifacts()[0]["created"]}]
+
+
+def test_piece_ids_and_key_fields():
+    assert parse_piece_id("eval:passkey:yarn") == Piece("eval:passkey:yarn", "eval", "yarn", {}, "passkey")
+    assert parse_piece_id("eval:speed") == Piece("eval:speed", "eval", None, {}, "speed")
+    assert parse_piece_id("train:yarn:v2") == Piece("train:yarn:v2", "train", "yarn:v2", {}, None)
+    for bad in ("yarn", "fit:yarn", "train:"):
+        with pytest.raises(RopekitError):
+            parse_piece_id(bad)
+    assert key_fields_for("passkey") == PASSKEY_KEYS
+    assert key_fields_for("speed") == ("task", "method", "params", "length", "repeat")
+    # the key is what identifies the sample, not its measurements
+    assert sample_key(passkey_record(score=1.0), PASSKEY_KEYS) == sample_key(passkey_record(score=0.0), PASSKEY_KEYS)
+    assert sample_key(passkey_record(trial=0), PASSKEY_KEYS) != sample_key(passkey_record(trial=1), PASSKEY_KEYS)
+
+
+def test_method_label_of_the_piece_names_the_samples(store):
+    store.begin_piece("eval:passkey:yarn-ft", method="yarn-ft")
+    store.finish_piece("eval:passkey:yarn-ft", [passkey_record("yarn")], key_fields=PASSKEY_KEYS)
+    got = store.samples(method="yarn-ft")
+    assert got[0]["method"] == "yarn-ft" and got[0]["eval_method"] == "yarn"
+    assert store.samples(raw=True)[0]["method"] == "yarn"
+    # one speed piece holds every method: the records' own labels
+    store.begin_piece("eval:speed")
+    store.finish_piece("eval:speed", [{"task": "speed", "method": m, "params": {}, "length": 64, "repeat": 0, "prefill_s": 1.0}
+                                      for m in ("plain", "yarn")])
+    assert [r["method"] for r in store.samples(task="speed")] == ["plain", "yarn"]
+
+
+def test_invalid_records_roll_back_the_whole_call(store):
+    store.begin_piece("eval:passkey:plain")
+    bad = [passkey_record(trial=0), passkey_record(trial=1, score=1.5), passkey_record(trial=2)]
+    with pytest.raises(RopekitError, match="not a number in \\[0, 1\\]"):
+        store.finish_piece("eval:passkey:plain", bad, key_fields=PASSKEY_KEYS)
+    assert store.samples() == [] and not store.is_done("eval:passkey:plain")
+    with pytest.raises(RopekitError, match="of task 'passkey'"):
+        store.add_samples("eval:passkey:plain", [{**passkey_record(), "task": "niah"}], key_fields=PASSKEY_KEYS)
+    with pytest.raises(RopekitError, match="not in the study"):
+        store.finish_piece("eval:passkey:nobody", [])
+
+
+def _crash_in_finish(path, records):
+    """Child: stream two samples, then die (os._exit, no cleanup) halfway through finish_piece's transaction."""
+    st = StudyStore(path)
+    st.begin_piece("eval:passkey:plain")
+    st.add_samples("eval:passkey:plain", records[:2], key_fields=PASSKEY_KEYS)
+
+    def stream():
+        yield from records[2:4]
+        os._exit(3)
+
+    st.finish_piece("eval:passkey:plain", stream(), key_fields=PASSKEY_KEYS)
+
+
+def test_crash_between_sample_writes_and_finish_leaves_piece_resumable(store):
+    records = [passkey_record(trial=t, score=float(t % 2)) for t in range(5)]
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_crash_in_finish, args=(str(store.path), records))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 3
+    reopened = StudyStore(store.path)
+    assert not reopened.is_done("eval:passkey:plain")
+    assert reopened.status()["by_status"]["running"] == 1
+    # the streamed samples survived, the half-written finish did not
+    assert reopened.done_keys("eval:passkey:plain") == {sample_key(r, PASSKEY_KEYS) for r in records[:2]}
+    # the dead worker's claim is taken over; the resumed run writes only what is missing, then finishes
+    assert reopened.begin_piece("eval:passkey:plain") is True
+    todo = [r for r in records if sample_key(r, PASSKEY_KEYS) not in reopened.done_keys("eval:passkey:plain")]
+    assert todo == records[2:]
+    reopened.finish_piece("eval:passkey:plain", todo, key_fields=PASSKEY_KEYS)
+    assert reopened.is_done("eval:passkey:plain") and reopened.samples() == records
+    # a done piece is not claimed again, and writing its samples again never duplicates them
+    assert reopened.begin_piece("eval:passkey:plain") is False
+    reopened.finish_piece("eval:passkey:plain", records, key_fields=PASSKEY_KEYS)
+    reopened.add_samples("eval:passkey:plain", records[:3], key_fields=PASSKEY_KEYS)
+    assert len(reopened.samples()) == 5
+    assert reopened.pieces()[0]["attempts"] == 2
+    reopened.close()
+
+
+def _writer(path, name, n, barrier, claims):
+    barrier.wait()
+    fresh = StudyStore(os.path.join(os.path.dirname(path), "fresh", "study.sqlite"))  # both create it at once
+    fresh.register(f"eval:passkey:{name}")
+    fresh.close()
+    st = StudyStore(path, timeout=30)
+    own = f"eval:passkey:{name}"
+    st.begin_piece(own)
+    barrier.wait()
+    claims.put((name, st.begin_piece("eval:niah:contested")))
+    for t in range(n):  # interleaved single-sample transactions into one's own piece and a shared one
+        st.add_samples(own, [passkey_record(name, trial=t)], key_fields=PASSKEY_KEYS)
+        st.add_samples("eval:passkey:shared", [passkey_record("shared", trial=t, score=float(name == "a"))], key_fields=PASSKEY_KEYS)
+    st.finish_piece(own)
+    barrier.wait()  # stay alive until both claims were made, so the loser saw a live owner
+    st.close()
+
+
+def test_two_processes_write_concurrently_without_loss(store):
+    store.register("eval:passkey:shared")
+    store.close()
+    ctx = multiprocessing.get_context("fork")
+    barrier, claims = ctx.Barrier(2), ctx.Queue()
+    n = 40
+    procs = [ctx.Process(target=_writer, args=(str(store.path), name, n, barrier, claims)) for name in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    won = dict(claims.get(timeout=5) for _ in procs)
+    assert sorted(won.values()) == [False, True]  # exactly one worker claimed the contested piece
+    st = StudyStore(store.path)
+    assert len(st.samples(method="a")) == n and len(st.samples(method="b")) == n
+    assert [r["trial"] for r in st.samples(method="a")] == list(range(n))
+    assert len(st.samples(method="shared")) == n  # both wrote the same keys: stored once each
+    assert st.is_done("eval:passkey:a") and st.is_done("eval:passkey:b")
+    st.close()
+    with StudyStore(store.path.parent / "fresh") as fresh:
+        assert sorted(p["id"] for p in fresh.pieces()) == ["eval:passkey:a", "eval:passkey:b"]
+
+
+def test_status_counts_and_pending(store):
+    specs = [Piece("train:yarn", "train", "yarn"), Piece("train:pi", "train", "pi"),
+             Piece("eval:passkey:yarn", "eval", "yarn", {}, "passkey"), Piece("eval:passkey:pi", "eval", "pi", {}, "passkey"),
+             Piece("eval:ppl:yarn", "eval", "yarn", {}, "ppl")]
+    assert store.pending(specs) == [s.id for s in specs]
+    store.begin_piece("train:yarn")
+    store.finish_piece("train:yarn", metrics=[{"step": 1, "loss": 2.0}])
+    store.begin_piece("train:pi")
+    store.fail_piece("train:pi", ValueError("loss is nan"))
+    store.begin_piece("eval:passkey:yarn")
+    store.add_samples("eval:passkey:yarn", [passkey_record("yarn")], key_fields=PASSKEY_KEYS)
+    st = store.status()
+    assert st["pieces"] == 5
+    assert st["by_status"] == {"pending": 2, "running": 1, "done": 1, "failed": 1}
+    assert st["by_kind"] == {"train": {"pending": 0, "running": 0, "done": 1, "failed": 1},
+                             "eval": {"pending": 2, "running": 1, "done": 0, "failed": 0}}
+    assert st["failed"] == [{"piece": "train:pi", "error": "ValueError: loss is nan"}]
+    assert [r["piece"] for r in st["running"]] == ["eval:passkey:yarn"]
+    assert st["samples"] == 1 and st["train_steps"] == 1
+    assert store.pending(s.id for s in specs) == [s.id for s in specs if s.id != "train:yarn"]
+    with pytest.raises(RopekitError, match="already in the study"):
+        store.pending([Piece("train:yarn", "train", "yarn", {"factor": 2})])
+    # a failed piece is claimed again; reset forgets a piece's results
+    assert store.begin_piece("train:pi") is True
+    store.reset_piece("eval:passkey:yarn")
+    assert store.samples() == [] and store.status()["by_status"]["pending"] == 3
+
+
+def test_live_worker_keeps_its_claim(store):
+    store.begin_piece("eval:ppl:yarn", worker=f"{socket.gethostname()}:{os.getppid()}")  # a live process on this host
+    assert store.begin_piece("eval:ppl:yarn") is False
+    assert store.begin_piece("eval:ppl:yarn", force=True) is True
+    store.begin_piece("eval:ppl:pi", worker="some-other-host:1")  # cannot be checked: assumed alive
+    assert store.begin_piece("eval:ppl:pi") is False
+
+
+def test_opening_checks(tmp_path):
+    with pytest.raises(RopekitError, match="no study database"):
+        StudyStore(tmp_path / "nothing" / "study.sqlite", create=False)
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(RopekitError, match="not a ropekit study database"):
+        StudyStore(junk)
+    other = tmp_path / "other.sqlite"
+    sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.commit()
+    with pytest.raises(RopekitError, match="not a ropekit study"):
+        StudyStore(other)
+    newer = tmp_path / "newer" / "study.sqlite"
+    StudyStore(newer).close()
+    con = sqlite3.connect(newer)
+    con.execute("PRAGMA user_version = 99")
+    con.close()
+    with pytest.raises(RopekitError, match="newer than this ropekit"):
+        StudyStore(newer)
+    fresh = StudyStore(tmp_path / "fresh")  # a directory opens (creates) its study.sqlite
+    assert fresh.path == tmp_path / "fresh" / "study.sqlite" and fresh.path.exists()
+    fresh.close()
+
+
+def test_record_writer_adapter_resumes_an_evaluation(store):
+    store.begin_piece("eval:passkey:plain")
+
+    def context():
+        writer = StoreRecordWriter(store, "eval:passkey:plain", PASSKEY_KEYS)
+        return EvalContext(task="passkey", model=None, tokenizer=None, method="plain", params={}, writer=writer)
+
+    ctx = context()
+    keys = [ctx.key(64, depth=0.5, trial=t) for t in range(3)]
+    for key in keys[:2]:
+        assert not ctx.done(key)
+        ctx.write(key, prediction="1", score=1.0, seconds=0.0)
+    resumed = context()  # a new run after a kill: the stored samples are done, the third is not
+    assert [resumed.done(k) for k in keys] == [True, True, False]
+    resumed.write(keys[2], prediction="2", score=0.0, seconds=0.0)
+    assert [json.loads(k)["trial"] for k in sorted(store.done_keys("eval:passkey:plain"))] == [0, 1, 2]
+    assert [r["score"] for r in store.samples()] == [1.0, 1.0, 0.0]
