@@ -111,12 +111,17 @@ def prose_sentences() -> tuple[str, ...]:
     return tuple(s for p in prose_paragraphs() for s in split_sentences(p))
 
 
+@lru_cache(maxsize=1)
+def _prose_words() -> tuple[str, ...]:
+    return tuple(" ".join(prose_paragraphs()).split())
+
+
 def prose_text(n_words: int) -> str:
     """The first ``n_words`` words of the prose, repeating it from the start when more are asked for.
 
     As RULER's essay haystack: whitespace words of the concatenated text, cycled when the corpus is short.
     """
-    words = " ".join(prose_paragraphs()).split()
+    words = _prose_words()
     reps, rest = divmod(n_words, len(words))
     return " ".join(words * reps + words[:rest])
 
