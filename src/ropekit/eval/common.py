@@ -43,7 +43,13 @@ def prepare_model(model, method: str | None, params: dict[str, Any] | None, leng
     kwargs = dict(params or {})
     longest = max(lengths)
     if spec.uses_factor and "factor" not in kwargs and "target_length" not in kwargs:
-        kwargs["target_length"] = max(longest, info.window)
+        if longest <= info.window:
+            raise RopekitError(
+                f"{spec.name} needs a factor, and the lengths evaluated (up to {longest}) are within the "
+                f"model's {info.window}-token window, so none can be inferred",
+                f"pass --param factor=F (e.g. 2) or --param target_length=N with N > {info.window}",
+            )
+        kwargs["target_length"] = longest
     variant = extend(copy.deepcopy(model), spec, **kwargs)
     resolved = dict(variant.config.ropekit["params"])
     reach = spec.reach(rope_info(variant), resolved)

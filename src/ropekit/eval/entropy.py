@@ -1,0 +1,571 @@
+"""Attention entropy per layer, head and query position (``ropekit eval entropy``).
+
+For layer ``l``, head ``h`` and query position ``i`` the entropy of the attention distribution the model
+actually uses is
+
+    ``H_{l,h}(i) = −Σ_j p_ij ln p_ij``,   ``p_i = softmax(s_i)`` over the keys query ``i`` may attend to,
+
+in nats, with ``s_ij`` the logits after everything the installed method does to them: RoPE at the true
+positions (so YaRN's attention factor, folded into cos/sin, is inside), ropekit's per-layer query/key
+transforms (Entropy-ABF's logit scale ``max(log_c(i+1), 1)``, HARPE's per-KV-group rotation), and for
+methods that replace the attention itself the logits at their effective positions and under their mask:
+Self-Extend's grouped positions past the neighbour window (LCEG Eq. 13), LM-Infinite's Λ mask with the
+distance ceiling for the global tokens. LongLoRA's S²-Attn is a training-time pattern; in eval mode its
+layers run full attention and so does this measurement (in training mode it raises). Any other
+replacement attention raises a one-line error rather than reporting numbers for a distribution that is
+not the one used.
+
+The normalised entropy divides by the uniform ceiling ``ln(k_i)``, ``k_i`` the number of keys query ``i``
+sees: ``k_i = i + 1`` for causal attention (the ``H/ln(i+1)`` of notes §6.3), fewer under LM-Infinite's
+mask or a sliding window. A query that sees one key (position 0) has ``H = 0`` and its normalised entropy
+is defined as 0.
+
+How it is measured (notes §6.3): a temporary attention function is registered with transformers'
+``AttentionInterface`` and the model is switched to it for one forward pass; it receives the queries
+and keys after RoPE, computes the statistics, and delegates to the implementation the model was using
+(sdpa, eager, ``ropekit_<kernel>``…) with the unchanged arguments, so the forward continues exactly as
+before. No model file is copied. Logits are formed only for the measured query rows, in chunks of rows
+against all keys (``rows × n`` per head, never ``n × n``), in float32, and per row
+``H = logsumexp(s) − Σ softmax(s)·s`` (after subtracting the row maximum, which leaves ``H`` unchanged
+and keeps the difference small). Long inputs are measured at about 64 query positions on a logarithmic
+grid that always contains the first and the last position (:func:`log_positions`).
+
+Entropy-ABF's released ``retrieve_attn.py`` (GAIR-NLP, notes §6.1) takes ``output_attentions`` — already
+probabilities — and applies ``softmax`` to them a second time before computing the entropy, which
+flattens every distribution towards uniform. That double softmax is *not* reproduced here: the
+probabilities are formed once, from the logits. (It also reported head 0 only and the entropy of the
+document-averaged distribution; here every head is kept and averages are taken over entropies.)
+
+Inputs: the English prose of :mod:`ropekit.data.prose` (``python-docs-prose``, the Paul Graham essay
+substitute), tokenised with the model's tokenizer (its BOS included) and cut to ``length`` tokens.
+Sample ``s`` starts at a paragraph drawn from ``random.Random`` seeded by (seed, s) — the same for every
+length, so the inputs of one sample at different lengths are prefixes of one text, as in Entropy-ABF's
+entropy-vs-length curves. A model without a tokenizer is refused (random token ids would measure a
+different input distribution without saying so).
+
+Records (one per length × sample): ``positions`` and the nested lists ``entropy`` and ``normalised``
+indexed ``[layer][head][position]`` (5 significant digits), ``keys`` (keys seen per position, in
+layer 0), the means over layers and heads at the last position (``entropy_last``, ``normalised_last``)
+and per layer (``layer_entropy_last``). The figure follows Entropy-ABF (paper 001) Fig. 1: entropy at the last
+position vs context length per layer, plus entropy vs query position.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ..attention.interface import PREFIX, attention_modules
+from ..attention.kernels import rotate_by
+from ..attention.per_head_rope import key_positions
+from ..errors import RopekitError
+from .common import EvalContext, encode, mean, require_tokenizer, timer
+
+KEY_FIELDS = ("sample",)
+
+#: Query positions measured per input when it is longer (log grid, first and last always included).
+QUERY_POSITIONS = 64
+
+#: Logit elements per chunk (rows × heads × keys): 2^22 float32 values = 16 MiB per temporary.
+CHUNK_ELEMENTS = 1 << 22
+
+#: Prefix of the temporary attention implementations; the wrapped implementation's name follows it.
+PROBE_PREFIX = "ropekit_entropy_"
+
+#: Significant digits kept in the records' nested lists.
+DIGITS = 5
+
+
+# ---- query positions ------------------------------------------------------------------------------
+def log_positions(n: int, count: int = QUERY_POSITIONS) -> list[int]:
+    """``count`` distinct query positions in ``[0, n)`` on a logarithmic grid, or all ``n`` when ``n ≤ count``.
+
+    Position ``k`` of the grid is ``round(n^(k/(count−1))) − 1`` (so 0 and ``n − 1`` are always there),
+    raised to one past the previous position where the grid is denser than one token (the start); the
+    result is strictly increasing and has exactly ``min(n, count)`` entries.
+    """
+    if n < 1:
+        raise RopekitError(f"length {n} is not positive", "pass lengths of at least 1 token")
+    if count < 2:
+        raise RopekitError(f"{count} query positions cannot span an input", "measure at least 2 positions")
+    if n <= count:
+        return list(range(n))
+    out: list[int] = []
+    for k in range(count):
+        target = int(round(math.exp(math.log(n) * k / (count - 1)))) - 1
+        # the last count−k positions must still fit below n
+        pos = min(max(target, out[-1] + 1 if out else 0), n - (count - k))
+        out.append(pos)
+    return out
+
+
+# ---- the logits a layer really uses -----------------------------------------------------------------
+def _allowed_rows(attention_mask, rows: torch.Tensor, q_len: int, k_len: int, kwargs: dict, device) -> torch.Tensor:
+    """Bool ``(B|1, 1, c, Lk)``: which keys each query row in ``rows`` may attend to, from the mask the
+    kernel receives (4D bool for sdpa, additive float for eager, 2D padding for flash, ``None`` = causal
+    with the queries at the end of the keys, plus the ``sliding_window`` the kernel would apply)."""
+    k_idx = torch.arange(k_len, device=device)
+    causal = (k_idx[None, :] <= (rows + (k_len - q_len))[:, None])[None, None]
+    if attention_mask is None:
+        window = kwargs.get("sliding_window")
+        if window:  # flash-style kernels get the window as an argument instead of in a mask
+            causal = causal & ((rows + (k_len - q_len))[:, None] - k_idx[None, :] < int(window))[None, None]
+        return causal
+    if not isinstance(attention_mask, torch.Tensor):
+        raise RopekitError(
+            f"attention entropy cannot read a {type(attention_mask).__name__} attention mask (flex_attention)",
+            "load the model with the sdpa or eager attention implementation",
+        )
+    if attention_mask.dim() == 2:  # flash: padding mask (B, Lk), causality is the kernel's
+        return causal & attention_mask[:, None, None, -k_len:].bool()
+    block = attention_mask[:, :, rows.to(attention_mask.device), :k_len]
+    if block.dtype != torch.bool:  # eager: additive, 0 = attend, dtype-min (or −inf) = masked
+        block = block > torch.finfo(block.dtype).min / 2
+    return block.to(device)
+
+
+def _grouped_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """``query (B, H, c, D) · key (B, H_kv, Lk, D)ᵀ`` → ``(B, H, c, Lk)`` in float32, without expanding the keys
+    to every query head (query head ``h`` uses KV head ``h // (H / H_kv)``, as ``repeat_kv``)."""
+    b, heads, c, d = query.shape
+    kv = key.shape[1]
+    q = query.float().reshape(b, kv, (heads // kv) * c, d)
+    return torch.matmul(q, key.float().transpose(-1, -2)).reshape(b, heads, c, key.shape[2])
+
+
+def _positions(kwargs: dict, q_len: int, k_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        position_ids = torch.arange(k_len - q_len, k_len, device=device)[None]
+    q_pos = position_ids.to(device=device, dtype=torch.long)
+    return q_pos, key_positions(q_pos, k_len)
+
+
+class LayerLogits:
+    """The logits one attention layer really computes, for any block of query rows.
+
+    Built from what the attention function receives (rotated queries and keys, mask, scaling, kwargs) and
+    the implementation the model runs: for ``ropekit_<kernel>`` the module's ``ropekit_transforms`` are
+    applied first and its ``ropekit_attend`` (if any) decides the logit rule. ``block(rows)`` returns
+    ``(logits (B, H, c, Lk) float32, allowed (B|1, 1, c, Lk) bool)``.
+    """
+
+    def __init__(self, module, query, key, attention_mask, scaling, kwargs: dict, implementation: str):
+        attend = None
+        if implementation.startswith(PREFIX):
+            position_ids = kwargs.get("position_ids")
+            for transform in getattr(module, "ropekit_transforms", ()) or ():
+                query, key = transform(module, query, key, position_ids)
+            attend = getattr(module, "ropekit_attend", None)
+        for name in ("softcap", "s_aux", "sinks"):
+            if kwargs.get(name) is not None:
+                raise RopekitError(
+                    f"attention entropy does not model the '{name}' argument of this model's attention yet",
+                    "measure a Llama, Mistral, Qwen2/3, Phi-3 or GPT-NeoX model",
+                )
+        self.query, self.key = query, key
+        self.mask, self.kwargs = attention_mask, kwargs
+        self.q_len, self.k_len = query.shape[2], key.shape[2]
+        self.scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+        self.device = query.device
+        self.rule = self._rule(module, attend)
+
+    def _rule(self, module, attend) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        from ..attention.lm_infinite import LambdaAttention
+        from ..attention.s2_attn import ShiftedSparseAttention
+        from ..attention.self_extend import SelfExtendAttention
+
+        if attend is None:
+            return self._plain
+        if isinstance(attend, ShiftedSparseAttention):
+            if getattr(module, "training", False) and self.k_len == self.q_len and self.q_len >= 2:
+                raise RopekitError(
+                    "attention entropy of LongLoRA's S²-Attn (training mode) is not available",
+                    "measure the model in eval mode, where LongLoRA attends to every key",
+                )
+            return self._plain  # eval mode / cached steps: the plain kernel runs (s2_attn module docstring)
+        if isinstance(attend, SelfExtendAttention):
+            return self._self_extend(attend)
+        if isinstance(attend, LambdaAttention):
+            return self._lm_infinite(attend)
+        raise RopekitError(
+            f"attention entropy is not available for {type(attend).__name__} yet",
+            "measure the plain model or a frequency method, Entropy-ABF, HARPE, Self-Extend or LM-Infinite",
+        )
+
+    def block(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rule(rows)
+
+    def _plain(self, rows):
+        logits = _grouped_scores(self.query[:, :, rows], self.key) * self.scale
+        return logits, _allowed_rows(self.mask, rows, self.q_len, self.k_len, self.kwargs, self.device)
+
+    def _self_extend(self, attend):
+        """LCEG Eq. 13: true positions when ``i − j < W``, else query at ``⌊i/G⌋ + W − ⌊W/G⌋`` and key at
+        ``⌊j/G⌋`` — reached by rotating the already-rotated vectors further (RoPE rotations compose)."""
+        from ..attention.self_extend import group_key_position, group_query_position
+
+        G, W = attend.group_size, attend.window_size
+        inv_freq = attend.inv_freq().to(self.device)
+        q_pos, k_pos = _positions(self.kwargs, self.q_len, self.k_len, self.device)
+        k_group = rotate_by(self.key, group_key_position(k_pos, G) - k_pos, inv_freq)
+
+        def rule(rows):
+            qp = q_pos[:, rows]
+            near = (qp[:, :, None] - k_pos[:, None, :] < W)[:, None]
+            q = self.query[:, :, rows]
+            q_group = rotate_by(q, group_query_position(qp, G, W) - qp, inv_freq)
+            logits = torch.where(near, _grouped_scores(q, self.key), _grouped_scores(q_group, k_group)) * self.scale
+            return logits, _allowed_rows(self.mask, rows, self.q_len, self.k_len, self.kwargs, self.device)
+
+        return rule
+
+    def _lm_infinite(self, attend):
+        """LM-Infinite's Λ rule: ``⟨R_i q, R_j k⟩`` when ``i − j < L``, else ``⟨R_L q, k⟩`` for ``j < G``,
+        else masked."""
+        L, G = attend.local_window, attend.global_tokens
+        inv_freq = attend.inv_freq().to(self.device)
+        q_pos, k_pos = _positions(self.kwargs, self.q_len, self.k_len, self.device)
+        key_unrotated = rotate_by(self.key, -k_pos, inv_freq)
+
+        def rule(rows):
+            qp = q_pos[:, rows]
+            dist = qp[:, :, None] - k_pos[:, None, :]
+            band = (dist < L)[:, None]
+            far_global = ((dist >= L) & (k_pos[:, None, :] < G))[:, None]
+            q = self.query[:, :, rows]
+            q_ceiling = rotate_by(q, L - qp, inv_freq)
+            near = _grouped_scores(q, self.key)
+            logits = torch.where(band, near, _grouped_scores(q_ceiling, key_unrotated)) * self.scale
+            allowed = _allowed_rows(self.mask, rows, self.q_len, self.k_len, self.kwargs, self.device)
+            return logits, allowed & (band | far_global)
+
+        return rule
+
+
+def row_entropy(logits: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(H, k)`` of each row of ``logits`` over its ``allowed`` keys: ``H = lse(s) − Σ softmax(s)·s`` (nats)
+    and ``k`` the number of allowed keys. Rows with no allowed key get ``H = 0``."""
+    allowed = allowed.expand_as(logits)
+    s = logits.masked_fill(~allowed, float("-inf"))
+    top = s.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    z = s - top  # H is shift-invariant; the shift keeps lse and Σp·z small and close
+    lse = torch.logsumexp(z, dim=-1)
+    p = torch.exp(z - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
+    h = lse - (p * z.masked_fill(~allowed, 0.0)).sum(dim=-1)
+    count = allowed.sum(dim=-1)
+    h = torch.where(count > 0, h, torch.zeros_like(h)).clamp_min(0.0)
+    return h, count
+
+
+# ---- the probe ------------------------------------------------------------------------------------
+class _Probe:
+    """Collects per-layer entropies of the rows ``rows`` during one forward pass."""
+
+    def __init__(self, rows: list[int], chunk: int | None):
+        self.rows = rows
+        self.chunk = chunk
+        self.entropy: dict[int, torch.Tensor] = {}
+        self.keys: dict[int, torch.Tensor] = {}
+
+    def observe(self, module, query, key, attention_mask, scaling, kwargs, implementation: str) -> None:
+        q_len = query.shape[2]
+        if self.rows and max(self.rows) >= q_len:
+            raise RuntimeError(f"query position {max(self.rows)} is past the {q_len} queries of this call")
+        logits = LayerLogits(module, query, key, attention_mask, scaling, kwargs, implementation)
+        rows = torch.tensor(self.rows, device=query.device, dtype=torch.long)
+        b, heads, _, _ = logits.query.shape
+        chunk = self.chunk or max(1, CHUNK_ELEMENTS // max(1, b * heads * logits.k_len))
+        hs, ks = [], []
+        for start in range(0, len(self.rows), chunk):
+            block_rows = rows[start:start + chunk]
+            s, allowed = logits.block(block_rows)
+            h, k = row_entropy(s, allowed)
+            hs.append(h)
+            ks.append(k)
+        self.entropy[module.layer_idx] = torch.cat(hs, dim=-1).detach().cpu()
+        self.keys[module.layer_idx] = torch.cat(ks, dim=-1).detach().cpu()
+
+
+def _delegate(module, implementation: str) -> Callable:
+    if implementation == "eager":  # each model file's own function, not in the global registry
+        import sys
+
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[implementation]
+
+
+def _probe_attention(implementation: str) -> Callable:
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        probe = getattr(module, "_ropekit_entropy_probe", None)
+        if probe is not None:
+            with torch.no_grad():
+                probe.observe(module, query, key, attention_mask, scaling, kwargs, implementation)
+        return _delegate(module, implementation)(module, query, key, value, attention_mask, scaling=scaling,
+                                                  dropout=dropout, **kwargs)
+
+    attention.__name__ = f"{PROBE_PREFIX}{implementation}"
+    attention.__doc__ = f"Measure attention entropy, then run '{implementation}' unchanged."
+    return attention
+
+
+def _register_probe(implementation: str) -> str:
+    """Register (once) the probing attention wrapping ``implementation``, with that implementation's mask."""
+    name = PROBE_PREFIX + implementation
+    if name not in ALL_ATTENTION_FUNCTIONS.valid_keys():
+        if implementation != "eager" and implementation not in ALL_ATTENTION_FUNCTIONS.valid_keys():
+            raise RopekitError(
+                f"attention entropy cannot wrap the attention implementation '{implementation}'",
+                "load the model with the sdpa or eager attention implementation",
+            )
+        AttentionInterface.register(name, _probe_attention(implementation))
+        mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(implementation)
+        if mask_fn is not None:  # without it transformers would pass no mask at all (interface.py)
+            AttentionMaskInterface.register(name, mask_fn)
+    return name
+
+
+@contextmanager
+def _probing(model, rows: list[int], chunk: int | None) -> Iterator[_Probe]:
+    implementation = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    if implementation.startswith(PROBE_PREFIX):
+        raise RuntimeError("attention entropy is already being measured on this model")
+    modules = attention_modules(model)
+    if not modules:
+        raise RopekitError("found no attention layers to measure in this model", "measure a transformers RoPE model")
+    probe = _Probe(rows, chunk)
+    model.set_attn_implementation(_register_probe(implementation))
+    for module in modules:
+        module._ropekit_entropy_probe = probe
+    try:
+        yield probe
+    finally:
+        for module in modules:
+            del module._ropekit_entropy_probe
+        model.set_attn_implementation(implementation)
+
+
+def attention_entropy(
+    model, input_ids: torch.Tensor, *, positions: list[int] | None = None, chunk: int | None = None
+) -> dict[str, Any]:
+    """Entropy of every layer's and head's attention at query ``positions`` of one input (batch of one).
+
+    ``positions`` defaults to :func:`log_positions` of the input length; ``chunk`` is the number of query
+    rows whose logits are formed at once (default: as many as fit in :data:`CHUNK_ELEMENTS`). Returns
+    ``positions``, ``entropy`` and ``normalised`` (float64 tensors ``(layers, heads, positions)``, nats and
+    fraction of ``ln k``) and ``keys`` (``(layers, positions)``, keys seen by each query).
+    """
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError("attention_entropy measures one input: pass input_ids of shape (1, n)")
+    n = input_ids.shape[1]
+    rows = list(positions) if positions is not None else log_positions(n)
+    if not rows or min(rows) < 0 or max(rows) >= n or rows != sorted(set(rows)):
+        raise RopekitError(f"query positions must be increasing and within [0, {n})", "pass positions inside the input")
+    if chunk is not None and chunk < 1:
+        raise RopekitError(f"chunk {chunk} is not positive", "pass chunk ≥ 1 (query rows per block)")
+    device = next(model.parameters()).device
+    ids = input_ids.to(device)
+    with _probing(model, rows, chunk) as probe, torch.no_grad():
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
+    layers = sorted(probe.entropy)
+    expected = len(attention_modules(model))
+    if len(layers) != expected:  # a layer that bypasses AttentionInterface would silently be missing
+        raise RopekitError(
+            f"only {len(layers)} of {expected} attention layers went through transformers' attention function",
+            "measure a model whose layers all use AttentionInterface (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX)",
+        )
+    entropy = torch.stack([probe.entropy[l][0] for l in layers]).double()  # (layers, heads, positions)
+    keys = torch.stack([probe.keys[l][0].reshape(-1, len(rows))[0] for l in layers])  # (layers, positions)
+    ceiling = torch.log(keys.double().clamp_min(1)).unsqueeze(1)
+    normalised = torch.where(ceiling > 0, entropy / ceiling.clamp_min(1e-300), torch.zeros_like(entropy))
+    return {"positions": rows, "entropy": entropy, "normalised": normalised, "keys": keys}
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+def document_ids(tokenizer, length: int, sample: int, seed: int) -> tuple[list[int], int]:
+    """``length`` token ids of prose sample ``sample`` and the index of its first paragraph.
+
+    The start paragraph is drawn with ``random.Random`` seeded by ``(seed, sample)`` — independent of the
+    length, so the inputs of one sample are prefixes of one text; paragraphs follow in order (cycling the
+    corpus) until the text holds ``length`` tokens. The tokenizer's BOS, if any, comes first.
+    """
+    from ..data.prose import prose_paragraphs
+
+    paragraphs = prose_paragraphs()
+    start = random.Random(f"entropy-{seed}-{sample}").randrange(len(paragraphs))
+    chars = 4 * length + 64
+    while True:
+        parts, total, i = [], 0, start
+        while total < chars:
+            parts.append(paragraphs[i % len(paragraphs)])
+            total += len(parts[-1]) + 1
+            i += 1
+        ids = encode(tokenizer, " ".join(parts), add_special_tokens=True)
+        if len(ids) >= length:
+            return ids[:length], start
+        chars *= 2
+
+
+def _rounded(t: torch.Tensor) -> list:
+    return [_rounded(x) for x in t] if t.dim() > 0 else float(f"{float(t):.{DIGITS}g}")
+
+
+# ---- the task ---------------------------------------------------------------------------------------
+def run(
+    ctx: EvalContext,
+    *,
+    lengths: list[int] | None = None,
+    samples: int = 4,
+    plot: str | None = None,
+    positions: int = QUERY_POSITIONS,
+    chunk: int | None = None,
+) -> None:
+    """Measure ``samples`` prose inputs at every length (default: the model's window); optionally plot.
+
+    ``positions`` is the number of query positions per input (a log grid when the input is longer),
+    ``chunk`` the query rows per logit block (API only; the CLI uses the defaults).
+    """
+    from ..data.prose import PROSE_SOURCE, prose_digest
+
+    tokenizer = require_tokenizer(ctx.tokenizer, "entropy")
+    if lengths is None:
+        lengths = [int(ctx.model.config.max_position_embeddings)]
+    if samples < 1:
+        raise RopekitError(f"--samples {samples} is not positive", "pass --samples N with N ≥ 1")
+    if positions < 2:
+        raise RopekitError(f"{positions} query positions per input are too few", "measure at least 2 positions")
+    ctx.set_total(len(lengths) * samples)
+    digest = prose_digest()
+    for length in lengths:
+        if length < 1:
+            raise RopekitError(f"--lengths entry {length} is not positive", "pass lengths of at least 1 token")
+        grid = log_positions(length, positions)
+        for sample in range(samples):
+            key = ctx.key(length, sample=sample)
+            if ctx.done(key):
+                continue
+            with timer() as elapsed:
+                ids, paragraph = document_ids(tokenizer, length, sample, ctx.seed)
+                got = attention_entropy(ctx.model, torch.tensor([ids]), positions=grid, chunk=chunk)
+            entropy, normalised = got["entropy"], got["normalised"]
+            ctx.write(
+                key,
+                positions=grid,
+                entropy=_rounded(entropy),
+                normalised=_rounded(normalised),
+                keys=got["keys"][0].tolist(),
+                entropy_last=float(entropy[:, :, -1].mean()),
+                normalised_last=float(normalised[:, :, -1].mean()),
+                layer_entropy_last=[float(x) for x in entropy[:, :, -1].mean(dim=1)],
+                tokens=len(ids),
+                paragraph=paragraph,
+                source=PROSE_SOURCE,
+                prose_digest=digest,
+                seconds=elapsed(),
+            )
+    if plot:
+        plot_entropy([r for r in ctx.writer.records() if r.get("task") == ctx.task], plot)
+
+
+def _groups(records: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in records:
+        label = r.get("method", "plain") + (f" {r['params']}" if r.get("params") else "")
+        groups.setdefault((label, r["length"]), []).append(r)
+    return groups
+
+
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per length (per method too when the records hold several): mean over samples, layers and
+    heads of the entropy and the normalised entropy at the last position, the uniform ceiling ``ln k`` of
+    the last position, then the mean over heads and samples at the last position of at most five layers
+    (``layer_0``, ``layer_1``, evenly spaced ones, the last — :func:`shown_layers`; every layer is in the
+    records' ``layer_entropy_last``), and the number of samples."""
+    groups = _groups(records)
+    several = len({label for label, _ in groups}) > 1
+    rows = []
+    for (label, length), recs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        row: dict[str, Any] = {"method": label} if several else {}
+        row["length"] = length
+        row["entropy_last"] = mean(r["entropy_last"] for r in recs)
+        row["normalised_last"] = mean(r["normalised_last"] for r in recs)
+        row["uniform_last"] = math.log(max(recs[0]["keys"][-1], 1))
+        per_layer = [r["layer_entropy_last"] for r in recs]
+        for layer in shown_layers(min(len(p) for p in per_layer)):
+            row[f"layer_{layer}"] = mean(p[layer] for p in per_layer)
+        row["n"] = len(recs)
+        rows.append(row)
+    return rows
+
+
+def shown_layers(n_layers: int, most: int = 5) -> list[int]:
+    """The layers a summary or figure shows: all when there are at most ``most``, else 0 and 1 (where
+    Entropy-ABF sees near-uniform attention), the last, and evenly spaced ones between."""
+    if n_layers <= most:
+        return list(range(n_layers))
+    inner = most - 3
+    picked = {0, 1, n_layers - 1}
+    picked.update(int(round(1 + k * (n_layers - 2) / (inner + 1))) for k in range(1, inner + 1))
+    return sorted(picked)
+
+
+def plot_entropy(records: list[dict[str, Any]], path: str) -> str:
+    """Entropy-ABF (paper 001) Fig. 1 style: (a) entropy at the last query position vs context length, one
+    line per shown layer, mean over heads and samples, with the uniform ceiling ``ln n``; (b) entropy vs
+    query position at the longest length, same layers, with ``ln(i+1)``. Written as PNG to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if not records:
+        raise RopekitError("no entropy records to plot", "run the evaluation first (or check --out)")
+    labels = sorted({r.get("method", "plain") + (f" {r['params']}" if r.get("params") else "") for r in records})
+    label = labels[0]
+    recs = [r for r in records if r.get("method", "plain") + (f" {r['params']}" if r.get("params") else "") == label]
+    lengths = sorted({r["length"] for r in recs})
+    n_layers = min(len(r["entropy"]) for r in recs)
+    shown = shown_layers(n_layers, most=6)
+
+    fig, (ax_len, ax_pos) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for layer in shown:
+        ys = [np.mean([np.mean([head[-1] for head in r["entropy"][layer]]) for r in recs if r["length"] == n])
+              for n in lengths]
+        ax_len.plot(lengths, ys, marker="o", label=f"layer {layer}")
+    ax_len.plot(lengths, [math.log(n) for n in lengths], color="grey", linestyle="--", label="uniform (ln n)")
+    ax_len.set_xscale("log", base=2)
+    ax_len.set_xlabel("context length (tokens)")
+    ax_len.set_ylabel("attention entropy at the last position (nats)")
+    ax_len.set_title("entropy vs context length")
+    ax_len.legend(fontsize=8)
+
+    longest = [r for r in recs if r["length"] == lengths[-1]]
+    positions = longest[0]["positions"]
+    xs = [p + 1 for p in positions]
+    for layer in shown:
+        curve = np.mean([np.mean(np.array(r["entropy"][layer]), axis=0) for r in longest], axis=0)
+        ax_pos.plot(xs, curve, label=f"layer {layer}")
+    ax_pos.plot(xs, [math.log(x) for x in xs], color="grey", linestyle="--", label="uniform (ln(i+1))")
+    ax_pos.set_xscale("log", base=2)
+    ax_pos.set_xlabel("query position i + 1")
+    ax_pos.set_ylabel("attention entropy (nats)")
+    ax_pos.set_title(f"entropy vs query position ({lengths[-1]} tokens)")
+    ax_pos.legend(fontsize=8)
+    fig.suptitle(f"attention entropy — {label} (mean over heads and samples; {len(longest)} at {lengths[-1]} tokens)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+#: The task's figure under the name the task registry expects (``run``'s ``plot`` option shadows it there).
+plot = plot_entropy

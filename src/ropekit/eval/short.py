@@ -1,0 +1,386 @@
+"""Short-context regression with lm-evaluation-harness (``ropekit eval short``; optional extra ``lmeval``).
+
+A context-extension method should not cost the model what it could do inside its original window. This
+task runs lm-evaluation-harness (EleutherAI, ``lm_eval.simple_evaluate``) on the evaluated model — the
+model with ``--method`` installed, wrapped in lm-eval's ``HFLM`` with its tokenizer — over task files on
+disk, offline:
+
+* ``--data DIR``: a directory of lm-eval task YAMLs. Every ``dataset_path`` in them must be local — a
+  ``datasets`` builder that reads files (``json``, ``csv``, ``parquet``, ``text``, ``arrow``…) with
+  ``dataset_kwargs: {data_files: …}``, or an existing directory; a hub dataset id is refused before
+  anything is loaded, since the machine has no network.
+* ``--tasks a,b``: task (or group) names from those files; default every task in ``--data``, else the
+  built-in task.
+* Built in: ``ropekit_prose_cloze`` (:func:`write_builtin_task`), generated on the fly so that
+  ``ropekit eval short MODEL`` works without any file: 4-way multiple choice over sentences of the English
+  prose of :mod:`ropekit.data.prose` (``python-docs-prose``). The context is the first half of a
+  sentence's words; the choices are its true second half and the second halves of three other sentences.
+  lm-eval scores each choice by the summed log-likelihood of ``" " + choice`` after the context and
+  reports ``acc`` (argmax = gold) and ``acc_norm`` (argmax of the log-likelihood per character).
+  Chance is 25 %; a language model that follows the text does better, and a method that damages short
+  contexts loses some of that margin.
+
+``data_files`` paths are read as ``datasets`` reads them (relative to the working directory); absolute
+paths make a task directory usable from anywhere.
+
+One record per (lm-eval task, document): ``score`` is the document's ``acc`` (or ``exact_match``, or
+``acc_norm``, the first that the task reports), ``prediction`` the chosen index for multiple choice (the
+filtered response otherwise), ``metrics`` every per-document value lm-eval logged, and
+``loglikelihoods`` the choices' scores. ``--resume`` skips documents already in the file: lm-eval is asked
+for exactly the missing ones (``samples={task: [doc ids]}``), in calls of at most :data:`CALL_DOCS`
+documents so that an interruption loses little. ``--samples N`` takes the first N documents of each task.
+
+Determinism and isolation: each ``HFLM`` runs with batch size 1, so a document's score never depends on
+which others share its batch (with right padding and no attention mask, a length-dependent method such
+as Dynamic NTK would otherwise see the padded length); the global ``random``/numpy/torch generators are
+seeded with ``--seed`` for the call and restored afterwards; the tokenizer is copied, because ``HFLM``
+may add a pad token to it. ``lengths`` mean nothing here: records use length 0 (``DEFAULT_LENGTHS``),
+and ``--lengths`` only sizes a factor-based method (through ``make_context``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import math
+import random
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import RopekitError
+from .common import EvalContext, mean, timer
+
+KEY_FIELDS = ("subtask", "sample")
+
+#: The length recorded with every record: short-context results do not depend on a sweep length.
+DEFAULT_LENGTHS = [0]
+
+#: The built-in task and its number of documents.
+BUILTIN_TASK = "ropekit_prose_cloze"
+BUILTIN_DOCS = 200
+BUILTIN_CHOICES = 4
+
+#: Documents per lm-eval call (an interruption loses at most one call's documents).
+CALL_DOCS = 100
+
+#: ``datasets`` builders that read local files (``dataset_path`` values that need no network).
+LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow", "pandas", "imagefolder", "audiofolder", "webdataset")
+
+#: Per-document metrics that are (value, weight) pairs, with lm-eval's aggregation of them.
+_PAIR_AGGREGATIONS = {
+    "word_perplexity": lambda a, b: math.exp(-a / b),
+    "byte_perplexity": lambda a, b: math.exp(-a / b),
+    "bits_per_byte": lambda a, b: -a / b / math.log(2),
+}
+
+_INSTALL = RopekitError("the 'short' evaluation needs lm-evaluation-harness", "pip install 'ropekit[lmeval]'")
+
+
+def _require_lm_eval():
+    try:
+        import lm_eval  # noqa: F401
+        from lm_eval.models.huggingface import HFLM  # noqa: F401
+        from lm_eval.tasks import TaskManager  # noqa: F401
+    except ImportError:
+        raise _INSTALL from None
+    return lm_eval
+
+
+def lm_eval_version() -> str | None:
+    """The installed lm-evaluation-harness version, or None."""
+    try:
+        from importlib.metadata import version
+
+        return version("lm_eval")
+    except Exception:
+        return None
+
+
+# ---- the built-in task ------------------------------------------------------------------------------
+def builtin_documents(seed: int = 0, n_docs: int = BUILTIN_DOCS) -> list[dict[str, Any]]:
+    """The documents of ``ropekit_prose_cloze``: sentence halves from ``python-docs-prose``.
+
+    Sentences of 10–30 words are drawn with ``random.Random`` seeded by ``seed``; each keeps its first
+    ``⌊words/2⌋`` words as ``context``; ``choices`` are its own second half and the second halves of three
+    other drawn sentences (all different), the gold one at a random place (``label``).
+    """
+    from ..data.prose import PROSE_SOURCE, prose_sentences
+
+    pool = sorted({s for s in prose_sentences() if 10 <= len(s.split()) <= 30})
+    rng = random.Random(f"short-{seed}")
+    if len(pool) < n_docs + BUILTIN_CHOICES:
+        raise RuntimeError(f"the prose has only {len(pool)} usable sentences for {n_docs} documents")
+    drawn = rng.sample(pool, n_docs)
+
+    def halves(sentence: str) -> tuple[str, str]:
+        words = sentence.split()
+        cut = len(words) // 2
+        return " ".join(words[:cut]), " ".join(words[cut:])
+
+    endings = [halves(s)[1] for s in pool]
+    docs = []
+    for sentence in drawn:
+        context, gold = halves(sentence)
+        distractors: list[str] = []
+        while len(distractors) < BUILTIN_CHOICES - 1:
+            other = endings[rng.randrange(len(endings))]
+            if other != gold and other not in distractors:
+                distractors.append(other)
+        label = rng.randrange(BUILTIN_CHOICES)
+        choices = distractors[:label] + [gold] + distractors[label:]
+        docs.append({"context": context, "choices": choices, "label": label, "source": PROSE_SOURCE})
+    return docs
+
+
+def write_builtin_task(directory: str | Path, seed: int = 0, n_docs: int = BUILTIN_DOCS) -> Path:
+    """Write ``ropekit_prose_cloze.yaml`` and its JSONL into ``directory`` (lm-eval task format); returns the YAML."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    data = directory / f"{BUILTIN_TASK}.jsonl"
+    with data.open("w") as fh:
+        for doc in builtin_documents(seed, n_docs):
+            fh.write(json.dumps(doc) + "\n")
+    config = {
+        "task": BUILTIN_TASK,
+        "dataset_path": "json",
+        "dataset_kwargs": {
+            "data_files": {"test": str(data.resolve())},
+            "cache_dir": str((directory / "cache").resolve()),  # datasets' Arrow cache goes with the scratch dir
+        },
+        "output_type": "multiple_choice",
+        "test_split": "test",
+        "doc_to_text": "{{context}}",
+        "doc_to_choice": "choices",
+        "doc_to_target": "label",
+        "target_delimiter": " ",
+        "metric_list": [
+            {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+            {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True},
+        ],
+        "metadata": {"version": 1.0, "seed": seed},
+    }
+    path = directory / f"{BUILTIN_TASK}.yaml"
+    path.write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
+    return path
+
+
+# ---- task files ---------------------------------------------------------------------------------------
+class _AnyTagLoader:
+    """A YAML loader that reads lm-eval's ``!function`` (and any other) tags as plain strings."""
+
+    @staticmethod
+    def load(text: str):
+        import yaml
+
+        class Loader(yaml.SafeLoader):
+            pass
+
+        def any_tag(loader, suffix, node):
+            if isinstance(node, yaml.ScalarNode):
+                return loader.construct_scalar(node)
+            if isinstance(node, yaml.SequenceNode):
+                return loader.construct_sequence(node)
+            return loader.construct_mapping(node)
+
+        Loader.add_multi_constructor("!", any_tag)
+        return yaml.load(text, Loader=Loader)
+
+
+def check_local_tasks(directory: str | Path) -> list[Path]:
+    """The task YAMLs under ``directory``; a one-line error for a missing directory, one without task files,
+    or a file whose ``dataset_path`` is neither a local ``datasets`` builder nor an existing directory."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise RopekitError(f"--data '{directory}' is not a directory", "pass a directory of lm-eval task YAML files")
+    files = sorted(p for p in root.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+    if not files:
+        raise RopekitError(f"no task files (*.yaml) in '{directory}'", "pass a directory of lm-eval task YAML files")
+    for path in files:
+        try:
+            config = _AnyTagLoader.load(path.read_text())
+        except Exception as err:
+            raise RopekitError(f"task file '{path}' is not valid YAML ({type(err).__name__})",
+                               "fix that file") from None
+        if not isinstance(config, dict) or config.get("dataset_path") is None:
+            continue
+        source = str(config["dataset_path"])
+        if source not in LOCAL_BUILDERS and not Path(source).is_dir() and not (path.parent / source).is_dir():
+            raise RopekitError(
+                f"task file '{path.name}' reads dataset '{source}' from the Hugging Face hub, and this run is offline",
+                "use dataset_path: json (or csv, parquet…) with dataset_kwargs: {data_files: PATH}",
+            )
+    return files
+
+
+# ---- running lm-eval --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _seeded_and_quiet(seed: int) -> Iterator[None]:
+    """Seed the global generators lm-eval may use, restore them afterwards; keep lm-eval's logging to errors."""
+    import numpy as np
+    import torch
+
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    loggers = [logging.getLogger(name) for name in ("lm-eval", "lm_eval")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _jsonable(value):
+    try:
+        import numpy as np
+
+        if isinstance(value, np.generic):
+            return value.item()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def _sample_fields(logged: dict[str, Any], output_type: str) -> dict[str, Any]:
+    """A record's fields from one entry of lm-eval's ``log_samples`` output."""
+    metrics = {name: _jsonable(logged[name]) for name in logged.get("metrics", []) if name in logged}
+    score = None
+    for name in ("acc", "exact_match", "acc_norm"):
+        if isinstance(metrics.get(name), (int, float)) and not isinstance(metrics.get(name), bool):
+            score = float(metrics[name])
+            break
+    filtered = logged.get("filtered_resps")
+    fields: dict[str, Any] = {"score": score, "metrics": metrics, "target": _jsonable(logged.get("target"))}
+    if output_type == "multiple_choice" and filtered:
+        lls = [float(r[0]) if isinstance(r, (list, tuple)) else float(r) for r in filtered]
+        fields["loglikelihoods"] = lls
+        fields["prediction"] = max(range(len(lls)), key=lambda i: lls[i])
+    else:
+        fields["prediction"] = _jsonable(filtered[0] if isinstance(filtered, list) and len(filtered) == 1 else filtered)
+    for name in ("doc_hash", "prompt_hash"):
+        if name in logged:
+            fields[name] = logged[name]
+    return fields
+
+
+def run(
+    ctx: EvalContext,
+    *,
+    lengths: list[int] | None = None,
+    tasks: list[str] | None = None,
+    data: str | None = None,
+    samples: int | None = None,
+    chat: bool = False,
+) -> None:
+    """Run the lm-eval tasks (``tasks`` from ``data``, or the built-in one) on ``ctx.model``; one record per
+    document. ``lengths`` are accepted and ignored (records use length 0)."""
+    lm_eval = _require_lm_eval()
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    if ctx.tokenizer is None:
+        raise RopekitError("the 'short' evaluation needs a tokenizer and this model has none",
+                           "pass a model directory that includes tokenizer files, a .gguf file, or a built-in name")
+    if samples is not None and samples < 1:
+        raise RopekitError(f"--samples {samples} is not positive", "pass --samples N with N ≥ 1")
+    if chat and not getattr(ctx.tokenizer, "chat_template", None):
+        raise RopekitError("--chat was given but this tokenizer has no chat template", "drop --chat")
+    names = list(tasks) if tasks else ([] if data else [BUILTIN_TASK])
+    with tempfile.TemporaryDirectory(prefix="ropekit-short-") as scratch:
+        paths: list[str] = []
+        if data:
+            check_local_tasks(data)
+            paths.append(str(Path(data).resolve()))
+        if BUILTIN_TASK in names or not data:
+            write_builtin_task(scratch, ctx.seed)
+            paths.insert(0, scratch)
+        with _seeded_and_quiet(ctx.seed):
+            manager = TaskManager(include_path=paths, include_defaults=False)
+            if not names:  # every task in --data
+                names = [n for n in manager.all_subtasks if n != BUILTIN_TASK]
+                if not names:
+                    raise RopekitError(f"no lm-eval task is defined in '{data}'", "add task YAMLs, or pass --tasks")
+            unknown = [n for n in names if n not in manager.all_tasks]
+            if unknown:
+                known = ", ".join(manager.all_tasks[:12]) + (" …" if len(manager.all_tasks) > 12 else "")
+                raise RopekitError(f"unknown lm-eval task {', '.join(unknown)}", f"choose from the task files: {known}")
+            leaves = manager.load(names)["tasks"]
+        plan: list[tuple[str, list[int]]] = []
+        total = 0
+        for name, task in leaves.items():
+            docs = list(range(len(task.eval_docs)))
+            if samples is not None:
+                docs = docs[:samples]
+            total += len(docs)
+            plan.append((name, docs))
+        ctx.set_total(total)
+        with _seeded_and_quiet(ctx.seed):
+            lm = HFLM(pretrained=ctx.model, tokenizer=copy.deepcopy(ctx.tokenizer), batch_size=1,
+                      device=str(ctx.device))
+        max_length = int(lm.max_length)  # HFLM keeps the last max_length tokens of longer inputs
+        version = lm_eval_version()
+        for name, docs in plan:
+            todo = [d for d in docs if not ctx.done(ctx.key(0, subtask=name, sample=d))]
+            for start in range(0, len(todo), CALL_DOCS):
+                chunk = todo[start:start + CALL_DOCS]
+                with timer() as elapsed, _seeded_and_quiet(ctx.seed):
+                    result = lm_eval.simple_evaluate(
+                        model=lm, tasks=[name], task_manager=manager, samples={name: chunk}, log_samples=True,
+                        apply_chat_template=bool(chat), bootstrap_iters=0, random_seed=None, numpy_random_seed=None,
+                        torch_random_seed=None, fewshot_random_seed=ctx.seed,
+                    )
+                    seconds = elapsed() / max(1, len(chunk))
+                output_type = result["configs"][name].get("output_type", "")
+                shots = result.get("n-shot", {}).get(name)
+                for logged in sorted(result["samples"][name], key=lambda s: s["doc_id"]):
+                    key = ctx.key(0, subtask=name, sample=int(logged["doc_id"]))
+                    if ctx.writer.has(key):  # a task with repeats/filters logs a document more than once
+                        continue
+                    ctx.write(key, **_sample_fields(logged, output_type), output_type=output_type, shots=shots,
+                              chat=bool(chat), max_length=max_length, lm_eval_version=version, seconds=seconds)
+
+
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per lm-eval task (per method too when the records hold several): ``accuracy`` = mean score,
+    then every metric lm-eval logged per document aggregated as lm-eval does (mean; the (log-likelihood,
+    weight) pairs of the perplexities as ``exp(−Σll/Σw)``, bits per byte as ``−Σll/Σw/ln 2``), and ``n``."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        label = r.get("method", "plain") + (f" {json.dumps(r['params'], sort_keys=True)}" if r.get("params") else "")
+        groups.setdefault((label, r["subtask"]), []).append(r)
+    several = len({label for label, _ in groups}) > 1
+    rows = []
+    for (label, subtask), recs in sorted(groups.items()):
+        row: dict[str, Any] = {"method": label} if several else {}
+        row["task"] = subtask
+        scores = [r["score"] for r in recs if isinstance(r.get("score"), (int, float))]
+        row["accuracy"] = mean(scores)
+        names = list(dict.fromkeys(n for r in recs for n in (r.get("metrics") or {})))
+        for name in names:
+            values = [r["metrics"][name] for r in recs if name in (r.get("metrics") or {})]
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                row[name] = mean(float(v) for v in values)
+            elif name in _PAIR_AGGREGATIONS and all(isinstance(v, list) and len(v) == 2 for v in values):
+                total, weight = sum(float(v[0]) for v in values), sum(float(v[1]) for v in values)
+                row[name] = _PAIR_AGGREGATIONS[name](total, weight) if weight else None
+        row["n"] = len(recs)
+        rows.append(row)
+    return rows
