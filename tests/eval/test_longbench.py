@@ -1,0 +1,242 @@
+"""`ropekit eval longbench`: official file format, prompts, middle truncation, buckets, end to end, resume, errors, CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from ropekit import cli
+from ropekit.errors import RopekitError
+from ropekit.eval import longbench as lb
+from ropekit.eval.common import make_context
+from ropekit.models.byte_tokenizer import byte_tokenizer
+from ropekit.models.tiny import build_tiny_model
+
+HOTPOT_TEMPLATE = (  # quoted from the field notes (§4.1), independent of the module's table
+    "Answer the question based on the given passages. Only give me the answer and do not output any other words.\n\n"
+    "The following are given passages.\n{context}\n\nAnswer the question based on the given passages. Only give me "
+    "the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"
+)
+
+
+def item(i: int, *, context: str = "Alpha beta gamma. " * 3, question: str = "Which letter?", answers=("beta",),
+         length: int = 100, classes=None) -> dict:
+    return {"input": question, "context": context, "answers": list(answers), "length": length, "dataset": "x",
+            "language": "en", "all_classes": classes, "_id": f"id{i}"}
+
+
+def write_jsonl(path, items) -> None:
+    path.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in items), encoding="utf-8")
+
+
+# ---- tables and prompts ---------------------------------------------------------------------------------
+def test_every_dataset_has_prompt_budget_and_metric():
+    assert len(lb.DATASETS) == 21 and len(lb.E_DATASETS) == 13 and set(lb.E_DATASETS) <= set(lb.DATASETS)
+    for name in lb.DATASETS:
+        assert "{context}" in lb.PROMPTS[name], name
+        assert name in lb.MAX_NEW_TOKENS and lb.METRIC[name] in lb.text_metrics.METRICS
+    assert {k: lb.MAX_NEW_TOKENS[k] for k in ("narrativeqa", "hotpotqa", "gov_report", "trec", "samsum", "lcc")} == {
+        "narrativeqa": 128, "hotpotqa": 32, "gov_report": 512, "trec": 64, "samsum": 128, "lcc": 64}
+    assert lb.PROMPTS["narrativeqa"].count("asconcisely") == 2  # the original's typo, kept
+    assert lb.PROMPTS["lcc"] == "Please complete the code given below. \n{context}Next line of code:\n"
+
+
+def test_prompt_is_the_template_filled_in():
+    x = item(0, context="P1 text.\nP2 text.", question="Who?")
+    expected = HOTPOT_TEMPLATE.replace("{context}", "P1 text.\nP2 text.").replace("{input}", "Who?")
+    assert lb.format_prompt("hotpotqa", x) == expected
+    assert lb.format_prompt("hotpotqa_e", x) == expected  # LongBench-E uses the base dataset's prompt
+    code = item(1, context="def f():\n    return {1: 2}\n", question="x = f()\n")
+    assert lb.format_prompt("repobench-p", code) == (
+        "Please complete the code given below. \ndef f():\n    return {1: 2}\nx = f()\nNext line of code:\n")
+
+
+# ---- middle truncation ----------------------------------------------------------------------------------
+def test_middle_truncation_keeps_both_ends_bytewise():
+    tok = byte_tokenizer()  # one token per byte, no BOS
+    prompt = "".join(chr(ord("a") + i % 26) for i in range(50))
+    assert lb.middle_truncate(tok, prompt, 50) == (prompt, 50, False)
+    assert lb.middle_truncate(tok, prompt, 20) == (prompt[:10] + prompt[-10:], 50, True)
+    assert lb.middle_truncate(tok, prompt, 21)[0] == prompt[:10] + prompt[-10:]  # half = int(21/2) = 10
+    with pytest.raises(RopekitError, match="below 2"):
+        lb.middle_truncate(tok, prompt, 1)
+
+
+class _BosBytes:
+    """Bytes plus a BOS id 256 that the default special tokens add and decoding skips (a Llama-like convention)."""
+
+    bos_token = "<s>"
+
+    def __call__(self, text, add_special_tokens=True):
+        class Out:
+            input_ids = ([256] if add_special_tokens else []) + list(text.encode())
+        return Out()
+
+    def decode(self, ids, skip_special_tokens=False):
+        body = bytes(i for i in ids if i != 256).decode()
+        return body if skip_special_tokens else "<s>" * ids.count(256) + body
+
+
+def test_middle_truncation_counts_the_bos_and_drops_it_in_decoding():
+    prompt = "0123456789" * 5
+    # 51 ids; half = 10: the head is BOS + 9 bytes, decoded without the BOS
+    assert lb.middle_truncate(_BosBytes(), prompt, 20) == (prompt[:9] + prompt[-10:], 51, True)
+
+
+def test_chat_template_only_where_pred_py_uses_it():
+    tok = byte_tokenizer()
+    x = item(0, context="c" * 100, question="q?")
+    with pytest.raises(RopekitError, match="no chat template"):
+        lb.build_input(tok, "hotpotqa", x, 64, chat=True)
+    tok.chat_template = "{% for m in messages %}<u>{{ m['content'] }}</u>{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
+    ids, facts = lb.build_input(tok, "hotpotqa", x, 64, chat=True)
+    prompt = lb.format_prompt("hotpotqa", x)
+    truncated = prompt[:32] + prompt[-32:]  # truncation first, then the template around it
+    assert bytes(ids).decode() == "<u>" + truncated + "</u><a>"
+    assert facts == {"prompt_tokens_full": len(prompt.encode()), "prompt_tokens": len(ids), "truncated": True}
+    trec = item(1, context="Question: a?\nType: Human\n", question="Question: b?\nType:")
+    ids, _ = lb.build_input(tok, "trec", trec, 1000, chat=True)
+    assert bytes(ids).decode() == lb.format_prompt("trec", trec)  # few-shot datasets stay raw
+    ids, _ = lb.build_input(tok, "hotpotqa", x, 1000, chat=False)
+    assert bytes(ids).decode() == prompt
+
+
+def test_samsum_also_stops_at_newline():
+    tok = byte_tokenizer()
+    assert lb.end_tokens(tok, "samsum") == [0, 10] and lb.end_tokens(tok, "samsum_e") == [0, 10]
+    assert lb.end_tokens(tok, "hotpotqa") == [0]
+
+
+# ---- buckets and summary --------------------------------------------------------------------------------
+def test_buckets_follow_scorer_e():
+    assert [lb.bucket_of(n) for n in (0, 3999, 4000, 7999, 8000, 20000)] == ["0-4k", "0-4k", "4-8k", "4-8k", "8k+", "8k+"]
+
+
+def test_summary_rows_buckets_and_dataset_average():
+    def rec(length, dataset, score, bucket=None):
+        return {"length": length, "dataset": dataset, "sample": str(score), "score": score, "bucket": bucket}
+
+    records = [rec(100, "hotpotqa", 1.0), rec(100, "hotpotqa", 0.0), rec(100, "trec", 0.5),
+               rec(100, "trec_e", 1.0, "0-4k"), rec(100, "trec_e", 0.25, "8k+"), rec(100, "trec_e", 0.75, "8k+"),
+               rec(200, "hotpotqa", 0.2)]
+    rows = lb.summarize(records)
+    at100 = {(r["dataset"], r["bucket"]): r for r in rows if r["length"] == 100}
+    assert at100[("hotpotqa", None)]["accuracy"] == 0.5 and at100[("hotpotqa", None)]["n"] == 2
+    assert at100[("trec_e", None)]["accuracy"] == pytest.approx(2 / 3)
+    assert at100[("trec_e", "0-4k")]["accuracy"] == 1.0 and at100[("trec_e", "8k+")]["accuracy"] == 0.5
+    assert ("trec_e", "4-8k") not in at100  # empty buckets are left out
+    # the average is over datasets (0.5, 0.5, 2/3), not over the 6 items
+    assert at100[("average", None)]["accuracy"] == pytest.approx((0.5 + 0.5 + 2 / 3) / 3)
+    assert at100[("average", None)]["score"] == round(100 * (0.5 + 0.5 + 2 / 3) / 3, 2)
+    assert [r["dataset"] for r in rows if r["length"] == 100] == ["hotpotqa", "trec", "trec_e", "trec_e", "trec_e", "average"]
+    assert [r for r in rows if r["length"] == 200][-1]["accuracy"] == pytest.approx(0.2)
+
+
+# ---- data errors ----------------------------------------------------------------------------------------
+def test_missing_or_empty_data_dir_says_how_to_get_the_files(tmp_path):
+    for data in (None, tmp_path / "nope", tmp_path):
+        with pytest.raises(RopekitError, match="data.zip") as e:
+            lb.data_dir(data)
+        assert "hotpotqa.jsonl" in str(e.value)
+    (tmp_path / "notes.jsonl").write_text("{}\n")
+    with pytest.raises(RopekitError, match="none of the LongBench files"):
+        lb.data_dir(tmp_path)
+    nested = tmp_path / "data"
+    nested.mkdir()
+    write_jsonl(nested / "trec.jsonl", [item(0)])
+    assert lb.data_dir(tmp_path) == nested  # the unzipped archive's data/ folder
+    assert lb.select(nested, None) == ["trec"]
+    with pytest.raises(RopekitError, match="lacks hotpotqa.jsonl"):
+        lb.select(nested, ["hotpotqa"])
+    with pytest.raises(RopekitError, match="unknown LongBench dataset 'hotpot'"):
+        lb.select(nested, ["hotpot"])
+    (nested / "qasper.jsonl").write_text('{"input": "q", "context": "c", "_id": "1"}\n')
+    with pytest.raises(RopekitError, match="line 1 lacks answers"):
+        lb.load_items(nested / "qasper.jsonl")
+
+
+# ---- end to end -----------------------------------------------------------------------------------------
+@pytest.fixture
+def data_dir(tmp_path):
+    folder = tmp_path / "lb"
+    folder.mkdir()
+    write_jsonl(folder / "hotpotqa.jsonl", [item(0, context="Gamma delta. " * 12), item(1), item(2)])
+    trec_classes = ["Human", "Location"]
+    write_jsonl(folder / "trec.jsonl", [item(0, context="Question: who?\nType: Human\n", question="Question: where?\nType:",
+                                             answers=["Location"], classes=trec_classes)])
+    write_jsonl(folder / "samsum.jsonl", [item(0, context="Dialogue: hi\nSummary: greeting\n", question="Dialogue: bye\nSummary:",
+                                               answers=["farewell"])])
+    write_jsonl(folder / "hotpotqa_e.jsonl", [item(0, length=3000), item(1, length=9000)])
+    return folder
+
+
+def test_run_end_to_end_records_scores_and_resume(tmp_path, data_dir):
+    model, tok = build_tiny_model("llama"), byte_tokenizer()
+    out = tmp_path / "lb.jsonl"
+    ctx = make_context("longbench", model, tok, method=None, params=None, lengths=[48, 160],
+                       key_fields=lb.KEY_FIELDS, out=str(out))
+    lb.run(ctx, lengths=[48, 160], data=str(data_dir), samples=2,
+           tasks=["hotpotqa", "trec", "samsum", "hotpotqa_e"])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 2 * (2 + 1 + 1 + 2)  # samples=2 caps hotpotqa at its first two items
+    assert {r["sample"] for r in records if r["dataset"] == "hotpotqa"} == {"id0", "id1"}
+    items = {(name, x["_id"]): x for name in ("hotpotqa", "trec", "samsum", "hotpotqa_e")
+             for x in lb.load_items(data_dir / f"{name}.jsonl")}
+    for r in records:
+        x = items[(r["dataset"], r["sample"])]
+        assert 0.0 <= r["score"] <= 1.0
+        assert r["score"] == lb.score_item(r["dataset"], r["prediction"], x)
+        assert r["new_tokens"] <= lb.MAX_NEW_TOKENS[lb.base_name(r["dataset"])]
+        full = len(lb.format_prompt(r["dataset"], x).encode())
+        assert r["prompt_tokens_full"] == full
+        # byte tokens, no BOS: a truncated prompt is exactly 2·int(budget/2) tokens
+        assert r["prompt_tokens"] == (full if full <= r["length"] else 2 * (r["length"] // 2))
+        assert r["truncated"] == (full > r["length"])
+    assert {r["bucket"] for r in records if r["dataset"] == "hotpotqa_e"} == {"0-4k", "8k+"}
+    assert all("bucket" not in r for r in records if r["dataset"] == "hotpotqa")
+    samsum = [r for r in records if r["dataset"] == "samsum"]
+    assert all(r["new_tokens"] >= 1 and "\n" not in r["prediction"] for r in samsum)
+    rows = lb.summarize(records)
+    assert [r["dataset"] for r in rows if r["length"] == 48] == [
+        "hotpotqa", "trec", "samsum", "hotpotqa_e", "hotpotqa_e", "hotpotqa_e", "average"]
+
+    # resume: nothing is generated again, and the summary is unchanged
+    again = make_context("longbench", model, tok, method=None, params=None, lengths=[48, 160],
+                         key_fields=lb.KEY_FIELDS, out=str(out), resume=True)
+    lb.run(again, lengths=[48, 160], data=str(data_dir), samples=2, tasks=["hotpotqa", "trec", "samsum", "hotpotqa_e"])
+    assert len(out.read_text().splitlines()) == len(records)
+    assert lb.summarize(list(again.writer.records())) == rows
+
+    # greedy decoding is deterministic: a fresh run gives the same predictions
+    fresh = make_context("longbench", model, tok, method=None, params=None, lengths=[48], key_fields=lb.KEY_FIELDS)
+    lb.run(fresh, lengths=[48], data=str(data_dir), samples=2, tasks=["hotpotqa"])
+    first = {r["sample"]: r["prediction"] for r in records if r["length"] == 48 and r["dataset"] == "hotpotqa"}
+    assert {r["sample"]: r["prediction"] for r in fresh.writer.records()} == first
+
+
+def test_cli_runs_longbench_from_a_data_dir(monkeypatch, capsys, data_dir):
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["ropekit", "eval", "longbench", "tiny", "--data", str(data_dir), "--lengths", "256",
+                                      "--tasks", "hotpotqa", "--samples", "2", "--json"])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    rows = json.loads(captured.out)
+    assert [(r["length"], r["dataset"], r["n"]) for r in rows] == [(256, "hotpotqa", 2), (256, "average", 2)]
+    assert 0.0 <= rows[0]["accuracy"] <= 1.0 and rows[1]["accuracy"] == rows[0]["accuracy"]
+
+    monkeypatch.setattr(sys, "argv", ["ropekit", "eval", "longbench", "tiny", "--data", str(data_dir / "missing"),
+                                      "--lengths", "256"])
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    assert code == 2 and "data.zip" in captured.err
