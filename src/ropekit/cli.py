@@ -170,7 +170,7 @@ def _task_options(task_name: str, run, given: dict[str, Any]) -> dict[str, Any]:
     for name in given:
         if name not in accepted:
             flag = "--" + name.replace("_", "-")
-            raise RopekitError(f"{flag} does not apply to the '{task_name}' evaluation", f"drop it (see `ropekit eval --help`)")
+            raise RopekitError(f"{flag} does not apply to the '{task_name}' evaluation", "drop it (see `ropekit eval --help`)")
     return given
 
 
@@ -201,12 +201,12 @@ def _float_list(text: Optional[str], flag: str) -> Optional[list[float]]:
         raise RopekitError(f"{flag} '{text}' is not a comma-separated list of numbers", f"pass e.g. {flag} 0.1,0.5,0.9") from None
 
 
-def _int_list(text: Optional[str], flag: str) -> Optional[list[int]]:
+def _int_list(text: Optional[str], flag: str, minimum: int = 1) -> Optional[list[int]]:
     values = _float_list(text, flag)
     if values is None:
         return None
-    if any(v != int(v) or v < 1 for v in values):
-        raise RopekitError(f"{flag} '{text}' must be positive whole numbers", f"pass e.g. {flag} 1,2,4,8")
+    if any(v != int(v) or v < minimum for v in values):
+        raise RopekitError(f"{flag} '{text}' must be whole numbers ≥ {minimum}", f"pass e.g. {flag} {minimum},2,4,8")
     return [int(v) for v in values]
 
 
@@ -228,8 +228,8 @@ def eval_cmd(
     weighting: Optional[str] = typer.Option(None, "--weighting", help="ppl: token | window."),
     add_bos: Optional[bool] = typer.Option(None, "--add-bos/--no-add-bos", help="ppl: prepend BOS to every window."),
     shots: Optional[str] = typer.Option(None, "--shots", help="manyshot: numbers of in-context examples, e.g. 1,2,4,8,16."),
-    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="ruler/longbench: wrap prompts in the tokenizer's chat template."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="niah/entropy/ppl: write the figure (PNG) here."),
+    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="ruler/longbench/niah: wrap prompts in the tokenizer's chat template (ruler: on by default when it has one; --no-chat forces the plain template)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="passkey/niah/entropy/ppl: write the figure (PNG) here."),
     decode_tokens: Optional[int] = typer.Option(None, "--decode-tokens", min=0, help="speed: decode steps timed after prefill."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="speed: repeats per (method, length); the median is reported."),
     seed: int = typer.Option(0, "--seed", help="Seed of every generated sample."),
@@ -263,7 +263,7 @@ def eval_cmd(
         "score_mode": score_mode,
         "weighting": weighting,
         "add_bos": add_bos,
-        "shots": _int_list(shots, "--shots"),
+        "shots": _int_list(shots, "--shots", minimum=0),  # 0 = the zero-shot baseline
         "chat": chat,
         "plot": str(plot) if plot is not None else None,
     }
@@ -390,6 +390,31 @@ def _train_plan_rows(cfg) -> list[dict[str, Any]]:
     return rows
 
 
+def _train_bench(model: Optional[str], multiples: Optional[str], steps: Optional[int], json_out: bool, others: dict) -> None:
+    from .train.bench import pose_vs_full
+
+    for flag, value in others.items():
+        if value is not None:
+            raise RopekitError(f"{flag} does not apply to `ropekit train bench`", "drop it")
+    mult = _int_list(multiples, "--multiples") if multiples is not None else [2, 4, 8]
+    with err.status("timing PoSE and full-length training steps…"):
+        rows = pose_vs_full(model or "tiny", mult, steps=3 if steps is None else steps)
+    if json_out:
+        _print_json(rows)
+        return
+    table = Table(title=f"PoSE vs full-length training steps — {model or 'tiny'}")
+    cuda = any(r["peak_mib"] for r in rows)
+    columns = ("target", "mode", "seq len", "step s", "×", "activations MiB", "×") + (("peak MiB",) if cuda else ())
+    for col in columns:
+        table.add_column(col, justify="left" if col == "mode" else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(f"{r['target']} ({r['multiple']}×)", r["mode"], str(r["seq_len"]), f"{r['step_s']:.4f}",
+                      f"{r['ratio_step']:.2f}", f"{r['activation_mib']:.2f}", f"{r['ratio_activation']:.2f}",
+                      *((f"{r['peak_mib']:.0f}",) if cuda else ()))
+    table.caption = "× = relative to the PoSE step at the same target; activations = tensors kept for backward"
+    out.print(table)
+
+
 @app.command("train")
 def train_cmd(
     config: Optional[Path] = typer.Argument(None, help="Training config (YAML). Print one with --example NAME."),
@@ -399,9 +424,21 @@ def train_cmd(
     example: Optional[str] = typer.Option(None, "--example", help="Print a ready config: NAME, or `list`."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate the config and print the plan; train nothing."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan / result (or --example list) as JSON."),
+    bench_model: Optional[str] = typer.Option(None, "--model", help="bench: the model (default tiny)."),
+    multiples: Optional[str] = typer.Option(None, "--multiples", help="bench: targets as multiples of the window (default 2,4,8)."),
 ):
     """Train a model for a longer context: method + data + optimizer from a YAML config (Accelerate; runs under
-    `accelerate launch` for DDP/FSDP — on CPUs `accelerate launch --multi_gpu --num_processes N`)."""
+    `accelerate launch` for DDP/FSDP — on CPUs `accelerate launch --multi_gpu --num_processes N`).
+
+    `ropekit train bench` instead times one PoSE training step at the window against full-length training at
+    2×, 4×, 8× the window (--model, --multiples, --max-steps = timed steps)."""
+    if config is not None and str(config) == "bench":
+        _train_bench(bench_model, multiples, max_steps, json_out,
+                     others={"--out": out_dir, "--resume": resume or None, "--example": example, "--dry-run": dry_run or None})
+        return
+    if bench_model is not None or multiples is not None:
+        raise RopekitError("--model and --multiples apply only to `ropekit train bench`",
+                           "the training config names the model (model.name)")
     if example is not None:
         if config is not None or resume or dry_run or out_dir is not None or max_steps is not None:
             raise RopekitError("--example prints a config and takes no other argument",
@@ -418,7 +455,22 @@ def train_cmd(
         if json_out:
             _print_json({"config": cfg.to_dict(), "plan": rows})
             return
-        _print_rows(rows, title=f"{config} — {cfg.model.name} — {cfg.last_step} steps")
+        table = Table(title=f"{config} — {cfg.model.name} — {cfg.last_step} steps",
+                      caption=f"batch sizes for {int(os.environ.get('WORLD_SIZE', '1') or 1)} process(es) "
+                              "(set WORLD_SIZE=N to plan an N-GPU launch)")
+        def human(n: int) -> str:
+            for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+                if n >= size:
+                    return f"{n / size:.3g}{unit}"
+            return str(n)
+
+        for col in ("stage", "steps", "seq len", "method", "lr", "seqs", "tok/step", "tokens"):
+            table.add_column(col, justify="left" if col in ("stage", "method") else "right", no_wrap=col != "method")
+        for r in rows:
+            params = " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in json.loads(r["params"]).items())
+            table.add_row(r["stage"], r["steps"], f"{r['seq_len']:,}", f"{r['method']} {params}".strip(), f"{r['lr']:g}",
+                          str(r["sequences/step"]), human(r["tokens/step"]), human(r["tokens"]))
+        out.print(table)
         return
     cfg.require_output()
     result = train(cfg, resume=resume, console=err)

@@ -1,0 +1,146 @@
+"""Atomic training checkpoints under ``DIR/checkpoints/step-N``.
+
+A checkpoint holds everything an uninterrupted run would still have in memory after step ``N``:
+
+* ``model.safetensors`` (or FSDP shards), ``optimizer.bin``, ``random_states_<rank>.pkl`` (Python, NumPy,
+  torch CPU/CUDA generators of every process) — written by ``accelerate.Accelerator.save_state``, which
+  knows how to save sharded models and optimizers;
+* ``ema.pt`` (``ema-rank<r>.pt`` when sharded), the weight average (:mod:`ropekit.train.ema`);
+* ``trainer_state.json``: the global step, the stage and the step inside it, the learning-rate schedule's
+  position, the data position (samples consumed: the data order is a pure function of the step, see
+  :mod:`ropekit.train.data`), the loss guard's history and counters, tokens seen, and the resolved config.
+
+Atomicity: everything is written into ``checkpoints/.tmp-step-N``, every file is fsynced, and the
+directory is renamed to ``step-N`` only then (``trainer_state.json`` last of all). A kill at any moment
+leaves either a complete checkpoint or a ``.tmp-*`` directory that is ignored and cleaned up later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "trainer_state.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoints_root(out_dir: Path) -> Path:
+    return Path(out_dir) / CHECKPOINTS
+
+
+def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints ``[(step, path)]``, oldest first."""
+    root = checkpoints_root(out_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        m = _STEP_DIR.match(child.name)
+        if m and (child / STATE_FILE).is_file():
+            found.append((int(m.group(1)), child))
+    return sorted(found)
+
+
+def latest(out_dir: Path) -> tuple[int, Path] | None:
+    found = list_checkpoints(out_dir)
+    return found[-1] if found else None
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    return json.loads((Path(path) / STATE_FILE).read_text())
+
+
+def _fsync_tree(directory: Path) -> None:
+    for root, _, files in os.walk(directory):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fsync_dir(directory)
+
+
+def fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # not possible on some platforms (Windows); the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Rename the finished ``tmp`` directory to ``final``, replacing an older ``final`` (moved aside first)."""
+    if final.exists():
+        trash = final.parent / f".old-{final.name}"
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def save(accelerator, out_dir: Path, step: int, state: dict[str, Any], ema=None, keep_last: int | None = None) -> Path:
+    """Write checkpoint ``step`` atomically (collective: every process must call it)."""
+    root = checkpoints_root(out_dir)
+    tmp = root / f".tmp-step-{step}"
+    final = root / f"step-{step}"
+    if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    if ema is not None:
+        ema.save(tmp, accelerator.process_index, accelerator.is_main_process)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        _fsync_tree(tmp)
+        write_json_atomic(tmp / STATE_FILE, state)
+        fsync_dir(tmp)
+        replace_dir(tmp, final)
+        prune(out_dir, keep_last)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def prune(out_dir: Path, keep_last: int | None) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints, and leftovers of interrupted writes."""
+    root = checkpoints_root(out_dir)
+    if not root.is_dir():
+        return
+    for child in root.iterdir():
+        if child.name.startswith((".tmp-", ".old-")):
+            shutil.rmtree(child, ignore_errors=True)
+    if keep_last is None:
+        return
+    found = list_checkpoints(out_dir)
+    for _, path in found[: max(0, len(found) - keep_last)]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def load(accelerator, path: Path, ema=None) -> dict[str, Any]:
+    """Restore model, optimizer, RNG states (and the EMA) from checkpoint ``path``; return its trainer state."""
+    accelerator.load_state(str(path))
+    if ema is not None:
+        ema.load(path, accelerator.process_index)
+    return read_state(path)

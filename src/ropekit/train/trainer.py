@@ -1,0 +1,703 @@
+"""The training loop: continual pre-training / fine-tuning for context extension on Accelerate.
+
+One code path for a single CPU process, DDP and FSDP under ``accelerate launch`` (on a CPU-only machine
+``accelerate launch --multi_gpu --num_processes 2`` starts two gloo processes; accelerate's ``--cpu`` flag
+selects its single-process launcher). What a step does:
+
+1. the learning rate of the step is set (:func:`ropekit.train.curriculum.lr_at`; a pure function of the
+   step, so it needs no scheduler state);
+2. this process's ``grad_accum`` micro-batches are read (:mod:`ropekit.train.data`: the global batch of a
+   step is fixed by the step number, whatever the number of processes);
+3. the loss is the mean next-token cross-entropy over **all label tokens of the global batch**: the
+   label-token count ``N`` is summed over processes first, each micro-batch backpropagates
+   ``sum of its token losses × P / N`` (``P`` processes; DDP averages gradients over processes, which
+   cancels ``P``), so 1 process × accumulation 2 and 2 processes × accumulation 1 compute the same
+   gradient, and a padded or masked token never weighs more than another;
+4. gradients are clipped (``max_grad_norm``; the total norm is logged either way);
+5. the loss guard may skip the update (non-finite loss or gradient norm, or a loss spike); otherwise the
+   optimizer steps and the EMA is updated;
+6. metrics go to ``DIR/metrics.jsonl`` (one JSON object per optimizer step), the console, and
+   TensorBoard / W&B when asked; checkpoints every ``save_every`` steps (:mod:`ropekit.train.checkpoint`).
+
+At the end the model is exported with :func:`ropekit.save_pretrained` to ``DIR/final`` (LoRA merged first),
+so ``ropekit.load(DIR/final)`` gives it back with its method, and the EMA weights to ``DIR/final-ema``.
+
+Determinism: the run is seeded (``train.seed``) inside a forked torch RNG (the caller's generator state
+is restored afterwards), CPU threads are fixed (``train.threads``; by default, for one CPU process,
+:func:`ropekit.demo.default_threads`), and
+``torch.use_deterministic_algorithms(True, warn_only=True)`` is on by default. A resumed run reproduces the
+losses of an uninterrupted one (tests/train/test_train_resume.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import RopekitError
+from . import checkpoint as ckpt
+from .config import TrainConfig
+from .curriculum import StagePlan, check_method, install, locate, lr_at, plan, switch
+from .data import SampleOrder, build_dataset, make_loader, model_attention_mask
+from .ema import EMA
+from .lora import apply_lora, base_model, merged_copy
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+FINAL_DIR = "final"
+FINAL_EMA_DIR = "final-ema"
+TRAIN_INFO = "ropekit_train.json"
+
+
+class TrainingAborted(RopekitError):
+    """The loss guard skipped more steps than ``train.guard.max_skipped`` allows."""
+
+
+@dataclass
+class StepInfo:
+    """What a callback gets after every optimizer step (``model`` is the unwrapped, trainable model)."""
+
+    step: int
+    stage: str
+    loss: float
+    lr: float
+    grad_norm: float
+    skipped: str | None
+    model: Any
+    trainer: Trainer
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    step: int
+    #: ``[(step, loss)]`` of the steps this call ran.
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    skipped: int = 0
+    final_dir: Path | None = None
+    ema_dir: Path | None = None
+    resumed_from: int | None = None
+    seconds: float = 0.0
+
+
+# ---- helpers ------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _determinism(threads: int | None, deterministic: bool):
+    prev_threads = torch.get_num_threads()
+    prev_det = torch.are_deterministic_algorithms_enabled()
+    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    if threads:
+        torch.set_num_threads(threads)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev_det, warn_only=prev_warn)
+        torch.set_num_threads(prev_threads)
+
+
+@contextlib.contextmanager
+def _no_hf_progress():
+    """No transformers progress bars ("Writing model shards") inside ropekit's own progress display."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _json_safe(value):
+    from ..patching import json_safe
+
+    return json_safe(value)
+
+
+def _config_diff(saved, current, prefix: str = "") -> str | None:
+    """The first setting whose value differs (``output`` may change on resume), or ``None``."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        order = ("model", "method", "data", "train", "stages")
+        keys = sorted(set(saved) | set(current), key=lambda k: (order.index(k) if k in order else len(order), k))
+        for key in keys:
+            if not prefix and key == "output":
+                continue
+            found = _config_diff(saved.get(key), current.get(key), f"{prefix}.{key}" if prefix else key)
+            if found:
+                return found
+        return None
+    if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
+        for i, (a, b) in enumerate(zip(saved, current)):
+            found = _config_diff(a, b, f"{prefix}[{i}]")
+            if found:
+                return found
+        return None
+    return None if saved == current else f"{prefix} ({saved!r} in the run, {current!r} now)"
+
+
+def no_decay(name: str, param: torch.Tensor) -> bool:
+    """Weight decay is not applied to biases and normalisation weights (every tensor with fewer than two
+    dimensions), as in GPT-2/LLaMA training and transformers' Trainer."""
+    return param.ndim < 2 or name.endswith(".bias")
+
+
+def load_for_training(cfg: TrainConfig, progress: bool = False):
+    """``(model, tokenizer)`` for ``cfg.model`` (float32 unless ``model.dtype`` says otherwise)."""
+    if cfg.model.name == "tiny-pretrained":
+        from ..demo import pretrain_tiny
+        from ..models.byte_tokenizer import byte_tokenizer
+
+        model = pretrain_tiny(progress=progress)  # trained once (about a minute), then loaded from the cache
+        if cfg.model.attn_implementation != "sdpa":
+            model.set_attn_implementation(cfg.model.attn_implementation)
+        return model.to(getattr(torch, cfg.model.dtype)), byte_tokenizer()
+    from ..models.loading import load_model
+
+    loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation)
+    return loaded.model, loaded.tokenizer
+
+
+# ---- the trainer ----------------------------------------------------------------------------------------------
+class Trainer:
+    """One training run; use :func:`train`."""
+
+    def __init__(self, cfg: TrainConfig, accelerator, *, resume: bool, dataset=None, model=None, tokenizer=None,
+                 callbacks: Iterable[Callable[[StepInfo], None]] = (), progress: bool = True, console=None):
+        self.cfg = cfg
+        self.acc = accelerator
+        self.resume = resume
+        self.dataset_source = dataset
+        self.given_model, self.given_tokenizer = model, tokenizer
+        self.callbacks = list(callbacks)
+        self.show_progress = progress
+        self.out = cfg.require_output()
+        self.plan = plan(cfg)
+        self.world = accelerator.num_processes
+        self.rank = accelerator.process_index
+        self.is_main = accelerator.is_main_process
+        if console is None:
+            from rich.console import Console
+
+            console = Console(stderr=True)
+        self.console = console
+        self.guard_history: collections.deque = collections.deque(maxlen=cfg.train.guard.spike_window)
+        self.skipped = 0
+        self.tokens_seen = 0
+        self.step = 0
+        self._trackers: list = []
+        self._datasets: dict[int, Any] = {}
+
+    # ---- output directory ------------------------------------------------------------------------------
+    def _check_out_dir(self) -> tuple[int, Path] | None:
+        out = self.out
+        if out.exists() and not out.is_dir():
+            raise RopekitError(f"output.dir '{out}' exists and is a file", "pass a directory path with --out")
+        found = ckpt.latest(out)
+        if not self.resume:
+            if out.is_dir() and any((out / name).exists() for name in (METRICS_FILE, ckpt.CHECKPOINTS, FINAL_DIR)):
+                held = f"checkpoints up to step {found[0]}" if found else "an earlier run"
+                raise RopekitError(f"output.dir '{out}' already holds {held}",
+                                   "pass --resume to continue it, or choose a new --out")
+            return None
+        if found is None:
+            return None
+        state = ckpt.read_state(found[1])
+        diff = _config_diff(state.get("config", {}), _json_safe(self.cfg.to_dict()))
+        if diff:
+            raise RopekitError(f"--resume: the config differs from the run in '{out}': {diff}",
+                               "resume with the run's config (its copy is DIR/config.yaml), or start a new --out")
+        return found
+
+    def _finished_already(self) -> bool:
+        info = self.out / FINAL_DIR / TRAIN_INFO
+        if not (self.resume and info.is_file()):
+            return False
+        try:
+            done = json.loads(info.read_text())
+        except json.JSONDecodeError:
+            return False
+        return done.get("step") == self.cfg.last_step and _config_diff(done.get("config", {}), _json_safe(self.cfg.to_dict())) is None
+
+    # ---- model and optimizer ---------------------------------------------------------------------------
+    def _build(self, stage_index: int):
+        cfg = self.cfg
+        if self.given_model is not None:
+            model, tokenizer = self.given_model, self.given_tokenizer
+        else:
+            model, tokenizer = load_for_training(cfg, progress=self.show_progress and self.is_main)
+        self.tokenizer = tokenizer
+        for stage in self.plan:  # every stage's parameters are checked against the model before anything runs
+            check_method(model, stage.config.method)
+        self.installed = self.plan[stage_index].config.method
+        install(model, self.installed)
+        if cfg.train.lora is not None:
+            model = apply_lora(model, cfg.train.lora, seed=cfg.train.seed)
+        if cfg.model.gradient_checkpointing:
+            inner = base_model(model)
+            kwargs = {"use_reentrant": False}  # works with frozen embeddings (LoRA) and DDP
+            if hasattr(inner, "activation_checkpointing_enable"):  # transformers ≥ 5.x name
+                inner.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            inner.config.use_cache = False
+        model.train()
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise RopekitError("no parameter is trainable", "check train.lora (target_modules / trainable)")
+        groups = [
+            {"params": [p for n, p in named if not no_decay(n, p)], "weight_decay": cfg.train.weight_decay},
+            {"params": [p for n, p in named if no_decay(n, p)], "weight_decay": 0.0},
+        ]
+        groups = [g for g in groups if g["params"]]
+        optimizer = torch.optim.AdamW(groups, lr=cfg.train.lr, betas=cfg.train.betas, eps=cfg.train.eps)
+        self.model, self.optimizer = self.acc.prepare(model, optimizer)
+        self.unwrapped = self.acc.unwrap_model(self.model)
+        self.param_dtype = next(self.unwrapped.parameters()).dtype
+        self.trainable_names = [n for n, p in self.unwrapped.named_parameters() if p.requires_grad]
+        self.ema = None
+        if cfg.train.ema is not None:
+            params = [(n, p) for n, p in self.unwrapped.named_parameters() if p.requires_grad]
+            self.ema = EMA(params, cfg.train.ema.decay, cfg.train.ema.every)
+
+    def _dataset(self, stage: StagePlan):
+        if stage.index in self._datasets:
+            return self._datasets[stage.index]
+        source = self.dataset_source
+        if source is None:
+            cache = stage.config.data.cache_dir
+            if cache is None:
+                from ..demo import cache_root
+
+                cache = str(cache_root() / "train-data")
+            with self.acc.main_process_first():  # the others then read the tokenisation cache it wrote
+                dataset = build_dataset(stage.config.data.spec, self.tokenizer, stage.config.seq_len, self.cfg.train.seed,
+                                        cache, shuffle=stage.config.data.shuffle)
+            summary = getattr(dataset, "summary", None)
+            if self.is_main and summary is not None:
+                self.out.mkdir(parents=True, exist_ok=True)
+                ckpt.write_json_atomic(self.out / f"data-{stage.name}.json", _json_safe(summary))
+                self._note(f"data for stage {stage.name}: {summary.get('items')} sequences of {stage.config.seq_len} tokens "
+                           f"({summary.get('mode')}); details in {self.out / f'data-{stage.name}.json'}")
+        elif callable(source) and not isinstance(source, torch.utils.data.Dataset):
+            dataset = source(stage.config, self.tokenizer)
+        else:
+            dataset = source
+        self._datasets = {stage.index: dataset}  # one stage's data in memory at a time
+        return dataset
+
+    # ---- one optimizer step ----------------------------------------------------------------------------
+    def _forward_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Sum of next-token cross-entropies over the label tokens of ``batch`` (float32)."""
+        mask = model_attention_mask(batch["attention_mask"], base_model(self.unwrapped), self.param_dtype,
+                                    batch["position_ids"])
+        out = self.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask,
+                         use_cache=False)
+        logits = out.logits[:, :-1]
+        targets = batch["labels"][:, 1:]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                               ignore_index=-100, reduction="sum")
+
+    def _reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
+        return self.acc.reduce(value, "sum") if self.world > 1 else value
+
+    def _spike(self, loss: float) -> bool:
+        guard = self.cfg.train.guard
+        if guard.spike_factor is None or len(self.guard_history) < min(guard.spike_window, 8):
+            return False
+        mean = sum(self.guard_history) / len(self.guard_history)
+        return loss > guard.spike_factor * mean
+
+    def _train_step(self, stage: StagePlan, n_in_stage: int, micro: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+        cfg = self.cfg
+        started = time.perf_counter()
+        lr = lr_at(cfg.train, stage.config, n_in_stage)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        device = self.acc.device
+        micro = [{k: v.to(device, non_blocking=True) for k, v in b.items()} for b in micro]
+        wide = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+        counts = torch.tensor(
+            [sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro), sum(b["input_ids"].numel() for b in micro)],
+            device=device, dtype=torch.int64)
+        n_labels, n_tokens = (int(x) for x in self._reduce_sum(counts).tolist())
+        loss_sum = torch.zeros((), device=device, dtype=wide)
+        if n_labels > 0:
+            scale = self.world / n_labels
+            for j, batch in enumerate(micro):
+                sync = j == len(micro) - 1
+                with contextlib.nullcontext() if sync else self.acc.no_sync(self.model):
+                    token_loss = self._forward_loss(batch)
+                    self.acc.backward(token_loss * scale)
+                loss_sum += token_loss.detach().to(wide)
+        loss = float(self._reduce_sum(loss_sum)) / n_labels if n_labels > 0 else float("nan")
+        max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm is not None else float("inf")
+        grad_norm = self.acc.clip_grad_norm_(self.model.parameters(), max_norm) if n_labels > 0 else None
+        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+
+        skipped = None
+        if n_labels == 0:
+            skipped = "no_label_tokens"
+        elif cfg.train.guard.skip_nonfinite and not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            skipped = "nonfinite"
+        elif self._spike(loss):
+            skipped = "spike"
+        step = self.step + 1
+        if skipped is None:
+            self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update(step)
+            self.guard_history.append(loss)
+        else:
+            self.skipped += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step = step
+        self.tokens_seen += n_tokens
+        return {
+            "step": step, "stage": stage.name, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+            "tokens": n_tokens, "loss_tokens": n_labels, "total_tokens": self.tokens_seen,
+            "seconds": round(time.perf_counter() - started, 6), "skipped": skipped,
+        }
+
+    # ---- state -----------------------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        index, done = locate(self.plan, self.step)
+        return {
+            "step": self.step,
+            "stage_index": index,
+            "stage": self.plan[index].name,
+            "stage_step": done,
+            "scheduler": {"stage_step": done, "next_lr_step": done + 1},
+            "data": {"stage": index, "samples_consumed": done * self.plan[index].config.micro_batch_size
+                     * self.plan[index].config.grad_accum * self.world, "processes": self.world},
+            "guard": {"skipped": self.skipped, "history": list(self.guard_history)},
+            "tokens_seen": self.tokens_seen,
+            "ema_updates": self.ema.updates if self.ema is not None else None,
+            "config": _json_safe(self.cfg.to_dict()),
+        }
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.skipped = int(state["guard"]["skipped"])
+        self.guard_history.clear()
+        self.guard_history.extend(float(x) for x in state["guard"]["history"])
+        self.tokens_seen = int(state["tokens_seen"])
+        processes = state.get("data", {}).get("processes", self.world)
+        if processes != self.world:
+            self._note(f"resuming with {self.world} processes (the checkpoint was written by {processes}); the global "
+                       "batch keeps its size only if micro_batch_size × grad_accum × processes is unchanged")
+
+    def _note(self, text: str) -> None:
+        if self.is_main:
+            self.console.print(text, highlight=False)
+
+    # ---- metrics ---------------------------------------------------------------------------------------
+    def _open_metrics(self, keep_until: int):
+        """``metrics.jsonl`` keeping only the rows of steps ≤ ``keep_until`` (the resumed checkpoint): the
+        steps after it are recomputed, so each step appears once."""
+        path = self.out / METRICS_FILE
+        kept = []
+        if path.is_file() and keep_until > 0:
+            for line in path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a kill
+                if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= keep_until:
+                    kept.append(line)
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+        return open(path, "a", encoding="utf-8")
+
+    def _log(self, row: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
+        self.metrics.write(json.dumps(_json_safe(row)) + "\n")
+        self.metrics.flush()
+        for tracker in self._trackers:
+            tracker(row)
+
+    def _start_trackers(self) -> None:
+        if not self.is_main:
+            return
+        out = self.cfg.output
+        if out.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(log_dir=str(self.out / "tensorboard"), purge_step=self.step + 1)
+
+            def tb(row):
+                for key in ("loss", "lr", "grad_norm"):
+                    if isinstance(row.get(key), float) and math.isfinite(row[key]):
+                        writer.add_scalar(f"train/{key}", row[key], row["step"])
+                writer.flush()
+
+            self._trackers.append(tb)
+            self._closers = getattr(self, "_closers", []) + [writer.close]
+        if out.wandb is not None:
+            import hashlib
+
+            import wandb
+
+            # one W&B run per run directory, so that --resume continues it
+            run_id = hashlib.sha1(str(self.out.resolve()).encode()).hexdigest()[:16]
+            run = wandb.init(project=out.wandb.get("project", "ropekit"), name=out.wandb.get("name"),
+                             entity=out.wandb.get("entity"), dir=str(self.out), config=_json_safe(self.cfg.to_dict()),
+                             id=run_id, resume="allow")
+
+            def wb(row):
+                run.log({k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}, step=row["step"])
+
+            self._trackers.append(wb)
+            self._closers = getattr(self, "_closers", []) + [run.finish]
+
+    # ---- export ----------------------------------------------------------------------------------------
+    def _export(self, directory: Path) -> None:
+        """Save the current weights as a plain model with its method (LoRA merged) — collective."""
+        from accelerate.utils import DistributedType
+
+        from ..patching import save_pretrained
+
+        if self.acc.distributed_type == DistributedType.FSDP:
+            # Gather the full weights on the main process and load them into a fresh copy of the model (with
+            # the same method and adapters): the sharded modules cannot be saved or merged as they are.
+            state = self.acc.get_state_dict(self.model)
+            if not self.is_main:
+                return
+            source, _ = load_for_training(self.cfg)
+            install(source, self.installed)
+            if self.cfg.train.lora is not None:
+                source = apply_lora(source, self.cfg.train.lora, seed=self.cfg.train.seed)
+            source.load_state_dict(state)
+        elif not self.is_main:
+            return
+        else:
+            source = self.unwrapped
+        plain = merged_copy(source)
+        was_training = plain.training
+        plain.eval()
+        tmp = directory.parent / f".tmp-{directory.name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            with _no_hf_progress():
+                save_pretrained(plain, tmp, tokenizer=self.tokenizer)
+            ckpt.write_json_atomic(tmp / TRAIN_INFO, {
+                "step": self.step, "stage": self.plan[locate(self.plan, max(0, self.step - 1))[0]].name,
+                "tokens_seen": self.tokens_seen, "skipped": self.skipped,
+                "ema": directory.name == FINAL_EMA_DIR, "config": _json_safe(self.cfg.to_dict()),
+            })
+            ckpt.replace_dir(tmp, directory)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if was_training and plain is source:
+                plain.train()
+
+    def _export_all(self) -> tuple[Path | None, Path | None]:
+        if not self.cfg.output.save_final:
+            return None, None
+        final = self.out / FINAL_DIR
+        self._export(final)
+        ema_dir = None
+        if self.ema is not None:
+            ema_dir = self.out / FINAL_EMA_DIR
+            with self.ema.swap():
+                self._export(ema_dir)
+        self.acc.wait_for_everyone()
+        return final, ema_dir
+
+    # ---- the run ---------------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        cfg = self.cfg
+        started = time.perf_counter()
+        found = self._check_out_dir()
+        if self._finished_already():
+            self._note(f"{self.out} is already trained to step {cfg.last_step}; nothing to do")
+            return TrainResult(out_dir=self.out, step=cfg.last_step, final_dir=self.out / FINAL_DIR)
+        self.acc.wait_for_everyone()
+        start_step = found[0] if found else 0
+        stage_index, _ = locate(self.plan, start_step)
+        self._build(stage_index)
+        resumed_from = None
+        if found:
+            state = ckpt.load(self.acc, found[1], self.ema)
+            self._restore(state)
+            resumed_from = self.step
+            self._note(f"resuming {self.out} from step {self.step} ({found[1].name})")
+        elif self.resume:
+            self._note(f"no checkpoint in {self.out}: starting at step 0")
+        if self.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            import yaml
+
+            (self.out / CONFIG_FILE).write_text(yaml.safe_dump(_json_safe(cfg.to_dict()), sort_keys=False))
+            self.metrics = self._open_metrics(self.step)
+        self.acc.wait_for_everyone()
+        self._start_trackers()
+        result = TrainResult(out_dir=self.out, step=self.step, resumed_from=resumed_from)
+        try:
+            self._loop(result)
+            self._close()
+            result.final_dir, result.ema_dir = self._export_all()
+        finally:
+            self._close()
+        result.step, result.skipped = self.step, self.skipped
+        result.seconds = time.perf_counter() - started
+        return result
+
+    def _close(self) -> None:
+        if self.is_main and getattr(self, "metrics", None) is not None and not self.metrics.closed:
+            self.metrics.close()
+        for close in getattr(self, "_closers", []):
+            close()
+        self._closers = []
+
+    def _progress(self):
+        if not (self.show_progress and self.is_main):
+            return None
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                        console=self.console, transient=False)
+
+    def _loop(self, result: TrainResult) -> None:
+        cfg = self.cfg
+        last = cfg.last_step
+        bar = self._progress()
+        with bar if bar is not None else contextlib.nullcontext():
+            job = bar.add_task("training", total=last, completed=self.step, info="") if bar is not None else None
+            while self.step < last:
+                stage_index, done = locate(self.plan, self.step)
+                stage = self.plan[stage_index]
+                new_method = stage.config.method
+                if switch(base_model(self.unwrapped), self.installed, new_method):
+                    self._note(f"stage {stage.name}: method {new_method.name or 'none'} {json.dumps(new_method.params)}")
+                self.installed = new_method
+                if done == 0 and stage.index > 0 and stage.config.reset_optimizer:
+                    getattr(self.optimizer, "optimizer", self.optimizer).state.clear()  # fresh Adam moments
+                dataset = self._dataset(stage)
+                order = SampleOrder(len(dataset), cfg.train.seed, stage.index, stage.config.data.shuffle)
+                stop = min(stage.steps, last - stage.start)
+                loader = make_loader(
+                    dataset, order, start_step=done, steps=stop, micro_batch_size=stage.config.micro_batch_size,
+                    grad_accum=stage.config.grad_accum, processes=self.world, rank=self.rank,
+                    num_workers=stage.config.data.num_workers, pin_memory=self.acc.device.type == "cuda",
+                )
+                batches = iter(loader)
+                for n in range(done + 1, stop + 1):
+                    micro = [next(batches) for _ in range(stage.config.grad_accum)]
+                    row = self._train_step(stage, n, micro)
+                    self._after_step(row, result, bar, job)
+
+    def _after_step(self, row: dict[str, Any], result: TrainResult, bar, job) -> None:
+        cfg = self.cfg
+        self._log(row)
+        result.losses.append((row["step"], row["loss"]))
+        if bar is not None:
+            rate = row["tokens"] / row["seconds"] if row["seconds"] > 0 else 0.0
+            bar.update(job, completed=row["step"],
+                       info=f"loss {row['loss']:.4f}  lr {row['lr']:.2e}  {rate:,.0f} tok/s  {row['stage']}")
+        if self.is_main and (row["step"] % cfg.output.log_every == 0 or row["skipped"]):
+            note = f"  [yellow]skipped ({row['skipped']})[/]" if row["skipped"] else ""
+            self.console.print(
+                f"step {row['step']}/{cfg.last_step}  loss {row['loss']:.4f}  lr {row['lr']:.3e}  "
+                f"|g| {row['grad_norm']:.3f}  tokens {row['total_tokens']:,}  stage {row['stage']}{note}",
+                highlight=False)
+        for callback in self.callbacks:
+            callback(StepInfo(step=row["step"], stage=row["stage"], loss=row["loss"], lr=row["lr"],
+                              grad_norm=row["grad_norm"], skipped=row["skipped"], model=self.unwrapped, trainer=self))
+        if self.skipped > cfg.train.guard.max_skipped:
+            raise TrainingAborted(
+                f"training aborted at step {row['step']}: {self.skipped} steps skipped by the loss guard "
+                f"(last: {row['skipped']}), more than train.guard.max_skipped={cfg.train.guard.max_skipped}",
+                "lower train.lr, check the data, or raise train.guard.max_skipped; --resume continues from the last checkpoint",
+            )
+        every = cfg.output.save_every
+        if every and row["step"] % every == 0:
+            ckpt.save(self.acc, self.out, row["step"], self._state(), self.ema, cfg.output.keep_last)
+            if self.is_main:
+                os.fsync(self.metrics.fileno())
+
+
+# ---- entry point ------------------------------------------------------------------------------------------------
+def _has_accelerator_device() -> bool:
+    xpu = getattr(torch, "xpu", None)
+    mps = getattr(torch.backends, "mps", None)
+    return bool(torch.cuda.is_available() or (xpu is not None and xpu.is_available())
+                or (mps is not None and mps.is_available()))
+
+
+def _accelerator(cfg: TrainConfig):
+    from accelerate import Accelerator
+
+    # Without a GPU, accelerate sets up torch.distributed (gloo) only when told to run on the CPU; otherwise
+    # every process of a multi-process launch would train alone.
+    accelerator = Accelerator(mixed_precision="bf16" if cfg.train.precision == "bf16" else "no",
+                              cpu=not _has_accelerator_device())
+    if accelerator.distributed_type.name == "DEEPSPEED":
+        raise RopekitError("ropekit train does not drive DeepSpeed engines (its optimizer, clipping and loss guard "
+                           "are ropekit's own)", "use FSDP (configs/train/accelerate-fsdp2.yaml) or DDP")
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world != accelerator.num_processes:
+        raise RopekitError(f"launched as {world} processes but accelerate set up {accelerator.num_processes}",
+                           "launch with `accelerate launch --multi_gpu --num_processes N` (or torchrun)")
+    return accelerator
+
+
+def _reset_accelerate(accelerator) -> None:
+    """Forget accelerate's process-wide state after a single-process run, so a later run in the same process
+    may use another precision (a distributed run keeps it: its process group lives on)."""
+    if accelerator.num_processes == 1:
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+def train(cfg: TrainConfig, *, resume: bool = False, dataset=None, model=None, tokenizer=None,
+          callbacks: Iterable[Callable[[StepInfo], None]] = (), progress: bool = True, console=None) -> TrainResult:
+    """Run the training described by ``cfg``.
+
+    ``dataset``: a map-style dataset of training items (see :mod:`ropekit.train.data`), or a callable
+    ``(stage_config, tokenizer) -> dataset``; by default each stage's ``data:`` section is built with
+    ``build_training_data``. ``model``/``tokenizer`` replace loading ``cfg.model.name``. ``callbacks`` are
+    called after every optimizer step with a :class:`StepInfo`. ``resume`` continues from the newest
+    checkpoint in ``output.dir`` (or starts at step 0 when there is none).
+    """
+    accelerator = _accelerator(cfg)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    threads = cfg.train.threads
+    if threads is None and accelerator.num_processes == 1 and not _has_accelerator_device():
+        from ..demo import default_threads
+
+        threads = default_threads()  # 2, or 1 on a busy machine (a second thread would only wait)
+    try:
+        with _determinism(threads, cfg.train.deterministic), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(cfg.train.seed)
+            trainer = Trainer(cfg, accelerator, resume=resume, dataset=dataset, model=model, tokenizer=tokenizer,
+                              callbacks=callbacks, progress=progress, console=console)
+            return trainer.run()
+    finally:
+        _reset_accelerate(accelerator)

@@ -1,0 +1,105 @@
+"""Curricula: each stage installs its method parameters, sequence length and learning rate; resume across a stage
+boundary; removing a method restores the base model exactly."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+import ropekit
+from ropekit.models.tiny import build_tiny_model
+from ropekit.patching import rotary_modules
+from ropekit.train import train
+from ropekit.train.config import MethodConfig
+from ropekit.train.curriculum import install, switch, uninstall
+
+
+class Killed(Exception):
+    pass
+
+
+def abf_stages(**extra_b):
+    return [
+        {"name": "a", "steps": 2, "seq_len": 64, "method": {"params": {"rope_theta": 2e4}}},
+        {"name": "b", "steps": 2, "seq_len": 128, "method": {"params": {"rope_theta": 5e4, "factor": 2}}, "lr": 1e-3,
+         "micro_batch_size": 1, **extra_b},
+    ]
+
+
+def curriculum(make_config, name, **extra_b):
+    return make_config(name, method={"name": "abf", "params": {"rope_theta": 2e4}},
+                       train={"warmup_steps": 1}, output={"save_every": 2, "keep_last": None},
+                       stages=abf_stages(**extra_b))
+
+
+def per_stage(text_dataset):
+    return lambda stage, tokenizer: text_dataset(stage.seq_len, 16)
+
+
+def abf_inv_freq(theta: float, dim: int) -> torch.Tensor:
+    """ABF (Xiong et al. 2023): θ_i = b'^(−2i/d)."""
+    return 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def test_stages_switch_method_length_and_lr(make_config, text_dataset):
+    cfg = curriculum(make_config, "abf", reset_optimizer=True)
+    seen = {}
+
+    def look(info):
+        rotary = rotary_modules(info.model)[0][2]
+        p = next(q for q in info.model.parameters() if q.requires_grad)
+        seen[info.step] = (info.stage, rotary.inv_freq.double().clone(), int(info.trainer.optimizer.state[p]["step"]))
+
+    train(cfg, dataset=per_stage(text_dataset), callbacks=[look], progress=False)
+    dim = 2 * seen[1][1].numel()
+    for step, (stage, theta) in {1: ("a", 2e4), 2: ("a", 2e4), 3: ("b", 5e4), 4: ("b", 5e4)}.items():
+        assert seen[step][0] == stage
+        torch.testing.assert_close(seen[step][1], abf_inv_freq(theta, dim), rtol=1e-6, atol=0)
+    # Adam moments were reset at the start of stage b: its first step is the optimizer's step 1 again
+    assert [seen[s][2] for s in (1, 2, 3, 4)] == [1, 2, 1, 2]
+    rows = [json.loads(x) for x in (cfg.require_output() / "metrics.jsonl").read_text().splitlines()]
+    assert [r["tokens"] for r in rows] == [128, 128, 128, 128]  # 2 × 64, then 1 × 128
+    assert [r["lr"] for r in rows] == [3e-3, 3e-3, 1e-3, 1e-3]  # warm-up of 1 step restarts in each stage
+    model = ropekit.load(cfg.require_output() / "final")
+    assert ropekit.installed(model)["params"]["rope_theta"] == 5e4
+
+
+def test_resume_across_a_stage_boundary(make_config, text_dataset):
+    full = train(curriculum(make_config, "full"), dataset=per_stage(text_dataset), progress=False)
+    cfg = curriculum(make_config, "cut")
+
+    def kill(info):
+        if info.step == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(cfg, dataset=per_stage(text_dataset), callbacks=[kill], progress=False)
+    resumed = train(cfg, dataset=per_stage(text_dataset), resume=True, progress=False)
+    assert resumed.resumed_from == 2
+    assert [x for _, x in resumed.losses] == pytest.approx([x for _, x in full.losses[2:]], rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.parametrize("method, params", [("yarn", {"factor": 4}), ("entropy_abf", {"rope_theta": 5e4}),
+                                            ("longlora", {"factor": 2})])
+def test_uninstall_restores_the_base_model(method, params, make_ids):
+    base = build_tiny_model("llama")
+    model = copy.deepcopy(base)
+    ids = make_ids(96, seed=1)
+    config_before = copy.deepcopy(base.config.to_dict())
+    with torch.no_grad():
+        want = base(input_ids=ids).logits
+        install(model, MethodConfig(method, params))
+        assert not torch.allclose(model(input_ids=ids).logits, want)
+        uninstall(model)
+        torch.testing.assert_close(model(input_ids=ids).logits, want, rtol=0, atol=0)
+    assert ropekit.installed(model) is None
+    after = model.config.to_dict()
+    assert after["rope_parameters"] == config_before["rope_parameters"]
+    assert after["max_position_embeddings"] == config_before["max_position_embeddings"]
+    # and the model can take another method (a stage switch)
+    assert switch(model, None, MethodConfig("pi", {"factor": 2.0}))
+    assert ropekit.installed(model)["method"] == "pi"
+    assert not switch(model, MethodConfig("pi", {"factor": 2.0}), MethodConfig("pi", {"factor": 2.0}))

@@ -1,0 +1,114 @@
+"""Checkpoints and --resume: an interrupted run continued from its checkpoint reproduces the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import ropekit
+from ropekit.errors import RopekitError
+from ropekit.train import train
+from ropekit.train.checkpoint import list_checkpoints, read_state
+
+
+class Killed(Exception):
+    """Stands in for SIGKILL: raised from a callback, so nothing after the step runs."""
+
+
+def kill_at(step: int):
+    def callback(info):
+        if info.step == step:
+            raise Killed(step)
+
+    return callback
+
+
+def metrics(out_dir) -> list[dict]:
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def resume_config(make_config, name, tmp_path, **train_extra):
+    """PoSE data from the real data builder (3 passes over 4 documents, so the epoch changes mid-run and
+    after the resume), YaRN, EMA, accumulation 2: every piece of state that must survive a resume."""
+    return make_config(
+        name, steps=6,
+        method={"name": "yarn", "params": {"factor": 4, "beta_fast": 4}},
+        data={"sources": [{"path": "builtin", "max_documents": 4}], "pose": {"target_length": 256},
+              "cache_dir": str(tmp_path / "cache")},
+        train={"micro_batch_size": 1, "grad_accum": 2, "lr": 3e-3, "warmup_steps": 2, "schedule": "cosine",
+               "ema": {"decay": 0.7}, **train_extra},
+        output={"save_every": 3, "keep_last": None},
+    )
+
+
+def test_resume_reproduces_the_uninterrupted_run(make_config, tmp_path):
+    full_cfg = resume_config(make_config, "full", tmp_path)
+    full = train(full_cfg, progress=False)
+    assert [s for s, _ in full.losses] == [1, 2, 3, 4, 5, 6]
+
+    cfg = resume_config(make_config, "killed", tmp_path)
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at(4)], progress=False)
+    out = cfg.require_output()
+    assert [s for s, _ in list_checkpoints(out)] == [3]
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4]  # step 4 was logged before the "kill"
+    state = read_state(out / "checkpoints" / "step-3")
+    assert state["step"] == 3 and state["data"]["samples_consumed"] == 6 and state["ema_updates"] == 3
+
+    resumed = train(cfg, resume=True, progress=False)
+    assert resumed.resumed_from == 3
+    assert [s for s, _ in resumed.losses] == [4, 5, 6]
+    assert [x for _, x in resumed.losses] == pytest.approx([x for _, x in full.losses[3:]], rel=1e-6, abs=1e-7)
+    rows, want = metrics(out), metrics(full_cfg.require_output())
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # each step once
+    for got, ref in zip(rows, want):
+        assert got["loss"] == pytest.approx(ref["loss"], rel=1e-6) and got["lr"] == ref["lr"]
+        assert got["total_tokens"] == ref["total_tokens"]
+    for sub in ("final", "final-ema"):
+        a = load_file(full_cfg.require_output() / sub / "model.safetensors")
+        b = load_file(out / sub / "model.safetensors")
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=1e-7)
+    assert [s for s, _ in list_checkpoints(out)] == [3, 6]
+    # the exported model carries its method
+    model = ropekit.load(out / "final")
+    assert ropekit.installed(model)["method"] == "yarn"
+
+    # --resume on a finished run does nothing
+    again = train(cfg, resume=True, progress=False)
+    assert again.losses == [] and again.step == 6
+
+
+def test_run_directory_guards(make_config, tmp_path, text_dataset):
+    data = text_dataset(64, 8)
+    cfg = make_config("guarded", steps=2, output={"save_every": 1})
+    train(cfg, dataset=data, progress=False)
+    with pytest.raises(RopekitError, match="already holds checkpoints up to step 2.*--resume"):
+        train(cfg, dataset=data, progress=False)
+    changed = make_config("guarded", steps=2, train={"lr": 1e-2}, output={"save_every": 1})
+    with pytest.raises(RopekitError, match=r"config differs.*train\.lr"):
+        train(changed, dataset=data, resume=True, progress=False)
+    # output settings may change on resume
+    relaxed = make_config("guarded", steps=2, output={"save_every": 1, "log_every": 7})
+    assert train(relaxed, dataset=data, resume=True, progress=False).step == 2
+    # --resume without any checkpoint starts at step 0
+    fresh = make_config("fresh", steps=1)
+    assert train(fresh, dataset=data, resume=True, progress=False).resumed_from is None
+    file_out = tmp_path / "a-file"
+    file_out.write_text("x")
+    with pytest.raises(RopekitError, match="is a file"):
+        train(make_config("a-file", steps=1), dataset=data, progress=False)
+
+
+def test_keep_last_prunes_and_leftovers_are_ignored(make_config, text_dataset):
+    data = text_dataset(64, 8)
+    cfg = make_config("prune", steps=4, output={"save_every": 1, "keep_last": 2})
+    out = cfg.require_output()
+    (out / "checkpoints" / ".tmp-step-9").mkdir(parents=True)  # a write that was killed half-way
+    (out / "checkpoints" / "step-8").mkdir()  # no trainer_state.json: incomplete, never resumed from
+    train(cfg, dataset=data, resume=True, progress=False)
+    assert [s for s, _ in list_checkpoints(out)] == [3, 4]
+    assert not (out / "checkpoints" / ".tmp-step-9").exists()
