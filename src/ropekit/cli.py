@@ -491,6 +491,22 @@ def train_cmd(
               + (f"; EMA model: {result.ema_dir}" if result.ema_dir else ""), highlight=False)
 
 
+# ---- report ----------------------------------------------------------------------------------------
+@app.command("report")
+def report_cmd(
+    study_dir: Path = typer.Argument(..., help="A study directory (holding study.sqlite)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the written paths as JSON."),
+):
+    """Write DIR/report/index.html (self-contained), summary.json, summary.md and figures from a study."""
+    from .study import write_report
+
+    paths = write_report(study_dir)
+    if json_out:
+        _print_json(paths)
+        return
+    out.print(f"[green]wrote[/] {paths['html']} (+ summary.json, summary.md, {len(paths['figures'])} figures)")
+
+
 # ---- demo (main job until the study lands) ---------------------------------------------------------
 @app.command("demo")
 def demo_cmd(

@@ -221,3 +221,27 @@ def test_other_tasks_get_their_sections_and_breakdowns(tmp_path):
     # ranking falls to the first retrieval task present (niah), all lengths beyond the 64-token window
     assert summary["ranking"]["task"] == "niah" and [r["method"] for r in summary["ranking"]["rows"]] == ["pi", "plain"]
     assert any(p.endswith("niah_heatmaps.png") for p in paths["figures"])
+
+
+def test_report_command_writes_the_report_and_fails_in_one_line_without_a_study(tmp_path, monkeypatch, capsys):
+    import json
+    import sys
+
+    from ropekit import cli
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", ["ropekit", *args])
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        return code, capsys.readouterr()
+
+    build_study(tmp_path)
+    code, captured = run("report", str(tmp_path), "--json")
+    assert code == 0
+    paths = json.loads(captured.out)
+    assert paths["html"] == str(tmp_path / "report" / "index.html") and (tmp_path / "report" / "index.html").is_file()
+    code, captured = run("report", str(tmp_path / "missing"))
+    assert code == 2 and len(captured.err.strip().splitlines()) == 1 and "study.sqlite" in captured.err
