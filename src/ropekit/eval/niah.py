@@ -61,7 +61,7 @@ from .common import (
     require_tokenizer,
     timer,
 )
-from .passkey import check_depths, check_lengths, check_trials, largest_fitting
+from .passkey import _config_label, check_depths, check_lengths, check_trials, largest_fitting
 
 KEY_FIELDS = ("depth", "trial")
 
@@ -302,11 +302,6 @@ def plot_records(records: list[dict[str, Any]], path: str, *, title: str = "need
 def plot(records: list[dict[str, Any]], path: str, *, windows=None, title: str = "needle in a haystack"):
     """The task's figure (registry contract ``plot(records, path)``): :func:`plot_records`."""
     return plot_records(records, path, title=title, windows=windows)
-
-
-def _config_label(record: dict[str, Any]) -> str:
-    params = record.get("params") or {}
-    return str(record.get("method")) + (" " + ", ".join(f"{k}={v}" for k, v in sorted(params.items())) if params else "")
 
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

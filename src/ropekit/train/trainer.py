@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..demo import _quiet_transformers as _no_hf_progress  # no HF bars inside ropekit's own display
 from ..errors import RopekitError
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -107,20 +108,6 @@ def _determinism(threads: int | None, deterministic: bool):
     finally:
         torch.use_deterministic_algorithms(prev_det, warn_only=prev_warn)
         torch.set_num_threads(prev_threads)
-
-
-@contextlib.contextmanager
-def _no_hf_progress():
-    """No transformers progress bars ("Writing model shards") inside ropekit's own progress display."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def _json_safe(value):
