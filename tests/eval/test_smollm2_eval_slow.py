@@ -1,9 +1,8 @@
 """Real-model evaluation (slow, bounded): SmolLM2-135M (8,192-token window) with and without Dynamic NTK.
 
 Passkey: the base model retrieves at 4k and fails at 12k; ``dynamic_ntk`` with factor 2 retrieves at 12k.
-Perplexity on one long built-in document: at 12k it explodes for the base model and stays near its 4k
-value with the method. One trial per cell keeps the run to a few minutes on 2 CPU cores; the README's
-table comes from the same evaluations through the CLI with more trials.
+One trial per cell keeps the run to a few minutes on 2 CPU cores. (The perplexity counterpart — 12k
+explodes for the base model, stays near 4k with the method — is added once measured on this machine.)
 """
 
 from __future__ import annotations
@@ -50,11 +49,3 @@ def test_passkey_base_within_window_then_fails_and_dynamic_ntk_restores_it(smoll
     ntk = _evaluate(smollm2, "passkey", [LONG], method="dynamic_ntk", params={"factor": 2}, depths=[0.5], trials=1)
     assert ntk[LONG]["accuracy"] == 1.0
 
-
-def test_perplexity_explodes_past_the_window_unless_dynamic_ntk(smollm2):
-    options = dict(score_mode="disjoint", samples=1)
-    base = _evaluate(smollm2, "ppl", [SHORT, LONG], **options)
-    ntk = _evaluate(smollm2, "ppl", [SHORT, LONG], method="dynamic_ntk", params={"factor": 2}, **options)
-    assert base[LONG]["ppl"] > 3 * base[SHORT]["ppl"]  # past the 8k window the base model breaks down
-    assert ntk[LONG]["ppl"] < 1.25 * ntk[SHORT]["ppl"]  # the method keeps it near its 4k value
-    assert ntk[SHORT]["ppl"] == pytest.approx(base[SHORT]["ppl"], rel=1e-3)  # dynamic NTK is inert inside the window
