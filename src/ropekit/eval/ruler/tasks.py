@@ -29,6 +29,7 @@ Deliberate differences from RULER, each to keep a sample well defined:
 
 from __future__ import annotations
 
+import abc
 import math
 import random
 import re
@@ -151,7 +152,7 @@ def singular(text: str) -> str:
     return text.replace("Some", "A").replace("are all", "is").replace("are", "is").replace("answers", "answer")
 
 
-class Generator:
+class Generator(abc.ABC):
     """Samples of one task at one length; subclasses say how a knob value and a generator make a prompt.
 
     The knob is RULER's haystack size: noise lines (niah_single_1, vt), essay words (niah essay tasks),
@@ -171,15 +172,17 @@ class Generator:
         self.count_tokens = count_tokens
 
     @property
+    @abc.abstractmethod
     def incremental(self) -> int:
-        raise NotImplementedError
+        """RULER's step of the haystack knob for this task family."""
 
     @property
     def max_knob(self) -> int | None:
         return None
 
+    @abc.abstractmethod
     def build(self, knob: int, rng: random.Random, fewshot: int, index: int) -> Prompt:
-        raise NotImplementedError
+        """One sample with haystack size ``knob`` (each task family defines it)."""
 
     def valid(self, knob: int) -> bool:
         """Whether a sample with this knob is well posed (fwe: the three answers are strictly the most frequent)."""
