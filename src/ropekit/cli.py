@@ -402,16 +402,19 @@ def _train_bench(model: Optional[str], multiples: Optional[str], steps: Optional
     if json_out:
         _print_json(rows)
         return
-    table = Table(title=f"PoSE vs full-length training steps — {model or 'tiny'}")
     cuda = any(r["peak_mib"] for r in rows)
+    threads = "" if cuda else f", {rows[0]['threads']} CPU thread(s)"
+    table = Table(title=f"PoSE vs full-length training steps — {model or 'tiny'}{threads}, "
+                        f"median of {rows[0]['rounds']} interleaved rounds")
     columns = ("target", "mode", "seq len", "step s", "×", "activations MiB", "×") + (("peak MiB",) if cuda else ())
     for col in columns:
         table.add_column(col, justify="left" if col == "mode" else "right", no_wrap=True)
     for r in rows:
-        table.add_row(f"{r['target']} ({r['multiple']}×)", r["mode"], str(r["seq_len"]), f"{r['step_s']:.4f}",
+        target = str(r["target"]) if r["mode"] == "window" else f"{r['target']} ({r['multiple']}×)"
+        table.add_row(target, r["mode"], str(r["seq_len"]), f"{r['step_s']:.4f}",
                       f"{r['ratio_step']:.2f}", f"{r['activation_mib']:.2f}", f"{r['ratio_activation']:.2f}",
                       *((f"{r['peak_mib']:.0f}",) if cuda else ()))
-    table.caption = "× = relative to the PoSE step at the same target; activations = tensors kept for backward"
+    table.caption = "× = relative to training at the window (first row); activations = tensors kept for backward"
     out.print(table)
 
 
@@ -489,6 +492,66 @@ def train_cmd(
     out.print(f"[green]trained[/] {result.out_dir} to step {result.step}{loss} in {result.seconds:.1f}s"
               + (f"; model: {result.final_dir}" if result.final_dir else "")
               + (f"; EMA model: {result.ema_dir}" if result.ema_dir else ""), highlight=False)
+
+
+# ---- pose-coverage ---------------------------------------------------------------------------------
+@app.command("pose-coverage")
+def pose_coverage_cmd(
+    window: int = typer.Option(2048, "--window", "-w", help="Training window L_c in tokens (the paper's Fig. 5: 2048)."),
+    target: int = typer.Option(16384, "--target", "-t", help="Target length L_t in tokens (the paper's Fig. 5: 16384)."),
+    chunks: str = typer.Option("2,3", "--chunks", "-n", help="PoSE chunk counts, comma-separated."),
+    scheme: str = typer.Option("both", "--scheme", help="pose | randpos | both (RandPos is PoSE's baseline)."),
+    steps: int = typer.Option(10_000, "--steps", help="Sampled training examples per curve."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampler (example k is the dataset's item k of epoch 0)."),
+    exact: str = typer.Option("auto", "--exact", help="Exact curves: auto (where cheap enough) | always | never."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the figure (PNG) here, as the paper's Fig. 5."),
+    json_out: bool = typer.Option(False, "--json", help="Print the whole report (every curve) as JSON."),
+):
+    """How often each relative distance occurs in one training example: the original window, PoSE with
+    N chunks, RandPos (PoSE paper, Appendix B, Fig. 5). Sampled with the training sampler itself, and exact
+    where the enumeration is cheap (always for 2 chunks). Content offsets (uniform / zero / aligned) choose
+    the text inside each chunk, not its positions, so they do not change coverage."""
+    from .data.pose import plot_coverage, pose_coverage_report
+
+    schemes = {"pose": (True, False), "randpos": (False, True), "both": (True, True)}
+    if scheme not in schemes:
+        raise RopekitError(f"--scheme '{scheme}' is not pose, randpos or both", "pass e.g. --scheme both")
+    exact_modes = {"auto": "auto", "always": True, "never": False}
+    if exact not in exact_modes:
+        raise RopekitError(f"--exact '{exact}' is not auto, always or never", "pass e.g. --exact auto")
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise RopekitError(f"--plot '{plot}' is not a .png file", "pass a path ending in .png")
+    with_pose, with_randpos = schemes[scheme]
+    chunk_list = _int_list(chunks, "--chunks") if with_pose else []
+    with err.status("computing coverage…"):
+        report = pose_coverage_report(window, target, chunks=chunk_list, steps=steps, seed=seed,
+                                      randpos=with_randpos, exact=exact_modes[exact], pose=with_pose)
+    if plot is not None:
+        report["plot"] = plot_coverage(report, plot)
+    if json_out:
+        _print_json(report)
+        return
+    from rich import box
+
+    table = Table(title=f"Coverage of relative distances per training example, {window} → {target} "
+                        f"({steps:,} sampled examples, seed {seed})", box=box.SIMPLE_HEAD)
+    for col in ("curve", "from", "in", "beyond", "min", "last", "never", "err"):
+        table.add_column(col, justify="left" if col in ("curve", "from") else "right", no_wrap=True)
+    for curve in report["curves"]:
+        s = curve["summary"]
+        values = curve["exact"] if curve["exact"] is not None else curve["empirical"]
+        table.add_row(curve["name"], "exact" if curve["exact"] is not None else "sampled",
+                      *("—" if v is None else f"{v:.4f}" for v in (s["mean_within_train"], s["mean_beyond_train"],
+                                                                  s["min_beyond_train"], values[target - 1])),
+                      str(s["never_covered"]),
+                      "—" if curve["max_abs_error"] is None else f"{curve['max_abs_error']:.4f}")
+    table.caption = (f"P(d) = probability that some pair of tokens of one example is d apart. in: mean P(d) "
+                     f"over 1 ≤ d < {window}; beyond: mean over d ≥ {window}; min: smallest P(d), d ≥ {window}; "
+                     f"last: P({target - 1}); never: distances in [1, {target}) never covered; "
+                     "err: largest |sampled − exact|")
+    out.print(table)
+    if plot is not None:
+        err.print(f"figure: {report['plot']}")
 
 
 # ---- report ----------------------------------------------------------------------------------------

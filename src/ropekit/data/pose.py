@@ -446,10 +446,11 @@ def _curve_summary(train_length: int, values: np.ndarray) -> dict:
 
 
 def pose_coverage_report(train_length: int, target_length: int, chunks=2, steps: int = 10_000, seed: int = 0,
-                         randpos: bool = True, exact: bool | str = "auto") -> dict:
+                         randpos: bool = True, exact: bool | str = "auto", pose: bool = True) -> dict:
     """Coverage of every relative distance for the unextended window, PoSE with each chunk count, RandPos.
 
-    ``chunks`` is a chunk count or a list of them (the paper's Fig. 5 shows 2 and 3). Each curve has the
+    ``chunks`` is a chunk count or a list of them (the paper's Fig. 5 shows 2 and 3); ``pose=False`` leaves
+    the PoSE curves out (``chunks`` is then ignored), ``randpos=False`` the RandPos one. Each curve has the
     sampled estimate (``steps`` examples; RandPos too unless ``randpos=False``) and, where feasible, the
     exact probability (``exact="auto"``: when within :data:`MAX_EXACT_WORK`; ``True``: always, raising if
     too large; ``False``: never). Returns a JSON-friendly dict::
@@ -461,14 +462,21 @@ def pose_coverage_report(train_length: int, target_length: int, chunks=2, steps:
     where ``summary`` holds the mean coverage inside/beyond the training length, the smallest coverage
     beyond it and how many distances in ``[1, L_t)`` were never covered (by the exact curve if present).
     """
-    chunk_list = [chunks] if isinstance(chunks, int) else list(chunks)
-    if not chunk_list:
+    chunk_list = ([chunks] if isinstance(chunks, int) else list(chunks)) if pose else []
+    if pose and not chunk_list:
         raise RopekitError("no chunk count given", "pass chunks=2 (or a list such as [2, 3])")
+    _check_lengths(train_length, target_length)
     for n in chunk_list:
         _check_lengths(train_length, target_length, n)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise RopekitError(f"steps {steps!r} is not a positive integer", "pass the number of sampled examples, e.g. 10000")
     if exact not in (True, False, "auto"):
         raise RopekitError(f"exact={exact!r} is not true, false or 'auto'", "pass exact='auto'")
     specs = [("original", None)] + [("pose", n) for n in chunk_list] + ([("randpos", None)] if randpos else [])
+    if exact is True:  # refuse an infeasible exact curve before spending time on the sampled ones
+        for method, n in specs[1:]:
+            if exact_work(train_length, target_length, n or 2, method) > MAX_EXACT_WORK:
+                exact_coverage(train_length, target_length, n or 2, method=method)
     curves = []
     for method, n in specs:
         name = {"original": "original window", "randpos": "RandPos"}.get(method, f"PoSE ({n} chunks)")
