@@ -12,8 +12,8 @@ that PoSE's step costs what a step of ordinary training at the window costs, wha
 
 Every mode uses the same model weights, the same AdamW optimizer, the same number of sequences per step
 and an explicit all-ones attention mask (as the trainer passes), forward + backward + optimizer step.
-The modes are measured *interleaved*: each round times one step of every mode, in an order that rotates
-from round to round, so a load change on a shared machine hits every mode alike; the method is switched
+The modes are measured *interleaved*: each round times one step of every mode, in a fresh seeded random
+order, so a load change on a shared machine hits every mode alike and no mode always follows the same one; the method is switched
 (untimed) before each step with :func:`ropekit.train.curriculum.switch`, so one copy of the model serves
 every mode. Measured per mode:
 
@@ -141,9 +141,10 @@ def _pose_vs_full(model_name, multiples, steps, batch_size, seed, device) -> lis
         prepare(mode)
         mode["saved"] = _step(model, optimizer, *mode["inputs"], measure=True)
         mode["times"], mode["peak"] = [], 0
-    for r in range(steps):
-        shift = r % len(modes)
-        for mode in modes[shift:] + modes[:shift]:
+    order = torch.Generator().manual_seed(seed + 1)
+    for _ in range(steps):
+        for k in torch.randperm(len(modes), generator=order).tolist():
+            mode = modes[k]
             prepare(mode)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
