@@ -138,8 +138,9 @@ def _load_cached(path: Path, settings: dict[str, Any]):
     return model
 
 
-def _save_atomically(model, path: Path, meta: dict[str, Any]) -> Path:
-    """Write ``model`` and ``meta`` to a temporary directory next to ``path`` and rename it into place.
+def _save_atomically(model, path: Path, meta: dict[str, Any], *, extra=None, meta_file: str = META_FILE) -> Path:
+    """Write ``model``, ``meta`` (as ``meta_file``) and whatever ``extra(directory)`` saves (a tokenizer) to a
+    temporary directory next to ``path`` and rename it into place.
 
     A crash leaves at most a ``.tmp-*`` directory (never a half-written ``path``); if another process
     finished the same entry first, its copy is kept.
@@ -150,7 +151,9 @@ def _save_atomically(model, path: Path, meta: dict[str, Any]) -> Path:
         tmp.chmod(0o755)  # mkdtemp makes it private; a cache entry is an ordinary directory
         with _quiet_transformers():
             model.save_pretrained(tmp)
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+            if extra is not None:
+                extra(tmp)
+        (tmp / meta_file).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         if path.exists():  # a damaged or stale entry with the same key: move it aside first
             trash = Path(tempfile.mkdtemp(prefix=f".old-{path.name}-", dir=path.parent))
             os.replace(path, trash / "entry")
@@ -158,7 +161,7 @@ def _save_atomically(model, path: Path, meta: dict[str, Any]) -> Path:
         try:
             os.replace(tmp, path)
         except OSError:
-            if not (path / META_FILE).is_file():
+            if not (path / meta_file).is_file():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

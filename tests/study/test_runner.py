@@ -1,0 +1,246 @@
+"""The study runner: planning, config errors, a small end-to-end study, and resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ropekit.errors import RopekitError
+from ropekit.study.config import load_study_config, parse_study, preset_names
+from ropekit.study.runner import plan, run_study
+
+SMALL = {
+    "name": "small",
+    "model": "tiny",
+    "seed": 0,
+    "target_length": 256,
+    "recipe": {
+        "data": {"seq_len": 128, "sources": [{"path": "builtin", "max_documents": 20}]},
+        "train": {"max_steps": 6, "lr": 1.0e-3, "warmup_steps": 1, "micro_batch_size": 2},
+        "output": {"save_every": 2},
+    },
+    "variants": [
+        {"label": "base"},
+        {"label": "pi", "method": "pi", "params": {"factor": 4}},
+        {"label": "pi-ft", "method": "pi", "params": {"factor": 4}, "finetune": True},
+    ],
+    "evals": {
+        "ppl": {"lengths": [64, 128], "samples": 2, "score_mode": "truncate"},
+        "passkey": {"lengths": [256], "depths": [0.5], "trials": 2},
+    },
+}
+#: Record fields that measure time: they differ between runs by nature.
+_TIMING = ("seconds", "time", "elapsed")
+
+
+def _stable(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not any(t in k for t in _TIMING)}
+
+
+def _dump(db_path: Path) -> dict:
+    """What must be equal between two runs of the same study: pieces, samples (minus timings), training losses."""
+    db = sqlite3.connect(db_path)
+    db.row_factory = sqlite3.Row
+    pieces = {r["id"]: (r["kind"], r["method"], r["task"], r["status"]) for r in db.execute("SELECT * FROM pieces")}
+    samples = {}
+    for r in db.execute("SELECT piece, sample_key, score, record FROM samples"):
+        key = (r["piece"], r["sample_key"])
+        assert key not in samples, f"duplicate sample {key}"
+        samples[key] = (r["score"], _stable(json.loads(r["record"])))
+    metrics = {(r["piece"], r["step"]): r["loss"] for r in db.execute("SELECT piece, step, loss FROM train_metrics")}
+    db.close()
+    return {"pieces": pieces, "samples": samples, "metrics": metrics}
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert a["pieces"] == b["pieces"]
+    assert a["samples"].keys() == b["samples"].keys()
+    for key, (score, record) in a["samples"].items():
+        other_score, other = b["samples"][key]
+        assert score == pytest.approx(other_score, abs=1e-6) if score is not None else other_score is None, key
+        assert record.keys() == other.keys(), key
+        for field, value in record.items():
+            if isinstance(value, float):
+                assert value == pytest.approx(other[field], rel=1e-5, abs=1e-6), (key, field)
+            elif field not in ("curve_nll_sum",):
+                assert value == other[field], (key, field)
+    assert a["metrics"].keys() == b["metrics"].keys()
+    for key, loss in a["metrics"].items():
+        assert loss == pytest.approx(b["metrics"][key], rel=1e-5), key
+
+
+# ---- config ----------------------------------------------------------------------------------------------
+def test_plan_orders_pieces_by_variant_with_prerequisites():
+    cfg = parse_study({**SMALL, "model": "builtin-base"})
+    pieces = plan(cfg)
+    ids = [p.id for p in pieces]
+    assert ids == ["pretrain:base", "eval:ppl:base", "eval:passkey:base", "eval:ppl:pi", "eval:passkey:pi",
+                   "train:pi-ft", "eval:ppl:pi-ft", "eval:passkey:pi-ft"]
+    needs = {p.id: p.needs for p in pieces}
+    assert needs["train:pi-ft"] == ("pretrain:base",)
+    assert needs["eval:ppl:pi-ft"] == ("train:pi-ft",)
+    assert needs["eval:ppl:pi"] == ("pretrain:base",)
+    assert plan(parse_study(SMALL))[0].id == "eval:ppl:base"  # a given model needs no pre-training
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"colour": 1}, "colour is an unknown key"),
+    ({"target_length": 0}, "target_length must be a positive whole number"),
+    ({"variants": []}, "variants is missing or empty"),
+    ({"variants": [{"label": "x", "method": "nope"}]}, "unknown method"),
+    ({"variants": [{"label": "x", "method": "pi", "params": {"factr": 2}}]}, "factr"),
+    ({"variants": [{"label": "x", "method": "pi", "params": {"factor": 0.5}}]}, "factor"),
+    ({"variants": [{"label": "a"}, {"label": "a"}]}, "label 'a' twice"),
+    ({"variants": [{"label": "bad label"}]}, "label must be"),
+    ({"evals": {"pplx": {"lengths": [64]}}}, "not an evaluation task"),
+    ({"evals": {"ppl": {"samples": 2}}}, "evals.ppl.lengths is missing"),
+    ({"evals": {"ppl": {"lengths": [64], "depths": [0.5]}}}, "evals.ppl.depths is not an option"),
+    ({"recipe": {"model": {"name": "tiny"}}}, "recipe.model.name is set by the study"),
+    ({"recipe": {"output": {"dir": "x"}}}, "recipe.output.dir is set by the study"),
+    ({"recipe": {"data": {"seq_len": 128}, "train": {"max_stepz": 3}}}, "max_stepz"),
+])
+def test_config_errors_are_one_line_and_name_the_key(change, words):
+    with pytest.raises(RopekitError) as err:
+        parse_study({**SMALL, **change})
+    text = str(err.value)
+    assert words in text and "\n" not in text
+
+
+def test_finetune_without_recipe_and_unknown_preset():
+    raw = {k: v for k, v in SMALL.items() if k != "recipe"}
+    with pytest.raises(RopekitError, match="no recipe"):
+        parse_study(raw)
+    with pytest.raises(RopekitError, match="unknown study preset 'quik'.*did you mean 'quick'"):
+        load_study_config(preset="quik")
+    with pytest.raises(RopekitError, match="not found"):
+        load_study_config("/nonexistent/study.yaml")
+
+
+def test_every_preset_parses_and_quick_has_the_issue_s_methods():
+    assert {"quick", "smollm2", "lceg-llama2-7b"} <= set(preset_names())
+    for name in preset_names():
+        cfg = load_study_config(preset=name)
+        assert cfg.variants and cfg.evals
+    quick = load_study_config(preset="quick")
+    methods = {(v.method, v.trained) for v in quick.variants}
+    for wanted in [(None, False), ("pi", True), ("ntk", False), ("ntk", True), ("dynamic_ntk", False),
+                   ("ntk_by_parts", True), ("yarn", True), ("abf", True), ("entropy_abf", True), ("harpe", True),
+                   ("self_extend", False), ("lm_infinite", False), ("longlora", True)]:
+        assert wanted in methods, wanted
+    pose = [v for v in quick.variants if v.finetune and "pose" in v.finetune.get("data", {})]
+    assert {v.method for v in pose} == {"pi", "yarn"}
+    assert quick.model == "builtin-base" and quick.target_length == 1024
+
+
+# ---- running ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def reference_study(tmp_path_factory):
+    out = tmp_path_factory.mktemp("study-ref")
+    status = run_study(parse_study(SMALL), out, progress=False)
+    return out, status
+
+
+def test_small_study_runs_every_piece_once_and_writes_samples(reference_study):
+    out, status = reference_study
+    assert status["by_status"]["done"] == 7 and status["by_status"]["failed"] == 0
+    dump = _dump(out / "study.sqlite")
+    per_piece = {}
+    for piece, _ in dump["samples"]:
+        per_piece[piece] = per_piece.get(piece, 0) + 1
+    for label in ("base", "pi", "pi-ft"):
+        assert per_piece[f"eval:ppl:{label}"] == 2 * 2  # lengths × documents
+        assert per_piece[f"eval:passkey:{label}"] == 2  # one length × one depth × two trials
+    assert sorted(step for piece, step in dump["metrics"]) == [1, 2, 3, 4, 5, 6]
+    # the frozen PI variant was evaluated with PI installed, the fine-tuned one with its trained weights
+    pi = [r for (p, _), (_, r) in dump["samples"].items() if p == "eval:ppl:pi"]
+    assert all(r["method"] == "pi" and r["params"]["factor"] == 4 for r in pi)
+    ft = [r for (p, _), (_, r) in dump["samples"].items() if p == "eval:ppl:pi-ft"]
+    assert all(r["method"] == "pi" for r in ft)
+    base_nll = {r["length"]: r["nll_sum"] for (p, _), (_, r) in dump["samples"].items() if p == "eval:ppl:base"}
+    ft_nll = {r["length"]: r["nll_sum"] for r in ft}
+    assert base_nll != ft_nll  # training changed the model
+
+
+def test_running_a_finished_study_again_recomputes_nothing(reference_study):
+    out, _ = reference_study
+    before = _dump(out / "study.sqlite")
+    db = sqlite3.connect(out / "study.sqlite")
+    finished = dict(db.execute("SELECT id, finished FROM pieces").fetchall())
+    db.close()
+    status = run_study(parse_study(SMALL), out, progress=False)
+    assert status["by_status"]["done"] == 7
+    db = sqlite3.connect(out / "study.sqlite")
+    assert dict(db.execute("SELECT id, finished FROM pieces").fetchall()) == finished
+    db.close()
+    _assert_same(before, _dump(out / "study.sqlite"))
+
+
+def test_another_config_in_the_same_directory_is_refused(reference_study):
+    out, _ = reference_study
+    other = {**SMALL, "evals": {"ppl": {"lengths": [64], "samples": 1}}}
+    with pytest.raises(RopekitError, match="another configuration"):
+        run_study(parse_study(other), out, progress=False)
+
+
+def test_a_failing_piece_is_recorded_and_the_rest_goes_on(tmp_path):
+    raw = {**SMALL, "variants": [{"label": "base"}, {"label": "se", "method": "self_extend", "params": {"group_size": 2, "window_size": 16}}],
+           "evals": {"ppl": {"lengths": [64, 256], "samples": 1, "score_mode": "truncate"}}}
+    raw.pop("recipe")
+    status = run_study(parse_study(raw), tmp_path, progress=False)
+    assert status["by_status"] == {"pending": 0, "running": 0, "done": 1, "failed": 1}
+    assert "group_size 2 reaches only 112 tokens" in status["failed"][0]["error"]
+
+
+def test_study_killed_at_random_moments_resumes_to_the_uninterrupted_result(reference_study, tmp_path):
+    """SIGKILL the CLI at random moments until it finishes on its own; the database equals an uninterrupted run's."""
+    ref_dir, _ = reference_study
+    config = tmp_path / "small.yaml"
+    config.write_text(yaml.safe_dump(SMALL))
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "ropekit.cli", "study", str(config), "--out", str(out), "--no-report"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    rng = random.Random(1234)
+    kills = 0
+    for attempt in range(12):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
+        delay = rng.uniform(3.0, 9.0) if kills < 4 else None
+        try:
+            proc.wait(timeout=delay if delay is not None else 300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kills += 1
+            continue
+        stderr = proc.stderr.read().decode()
+        assert proc.returncode == 0, stderr[-2000:]
+        break
+    else:
+        pytest.fail("the study never finished")
+    assert kills >= 1, "the study finished before any kill: raise the delays' lower bound"
+    _assert_same(_dump(ref_dir / "study.sqlite"), _dump(out / "study.sqlite"))
+
+
+def test_cli_study_status_show_and_errors(run_cli, reference_study, tmp_path):
+    out, _ = reference_study
+    code, stdout, _ = run_cli("study", "status", str(out))
+    assert code == 0 and "7/7 pieces done" in stdout and "eval:passkey:pi-ft" in stdout
+    code, stdout, _ = run_cli("study", "status", str(out), "--json")
+    assert code == 0 and json.loads(stdout)["by_status"]["done"] == 7
+    code, stdout, _ = run_cli("study", "--preset", "quick", "--show")
+    assert code == 0 and yaml.safe_load(stdout)["name"] == "quick"
+    code, _, stderr = run_cli("study", "status", str(tmp_path))
+    assert code != 0 and "no study in" in stderr and "Traceback" not in stderr
+    code, _, stderr = run_cli("study", "--preset", "nope")
+    assert code != 0 and "unknown study preset" in stderr
+    code, _, stderr = run_cli("study")
+    assert code != 0 and "exactly one" in stderr
