@@ -15,6 +15,7 @@ How a method gets in (no model file is copied or patched):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -207,6 +208,8 @@ def extend(
     config.rope_parameters = rope
     config.max_position_embeddings = m.max_position_embeddings(info, resolved)
     _rebuild_rotary(model)
+    for _, _, rotary in rotary_modules(model):
+        m.attach(rotary, info, resolved)  # a method's own weights (CLEX's ODE) live on the rotary module
     if spec is not None and not spec.is_empty():
         _install_attention(model, info, spec)
     return model
@@ -434,8 +437,66 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
     kwargs: dict[str, Any] = {"config": config, "attn_implementation": attn_implementation}
     if dtype is not None:
         kwargs["dtype"] = dtype
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    adds_weights = bool(record) and "weights" in m.changes
+    with _expecting_rotary_weights(config) if adds_weights else contextlib.nullcontext():
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if record:
+        before = set(model.state_dict())
         extend(model, m, **params)
+        _restore_added_weights(model, path, [k for k in model.state_dict() if k not in before])
     model.eval()
     return model
+
+
+#: Checkpoint keys of modules a method attaches to a rotary embedding (CLEX's ODE): the base model that
+#: ``load`` builds first does not have them yet, and ``_restore_added_weights`` reads them after ``extend``.
+_ROTARY_CHILD_WEIGHTS = r"rotary_emb\.[^.]+\."
+
+
+@contextlib.contextmanager
+def _expecting_rotary_weights(config):
+    """While loading the base model, tell transformers that rotary-module weights in the checkpoint are expected
+    (its ``_keys_to_ignore_on_load_unexpected``), so that its load report does not call them unexpected."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if cls is None:
+        yield
+        return
+    had = "_keys_to_ignore_on_load_unexpected" in cls.__dict__
+    saved = cls.__dict__.get("_keys_to_ignore_on_load_unexpected")
+    cls._keys_to_ignore_on_load_unexpected = list(saved or []) + [_ROTARY_CHILD_WEIGHTS]
+    try:
+        yield
+    finally:
+        if had:
+            cls._keys_to_ignore_on_load_unexpected = saved
+        else:
+            del cls._keys_to_ignore_on_load_unexpected
+
+
+def _restore_added_weights(model, path: Path, keys: list[str]) -> None:
+    """Load the weights ``keys`` that ``extend`` added to ``model`` (a method's own modules) from the checkpoint
+    in ``path`` (``model.safetensors``, or the shards its index names)."""
+    if not keys:
+        return
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({weight_map[k] for k in keys if k in weight_map})
+    else:
+        files = ["model.safetensors"] if (path / "model.safetensors").is_file() else []
+    found: dict[str, torch.Tensor] = {}
+    for name in files:
+        with safe_open(str(path / name), framework="pt") as handle:
+            present = set(handle.keys())
+            found.update({k: handle.get_tensor(k) for k in keys if k in present})
+    missing = [k for k in keys if k not in found]
+    if missing:
+        raise ModelLoadError(
+            f"'{path}' has no saved weights for {', '.join(missing)} (the method's own modules)",
+            "save the extended model with ropekit.save_pretrained or `ropekit extend --out`",
+        )
+    model.load_state_dict(found, strict=False)

@@ -279,6 +279,13 @@ class Method(abc.ABC):
         """Attention-side changes, or ``None`` when the method only changes the shared frequencies."""
         return None
 
+    def attach(self, rotary: torch.nn.Module, info: RopeInfo, params: dict[str, Any]) -> None:
+        """Add the method's own modules (learned weights) to a freshly built rotary-embedding module; default none."""
+
+    def training_step_hook(self, model: torch.nn.Module, step: int, generator: torch.Generator) -> None:
+        """Called by the trainer before each optimizer step (``generator`` is seeded by the run's seed and
+        ``step``), e.g. to draw CLEX's scale for the step; default nothing."""
+
     def max_position_embeddings(self, info: RopeInfo, params: dict[str, Any]) -> int:
         """The window the extended model declares (``config.max_position_embeddings``)."""
         return int(round(info.window * params.get("factor", 1.0)))

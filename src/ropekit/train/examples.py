@@ -119,6 +119,39 @@ output:
   log_every: 20
 """
 
+_TINY_CLEX = """\
+# tiny-clex: CLEX (Chen et al. 2024; LCEG paper 002 uses max scale 32 and SiLU on Llama-2) - the frequencies
+# are a learned ODE in the scale t; every step draws t from 1..max_factor and spreads the sequence's positions
+# over t times its length, so a short sequence trains the frequencies of a long one. At inference t = n/64.
+# Trained at 2x the window: the reference divides the positions by floor(n/window), so they span 64*t.
+model:
+  name: tiny                 # tiny-pretrained: the demo's pre-trained tiny Llama (cached; ~1 min the first time)
+method:
+  name: clex
+  params:
+    max_factor: 4            # serves up to 4 x 64 = 256 tokens (longer inputs reuse t = 4)
+    act: silu
+    time_dt: 0.01            # the reference's RK4 step
+data:
+  seq_len: 128
+  sources:
+    - path: builtin
+      max_documents: 100
+train:
+  max_steps: 200
+  lr: 1.0e-3
+  weight_decay: 0.01
+  warmup_steps: 10
+  schedule: cosine
+  min_lr_ratio: 0.1
+  micro_batch_size: 4
+  seed: 0
+output:
+  dir: runs/tiny-clex
+  save_every: 50
+  log_every: 20
+"""
+
 _TINY_SFT = """\
 # tiny-sft: supervised fine-tuning on long conversations at 4x the window (Entropy-ABF, paper 001 §4.1:
 # loss on assistant turns only; conversations longer than seq_len are split at turn boundaries).
@@ -198,6 +231,7 @@ EXAMPLES: dict[str, tuple[str, str]] = {
     "tiny-full": ("tiny Llama 64 → 256 tokens: YaRN s=4, full-length training on the built-in corpus", _TINY_FULL),
     "tiny-pose": ("tiny Llama 64 → 256 tokens: YaRN s=4 trained with PoSE at the 64-token window", _TINY_POSE),
     "tiny-longlora": ("tiny Llama 64 → 256 tokens: LongLoRA (PI + S²-Attn, LoRA + embeddings/norms)", _TINY_LONGLORA),
+    "tiny-clex": ("tiny Llama 64 → 256 tokens: CLEX (learned ODE frequencies, scale drawn per step)", _TINY_CLEX),
     "tiny-sft": ("tiny Llama, ABF, SFT on your long conversations (loss on assistant turns only)", _TINY_SFT),
     "abf-curriculum": ("tiny Llama, 3-stage ABF curriculum 2× → 4× → 8× (paper 004's multi-stage ABF, scaled)", _ABF_CURRICULUM),
 }

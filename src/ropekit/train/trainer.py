@@ -48,6 +48,7 @@ import torch.nn.functional as F
 
 from ..demo import _quiet_transformers as _no_hf_progress  # no HF bars inside ropekit's own display
 from ..errors import RopekitError
+from ..methods import get_method
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .curriculum import StagePlan, check_method, install, locate, lr_at, plan, switch
@@ -315,6 +316,9 @@ class Trainer:
         lr = lr_at(cfg.train, stage.config, n_in_stage)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.installed.name is not None:  # e.g. CLEX draws the step's scale; seeded by (seed, step) for --resume
+            generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + self.step + 1)
+            get_method(self.installed.name).training_step_hook(base_model(self.unwrapped), self.step + 1, generator)
         device = self.acc.device
         micro = [{k: v.to(device, non_blocking=True) for k, v in b.items()} for b in micro]
         wide = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
