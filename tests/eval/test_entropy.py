@@ -6,14 +6,13 @@ resume, the summary, the figure and the CLI."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
-import sys
 
 import pytest
 import torch
 
-from ropekit import cli
 from ropekit.attention.interface import attention_modules
 from ropekit.errors import RopekitError
 from ropekit.eval import entropy as task
@@ -203,10 +202,10 @@ def test_log_positions():
     for n, count in ((128, 64), (1000, 64), (131072, 64), (65, 64), (300, 16)):
         grid = task.log_positions(n, count)
         assert len(grid) == count and grid[0] == 0 and grid[-1] == n - 1
-        assert all(b > a for a, b in zip(grid, grid[1:]))
+        assert all(b > a for a, b in itertools.pairwise(grid))
     grid = task.log_positions(131072, 64)
     # the tail (where the grid is sparser than one token) is geometric: ratio n^(1/63)
-    ratios = [(b + 1) / (a + 1) for a, b in zip(grid[40:], grid[41:])]
+    ratios = [(b + 1) / (a + 1) for a, b in itertools.pairwise(grid[40:])]
     assert all(abs(r - 131072 ** (1 / 63)) < 0.01 for r in ratios)
     for bad in ((0, 64), (10, 1)):
         with pytest.raises(RopekitError):
@@ -319,17 +318,10 @@ def test_summary_of_a_deep_model_shows_five_layers():
     assert task.shown_layers(2) == [0, 1] and task.shown_layers(32, most=6) == [0, 1, 8, 16, 24, 31]
 
 
-def test_cli_entropy_json(monkeypatch, capsys, tmp_path):
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["ropekit", "eval", "entropy", "tiny", "--lengths", "64,128", "--samples", "2",
-                                      "--json", "--plot", str(tmp_path / "e.png")])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out = capsys.readouterr().out
-    assert code == 0
+def test_cli_entropy_json(run_cli, tmp_path):
+    code, out, err = run_cli("eval", "entropy", "tiny", "--lengths", "64,128", "--samples", "2",
+                             "--json", "--plot", str(tmp_path / "e.png"))
+    assert code == 0, err
     rows = json.loads(out)
     assert [r["length"] for r in rows] == [64, 128] and all(r["n"] == 2 for r in rows)
     assert all(0 < r["normalised_last"] <= 1 and 0 < r["entropy_last"] <= r["uniform_last"] + 1e-6 for r in rows)

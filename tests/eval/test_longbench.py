@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from ropekit import cli
 from ropekit.errors import RopekitError
 from ropekit.eval import longbench as lb
 from ropekit.eval.common import make_context
@@ -216,27 +214,13 @@ def test_run_end_to_end_records_scores_and_resume(tmp_path, data_dir):
     assert {r["sample"]: r["prediction"] for r in fresh.writer.records()} == first
 
 
-def test_cli_runs_longbench_from_a_data_dir(monkeypatch, capsys, data_dir):
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["ropekit", "eval", "longbench", "tiny", "--data", str(data_dir), "--lengths", "256",
-                                      "--tasks", "hotpotqa", "--samples", "2", "--json"])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    rows = json.loads(captured.out)
+def test_cli_runs_longbench_from_a_data_dir(run_cli, data_dir):
+    code, out, err = run_cli("eval", "longbench", "tiny", "--data", str(data_dir), "--lengths", "256",
+                             "--tasks", "hotpotqa", "--samples", "2", "--json")
+    assert code == 0, err
+    rows = json.loads(out)
     assert [(r["length"], r["dataset"], r["n"]) for r in rows] == [(256, "hotpotqa", 2), (256, "average", 2)]
     assert 0.0 <= rows[0]["accuracy"] <= 1.0 and rows[1]["accuracy"] == rows[0]["accuracy"]
 
-    monkeypatch.setattr(sys, "argv", ["ropekit", "eval", "longbench", "tiny", "--data", str(data_dir / "missing"),
-                                      "--lengths", "256"])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    captured = capsys.readouterr()
-    assert code == 2 and "data.zip" in captured.err
+    code, _, err = run_cli("eval", "longbench", "tiny", "--data", str(data_dir / "missing"), "--lengths", "256")
+    assert code == 2 and "data.zip" in err

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 
 import pytest
 import torch
 
-from ropekit import cli
 from ropekit.errors import RopekitError
 from ropekit.eval import manyshot as ms
 from ropekit.eval.common import make_context
@@ -205,16 +203,8 @@ def test_user_data_formats_and_errors(tmp_path, model):
     assert [r["demo_ids"] for r in zero.writer.records()] == [[], []]  # zero-shot: header and query only
 
 
-def test_cli_manyshot_json(monkeypatch, capsys):
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["ropekit", "eval", "manyshot", "tiny", "--lengths", "512", "--shots", "1,2",
-                                      "--samples", "2", "--json"])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    rows = json.loads(captured.out)
+def test_cli_manyshot_json(run_cli):
+    code, out, err = run_cli("eval", "manyshot", "tiny", "--lengths", "512", "--shots", "1,2", "--samples", "2", "--json")
+    assert code == 0, err
+    rows = json.loads(out)
     assert [(r["length"], r["shots"], r["n"]) for r in rows] == [(512, 1, 2), (512, 2, 2)]

@@ -4,12 +4,10 @@ template, the task end to end, resume, the heatmap (plots.py) and the CLI."""
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest
 
-from ropekit import cli
 from ropekit.data.prose import PROSE_SOURCE, prose_paragraphs, prose_sentences
 from ropekit.errors import RopekitError
 from ropekit.eval import niah
@@ -360,19 +358,15 @@ def test_model_windows_plain_and_extended():
     assert model_windows(extend(build_tiny_model("llama"), "yarn", factor=4)) == {"pretrained": 64, "trained": 256}
 
 
-def test_cli_json_end_to_end_with_plot(tmp_path, monkeypatch, capsys, bpe, bpe_model):
+def test_cli_json_end_to_end_with_plot(tmp_path, run_cli, bpe, bpe_model):
     model_dir = tmp_path / "tiny-bpe"
     bpe_model.save_pretrained(model_dir)
     bpe.save_pretrained(model_dir)
     out, png = tmp_path / "cli.jsonl", tmp_path / "cli.png"
-    monkeypatch.setattr(sys, "argv", ["ropekit", "eval", "niah", str(model_dir), "--lengths", "200,256", "--depths", "0,1",
-                                      "--out", str(out), "--plot", str(png), "--json"])
-    capsys.readouterr()
-    try:
-        cli.main()
-    except SystemExit as e:
-        assert not e.code
-    rows = json.loads(capsys.readouterr().out)
+    code, stdout, err = run_cli("eval", "niah", str(model_dir), "--lengths", "200,256", "--depths", "0,1",
+                                "--out", str(out), "--plot", str(png), "--json")
+    assert code == 0, err
+    rows = json.loads(stdout)
     assert [(r["length"], r["depth"], r["n"]) for r in rows] == [
         (200, 0.0, 1), (200, 1.0, 1), (200, "all", 2), (256, 0.0, 1), (256, 1.0, 1), (256, "all", 2)]
     assert len(out.read_text().splitlines()) == 4 and png.read_bytes()[:8] == PNG

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 
 import pytest
 
-from ropekit import cli
 from ropekit.errors import RopekitError
 from ropekit.eval import passkey
 from ropekit.eval.common import make_context
@@ -316,26 +314,19 @@ def test_random_depth_heatmap_bins_the_realised_depth():
     assert passkey.plot_grid(recs) == {(0.1, 100): 0.5, (0.3, 100): 1.0, (0.5, 100): 1.0, (0.9, 100): 0.5}
 
 
-def test_cli_json_end_to_end(tmp_path, monkeypatch, capsys, bpe, bpe_model):
+def test_cli_json_end_to_end(tmp_path, run_cli, bpe, bpe_model):
     model_dir = tmp_path / "tiny-bpe"
     bpe_model.save_pretrained(model_dir)
     bpe.save_pretrained(model_dir)
     out = tmp_path / "cli.jsonl"
-    argv = ["ropekit", "eval", "passkey", str(model_dir), "--lengths", "128,192", "--depths", "0,1", "--trials", "2",
-            "--out", str(out), "--json"]
-    monkeypatch.setattr(sys, "argv", argv)
-    capsys.readouterr()
-    try:
-        cli.main()
-    except SystemExit as e:
-        assert not e.code
-    rows = json.loads(capsys.readouterr().out)
+    code, stdout, err = run_cli("eval", "passkey", str(model_dir), "--lengths", "128,192", "--depths", "0,1", "--trials", "2",
+                                "--out", str(out), "--json")
+    assert code == 0, err
+    rows = json.loads(stdout)
     assert [(r["length"], r["depth"], r["n"]) for r in rows] == [
         (128, 0.0, 2), (128, 1.0, 2), (128, "all", 4), (192, 0.0, 2), (192, 1.0, 2), (192, "all", 4)]
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 8 and all(0.0 <= r["score"] <= 1.0 for r in records)
     # a flag the task does not take is refused with exit code 2
-    monkeypatch.setattr(sys, "argv", ["ropekit", "eval", "passkey", str(model_dir), "--lengths", "128", "--stride", "4"])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-    assert e.value.code == 2
+    code, _, err = run_cli("eval", "passkey", str(model_dir), "--lengths", "128", "--stride", "4")
+    assert code == 2 and "--stride" in err

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import pytest
 import torch
 
-from ropekit import cli
 from ropekit.errors import RopekitError
 from ropekit.eval import perplexity as P
 from ropekit.eval.common import make_context
@@ -307,24 +305,12 @@ def test_summary_weightings_by_hand():
     assert rows["token"]["documents"] == 2 and rows["window"]["tokens_scored"] == 4
 
 
-def run_cli(monkeypatch, capsys, *args):
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["ropekit", *args])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_cli_end_to_end_with_plot(monkeypatch, capsys, tmp_path, texts):
+def test_cli_end_to_end_with_plot(run_cli, tmp_path, texts):
     data = tmp_path / "doc.txt"
     data.write_text(ENGLISH[:400])
     png = tmp_path / "curve.png"
     out = tmp_path / "r.jsonl"
-    code, stdout, stderr = run_cli(monkeypatch, capsys, "eval", "ppl", "tiny", "--lengths", "64,128", "--data", str(data),
+    code, stdout, stderr = run_cli("eval", "ppl", "tiny", "--lengths", "64,128", "--data", str(data),
                                    "--out", str(out), "--plot", str(png), "--json")
     assert code == 0, stderr
     rows = json.loads(stdout)
@@ -333,6 +319,6 @@ def test_cli_end_to_end_with_plot(monkeypatch, capsys, tmp_path, texts):
     assert [r["stride"] for r in rows] == [32, 64]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(out.read_text().splitlines()) == 2
-    code, _, stderr = run_cli(monkeypatch, capsys, "eval", "ppl", "tiny", "--lengths", "64", "--data", str(data),
+    code, _, stderr = run_cli("eval", "ppl", "tiny", "--lengths", "64", "--data", str(data),
                               "--score-mode", "nope")
     assert code == 2 and "not known" in stderr

@@ -9,13 +9,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from collections import Counter
 
 import pytest
 import torch
 
-from ropekit import cli
 from ropekit.errors import RopekitError
 from ropekit.eval import ruler
 from ropekit.eval.common import make_context
@@ -36,7 +34,14 @@ def byte_tok():
 @pytest.fixture(scope="module")
 def bpe_tok():
     """A 500-token byte-level BPE trained on the prose, adding ``<s>`` (BOS) in front of every text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     from ropekit.data.prose import prose_sentences
@@ -421,16 +426,9 @@ def test_missing_qa_data_is_skipped_with_a_reason(byte_tok, tmp_path):
     assert rows[1]["skipped"].startswith("dev-v2.0.json") and rows[-1]["tasks"] == 1
 
 
-def test_cli_runs_two_tasks_at_512(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["ropekit", "eval", "ruler", "tiny", "--lengths", "512", "--tasks", "niah_single_1,vt",
-                                      "--samples", "1", "--json"])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    rows = json.loads(captured.out)
+def test_cli_runs_two_tasks_at_512(run_cli):
+    code, out, err = run_cli("eval", "ruler", "tiny", "--lengths", "512", "--tasks", "niah_single_1,vt", "--samples", "1", "--json")
+    assert code == 0, err
+    rows = json.loads(out)
     assert [r["subtask"] for r in rows] == ["niah_single_1", "vt", "average"]
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["length"] == 512 for r in rows)

@@ -11,7 +11,6 @@ import sys
 import pytest
 import torch
 
-from ropekit import cli
 from ropekit.errors import RopekitError
 from ropekit.eval import short
 from ropekit.eval.common import make_context
@@ -36,18 +35,6 @@ def tiny_context(tmp_path=None, *, method=None, params=None, resume=False):
     return make_context("short", model, byte_tokenizer(), method=method, params=params, lengths=short.DEFAULT_LENGTHS,
                         key_fields=short.KEY_FIELDS, out=str(tmp_path / "short.jsonl") if tmp_path else None,
                         resume=resume)
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["ropekit", *args])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 # ---- without lm-eval ----------------------------------------------------------------------------------
@@ -166,7 +153,7 @@ def test_builtin_task_end_to_end_equals_direct_scoring_and_resumes(tmp_path):
         assert a["loglikelihoods"] == pytest.approx(b["loglikelihoods"], abs=1e-5) and a["score"] == b["score"]
 
 
-def test_cli_runs_a_local_task_directory(monkeypatch, capsys, tmp_path):
+def test_cli_runs_a_local_task_directory(run_cli, tmp_path):
     pytest.importorskip("lm_eval", exc_type=ImportError)
     data = tmp_path / "tasks"
     data.mkdir()
@@ -179,12 +166,12 @@ def test_cli_runs_a_local_task_directory(monkeypatch, capsys, tmp_path):
         "output_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{q}}'\ndoc_to_choice: options\n"
         "doc_to_target: gold\nmetric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
     )
-    code, out, err = run_cli(monkeypatch, capsys, "eval", "short", "tiny", "--data", str(data), "--tasks", "sums",
+    code, out, err = run_cli("eval", "short", "tiny", "--data", str(data), "--tasks", "sums",
                              "--samples", "2", "--json")
     assert code == 0, err
     [row] = json.loads(out)
     assert row["task"] == "sums" and row["n"] == 2 and 0.0 <= row["accuracy"] <= 1.0
-    code, _, err = run_cli(monkeypatch, capsys, "eval", "short", "tiny", "--data", str(data), "--tasks", "nope")
+    code, _, err = run_cli("eval", "short", "tiny", "--data", str(data), "--tasks", "nope")
     assert code == 2 and "unknown lm-eval task nope" in err
-    code, _, err = run_cli(monkeypatch, capsys, "eval", "short", "tiny", "--chat", "--samples", "1")
+    code, _, err = run_cli("eval", "short", "tiny", "--chat", "--samples", "1")
     assert code == 2 and "has no chat template" in err

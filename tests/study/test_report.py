@@ -223,25 +223,11 @@ def test_other_tasks_get_their_sections_and_breakdowns(tmp_path):
     assert any(p.endswith("niah_heatmaps.png") for p in paths["figures"])
 
 
-def test_report_command_writes_the_report_and_fails_in_one_line_without_a_study(tmp_path, monkeypatch, capsys):
-    import json
-    import sys
-
-    from ropekit import cli
-
-    def run(*args):
-        monkeypatch.setattr(sys, "argv", ["ropekit", *args])
-        try:
-            cli.main()
-            code = 0
-        except SystemExit as e:
-            code = e.code
-        return code, capsys.readouterr()
-
+def test_report_command_writes_the_report_and_fails_in_one_line_without_a_study(tmp_path, run_cli):
     build_study(tmp_path)
-    code, captured = run("report", str(tmp_path), "--json")
-    assert code == 0
-    paths = json.loads(captured.out)
+    code, out, err = run_cli("report", str(tmp_path), "--json")
+    assert code == 0, err
+    paths = json.loads(out)
     assert paths["html"] == str(tmp_path / "report" / "index.html") and (tmp_path / "report" / "index.html").is_file()
-    code, captured = run("report", str(tmp_path / "missing"))
-    assert code == 2 and len(captured.err.strip().splitlines()) == 1 and "study.sqlite" in captured.err
+    code, _, err = run_cli("report", str(tmp_path / "missing"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "study.sqlite" in err

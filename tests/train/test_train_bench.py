@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import torch
 
-from ropekit import cli
 from ropekit.errors import RopekitError
 from ropekit.train.bench import _activation_bytes, pose_vs_full
 
@@ -23,7 +21,7 @@ def test_activation_bytes_counts_saved_tensors_once_without_parameters():
     assert layer.weight.grad is not None
 
 
-def test_pose_steps_cost_the_window_not_the_target(monkeypatch, capsys):
+def test_pose_steps_cost_the_window_not_the_target(run_cli):
     rows = pose_vs_full("tiny", [2, 4], steps=2, threads=1)
     assert [(r["multiple"], r["mode"], r["seq_len"], r["tokens_per_step"]) for r in rows] == [
         (1, "window", 64, 64), (2, "pose", 64, 64), (2, "full", 128, 128), (4, "pose", 64, 64), (4, "full", 256, 256)]
@@ -36,10 +34,9 @@ def test_pose_steps_cost_the_window_not_the_target(monkeypatch, capsys):
             assert r["activation_mib"] == window["activation_mib"]
         if r["mode"] == "full":  # full-length activations grow with the length (linearly for this tiny model)
             assert 0.9 * r["multiple"] <= r["ratio_activation"] <= 1.2 * r["multiple"]
-    monkeypatch.setattr(sys, "argv", ["ropekit", "train", "bench", "--multiples", "2", "--max-steps", "1", "--json"])
-    capsys.readouterr()
-    cli.main()
-    data = json.loads(capsys.readouterr().out)
+    code, out, err = run_cli("train", "bench", "--multiples", "2", "--max-steps", "1", "--json")
+    assert code == 0, err
+    data = json.loads(out)
     assert [r["mode"] for r in data] == ["window", "pose", "full"]
 
 

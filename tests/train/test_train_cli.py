@@ -3,34 +3,20 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import yaml
 
 import ropekit
-from ropekit import cli
 from ropekit.train import example_names, example_yaml
 
 
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["ropekit", *args])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_example_list_and_print(monkeypatch, capsys):
-    code, out, _ = run_cli(monkeypatch, capsys, "train", "--example", "list", "--json")
+def test_example_list_and_print(run_cli):
+    code, out, _ = run_cli("train", "--example", "list", "--json")
     assert code == 0
     assert [e["name"] for e in json.loads(out)] == example_names()
     assert {"tiny-full", "tiny-pose", "tiny-longlora", "tiny-sft", "abf-curriculum"} <= set(example_names())
-    code, out, _ = run_cli(monkeypatch, capsys, "train", "--example", "tiny-pose")
+    code, out, _ = run_cli("train", "--example", "tiny-pose")
     assert code == 0 and out == example_yaml("tiny-pose")
     assert yaml.safe_load(out)["data"]["pose"]["target_length"] == 256
 
@@ -44,30 +30,30 @@ def test_example_list_and_print(monkeypatch, capsys):
         (["train", "--example", "tiny-full", "--resume"], "--example prints a config"),
     ],
 )
-def test_bad_invocations_are_one_line(monkeypatch, capsys, tmp_path, args, needle):
+def test_bad_invocations_are_one_line(run_cli, monkeypatch, tmp_path, args, needle):
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(monkeypatch, capsys, *args)
+    code, out, err = run_cli(*args)
     assert code == 2 and out == ""
     assert needle in err and err.strip().count("\n") == 0
 
 
-def test_bad_config_values_are_one_line(monkeypatch, capsys, tmp_path):
+def test_bad_config_values_are_one_line(run_cli, tmp_path):
     raw = yaml.safe_load(example_yaml("tiny-full"))
     raw["train"]["warmup"] = 3
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(raw))
-    code, _, err = run_cli(monkeypatch, capsys, "train", str(path))
+    code, _, err = run_cli("train", str(path))
     assert code == 2 and "train.warmup: unknown key" in err and "warmup_steps" in err
     good = tmp_path / "good.yaml"
     good.write_text(example_yaml("tiny-full"))
-    code, _, err = run_cli(monkeypatch, capsys, "train", str(good), "--max-steps", "0")
+    code, _, err = run_cli("train", str(good), "--max-steps", "0")
     assert code == 2 and "--max-steps: must be ≥ 1" in err
 
 
-def test_dry_run_prints_the_plan(monkeypatch, capsys, tmp_path):
+def test_dry_run_prints_the_plan(run_cli, tmp_path):
     path = tmp_path / "abf.yaml"
     path.write_text(example_yaml("abf-curriculum"))
-    code, out, _ = run_cli(monkeypatch, capsys, "train", str(path), "--dry-run", "--json", "--max-steps", "150")
+    code, out, _ = run_cli("train", str(path), "--dry-run", "--json", "--max-steps", "150")
     assert code == 0
     plan = json.loads(out)["plan"]
     assert [(p["stage"], p["steps"], p["seq_len"], p["tokens/step"]) for p in plan] == [
@@ -75,7 +61,7 @@ def test_dry_run_prints_the_plan(monkeypatch, capsys, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_tiny_full_runs_a_few_steps_and_loads_with_its_method(monkeypatch, capsys, tmp_path):
+def test_tiny_full_runs_a_few_steps_and_loads_with_its_method(run_cli, monkeypatch, tmp_path):
     monkeypatch.setenv("ROPEKIT_CACHE", str(tmp_path / "cache"))
     raw = yaml.safe_load(example_yaml("tiny-full"))
     raw["train"]["threads"] = 1
@@ -83,7 +69,7 @@ def test_tiny_full_runs_a_few_steps_and_loads_with_its_method(monkeypatch, capsy
     config = tmp_path / "tiny-full.yaml"
     config.write_text(yaml.safe_dump(raw))
     out_dir = tmp_path / "run"
-    code, out, err = run_cli(monkeypatch, capsys, "train", str(config), "--out", str(out_dir), "--max-steps", "2", "--json")
+    code, out, err = run_cli("train", str(config), "--out", str(out_dir), "--max-steps", "2", "--json")
     assert code == 0, err
     summary = json.loads(out)
     assert summary["step"] == 2 and summary["final"] == str(out_dir / "final")
@@ -95,7 +81,7 @@ def test_tiny_full_runs_a_few_steps_and_loads_with_its_method(monkeypatch, capsy
     assert model.config.max_position_embeddings == 256
     assert yaml.safe_load((out_dir / "config.yaml").read_text())["train"]["max_steps"] == 2
     # a second start without --resume refuses; with --resume it is already done
-    code, _, err = run_cli(monkeypatch, capsys, "train", str(config), "--out", str(out_dir), "--max-steps", "2")
+    code, _, err = run_cli("train", str(config), "--out", str(out_dir), "--max-steps", "2")
     assert code == 2 and "--resume" in err
-    code, _, err = run_cli(monkeypatch, capsys, "train", str(config), "--out", str(out_dir), "--max-steps", "2", "--resume")
+    code, _, err = run_cli("train", str(config), "--out", str(out_dir), "--max-steps", "2", "--resume")
     assert code == 0 and "nothing to do" in err
