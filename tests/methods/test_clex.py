@@ -362,3 +362,13 @@ def test_cli_lists_and_extends(monkeypatch, capsys, tmp_path, make_ids):
     code, _, err = _cli(monkeypatch, capsys, "extend", "tiny", "--method", "clex", "--param", "act=relu",
                         "--out", str(tmp_path / "bad"))
     assert code == 2 and len(err.strip().splitlines()) == 1 and "act" in err
+
+
+def test_generation_past_the_window_uses_the_length_scale(make_ids):
+    """Prefill of ``n > C`` tokens runs at ``t = n/C`` like a full forward, and cached decoding keeps going."""
+    model = _clex_model()
+    x = make_ids(2 * C + 5)
+    out = model.generate(x, max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(x), pad_token_id=0)
+    assert out.shape == (1, x.shape[1] + 8)
+    with torch.no_grad():
+        assert int(out[0, x.shape[1]]) == int(model(x).logits[0, -1].argmax())

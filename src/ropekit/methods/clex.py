@@ -17,6 +17,11 @@ from .rope import default_inv_freq
 DEFAULT_MAX_FACTOR = 16
 
 
+def _default_max_factor(info):
+    """⌈factor⌉ when a factor or target length is given, else 16"""
+    return DEFAULT_MAX_FACTOR
+
+
 @register
 class CLEX(Method):
     """CLEX (Chen et al. 2024, ICLR, arXiv 2310.16450 §3; LCEG paper 002 §3 and appendix; notes §8).
@@ -41,8 +46,8 @@ class CLEX(Method):
     summary = "Frequencies as a learned, continuous function of the length (neural ODE on log θ); trained."
     reference = "Chen et al. 2024, ICLR, arXiv 2310.16450 (CLEX); LCEG (paper 002) §3"
     params = (
-        Param("max_factor", int, None, f"t_max: the largest scale trained and served (default ⌈factor⌉, else "
-              f"{DEFAULT_MAX_FACTOR}); inputs beyond t_max·C reuse t_max", minimum=1),
+        Param("max_factor", int, _default_max_factor, "t_max: the largest scale trained and served; inputs "
+              "beyond t_max·C reuse t_max", minimum=1),
         Param("factor", float, None, "target length / window: sets max_factor = ⌈factor⌉ when it is not given",
               minimum=1.0),
         Param("time_dt", float, 0.01, "step of the fixed-step RK4 integrator (the reference's time_dt)",
@@ -65,9 +70,11 @@ class CLEX(Method):
     def resolve(self, info, given):
         params = super().resolve(info, given)
         factor, max_factor = params["factor"], params["max_factor"]
-        if max_factor is None:
-            params["max_factor"] = math.ceil(factor - 1e-9) if factor is not None else DEFAULT_MAX_FACTOR
-        elif factor is not None and max_factor != math.ceil(factor - 1e-9):
+        if factor is None:
+            return params
+        if given.get("max_factor") is None:
+            params["max_factor"] = math.ceil(factor - 1e-9)
+        elif max_factor != math.ceil(factor - 1e-9):
             raise InvalidParameterError(
                 f"clex: max_factor {max_factor} contradicts factor {factor:g} (which sets max_factor "
                 f"{math.ceil(factor - 1e-9)})",
