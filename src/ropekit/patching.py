@@ -193,6 +193,7 @@ def extend(
             "ropekit extends models with plain RoPE (rope_type 'default'); start from the base model",
         )
     spec = m.attention(info, resolved)
+    resolved = m.install_model(model, info, resolved)
 
     base_rope = copy.deepcopy(dict(config.rope_parameters))
     rope = {"rope_type": _rope_type(m), "rope_theta": resolved.get("rope_theta", info.rope_theta)}
@@ -361,6 +362,8 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None)
     record = getattr(config, "ropekit", None)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer is not None:
+        if record:
+            get_method(record["method"]).prepare_tokenizer(tokenizer, record["params"])
         tokenizer.save_pretrained(out)
     if not record:
         model.save_pretrained(out)

@@ -279,6 +279,14 @@ class Method(abc.ABC):
         """Attention-side changes, or ``None`` when the method only changes the shared frequencies."""
         return None
 
+    def install_model(self, model: torch.nn.Module, info: RopeInfo, params: dict[str, Any]) -> dict[str, Any]:
+        """Model-level changes besides frequencies and attention (Landmark: a new token and input hooks); returns
+        the parameters to record, e.g. the id of an added token. Default: none."""
+        return params
+
+    def prepare_tokenizer(self, tokenizer, params: dict[str, Any]) -> None:
+        """Adjust a tokenizer saved with the extended model (Landmark: its special token); default nothing."""
+
     def attach(self, rotary: torch.nn.Module, info: RopeInfo, params: dict[str, Any]) -> None:
         """Add the method's own modules (learned weights) to a freshly built rotary-embedding module; default none."""
 

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from ..demo import _quiet_transformers as _no_hf_progress  # no HF bars inside ropekit's own display
 from ..errors import RopekitError
 from ..methods import get_method
+from ..methods.landmark import training_batch as landmark_training_batch
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .curriculum import StagePlan, check_method, install, locate, lr_at, plan, switch
@@ -291,6 +292,7 @@ class Trainer:
     # ---- one optimizer step ----------------------------------------------------------------------------
     def _forward_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Sum of next-token cross-entropies over the label tokens of ``batch`` (float32)."""
+        batch = landmark_training_batch(base_model(self.unwrapped), batch)  # inserts landmarks if Landmark is installed
         mask = model_attention_mask(batch["attention_mask"], base_model(self.unwrapped), self.param_dtype,
                                     batch["position_ids"])
         out = self.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask,

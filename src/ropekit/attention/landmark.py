@@ -1,0 +1,402 @@
+"""Landmark attention (Mohtashami & Jaggi 2023, arXiv 2305.16300 §3.1–3.2): the grouped softmax for
+training and top-k block retrieval for inference.
+
+Notation: keys are cut into blocks, each closed by a landmark token; ``p(j)`` is the block of key ``j``
+(the number of landmarks strictly before it, so a landmark belongs to the block it closes) and ``L_p`` the
+landmark of block ``p``. For a query ``i`` with logits ``s_ij = q_i·k_j·scale`` (already RoPE-rotated):
+
+**Grouped softmax (§3.1).** Keys are grouped: ``G_ij = main`` for the regular keys of the query's own block
+and for the landmarks of earlier blocks, ``G_ij = p(j)`` for the regular keys of an earlier block. The
+softmax is taken within each group, ``σ_ij = exp(s_ij) / Σ_{l: G_il = G_ij} exp(s_il)``, and the attention
+weight is
+
+* ``a_ij = σ_ij``                 for a regular key of the query's own block,
+* ``a_ij = σ_{i,L_p(j)} · σ_ij``   for a regular key of an earlier block (its landmark gates the block),
+* ``a_ij = 0``                    for a landmark (it only gates; the own block's landmark, when the query
+  is that landmark itself, is not attended at all).
+
+Written with log-sum-exps: ``a_ij = exp(A_ij − Z_i)`` with ``A_ij = s_ij`` (own block),
+``A_ij = s_ij + s_{i,L_p} − lse_p`` (earlier block, ``lse_p`` the log-sum-exp of the block's regular
+logits), ``A_ij = −∞`` (landmarks), and ``Z_i`` the log-sum-exp of the main group (own-block logits and
+gates). Since ``Σ_{j∈p} exp(s_ij + s_{i,L_p} − lse_p) = exp(s_{i,L_p})`` the weights sum to one — except
+that a gated block with no visible token loses its share, exactly as in the paper's formula.
+:func:`grouped_logits` builds ``A`` and ``Z``; gradients flow through the gates and the block
+log-sum-exps as through the formula.
+
+**Inference (§3.2).** With the KV cache holding every key (landmark keys included), each query, per head,
+scores the landmarks of the blocks older than its local window (the own block and ``local_blocks``
+blocks before it), keeps the ``top_k`` best, and attends to the local window and the kept blocks through
+the same grouped softmax — the blocks not kept drop out of the main group. Positions: the kept blocks are
+moved, in their original order, to the positions right before the local window, and candidates are
+scored as if at the farthest of those places (what the reference implementation does for all but its
+most recent blocks), so no relative position exceeds ``(local_blocks + 1 + top_k)`` blocks. When
+``top_k`` covers every older block the moved positions are the true ones and the result is the training
+computation (tested to 1e-5). The retrieval path needs the regular layout :mod:`~ropekit.methods.landmark`
+produces: key ``j`` is a landmark exactly when ``j % (mem_freq + 1) == mem_freq``.
+
+The queries and keys arrive rotated at their true positions; moving a block is one more rotation of the
+query (``q·R(δ)k = (R(−δ)q)·k``), and scoring at a fixed position rotates the landmark keys back to 0
+(:func:`~ropekit.attention.kernels.rotate_by`). Queries go in chunks, so memory is O(chunk × keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import RopekitError
+from ..methods.base import RopeInfo
+from ..methods.rope import rotate
+from . import LAYER_ATTENTIONS
+from .kernels import expand_kv
+from .per_head_rope import key_positions
+
+#: Keyword argument through which the model-side hooks hand each layer the landmark layout of its keys.
+LANDMARKS_KWARG = "ropekit_landmarks"
+#: Largest number of logits (and gathered key elements) a query chunk may hold.
+CHUNK_ELEMENTS = 1 << 24
+NEG_INF = float("-inf")
+
+
+@dataclass
+class LandmarkInputs:
+    """What every layer needs to know about one forward's keys (set by :mod:`~ropekit.attention.landmark_stream`).
+
+    ``is_landmark`` (B, keys): which keys — cached ones first, then this call's tokens — are landmarks.
+    ``output_index`` (n,): for plain-id input, the position of each plain token's output among this call's
+    positions (``None`` when the caller's ids already held landmarks).
+    """
+
+    is_landmark: torch.Tensor
+    output_index: torch.Tensor | None = None
+
+
+# ---- masks ----------------------------------------------------------------------------------------------
+def allowed_keys(attention_mask, q_len: int, k_len: int, device) -> torch.Tensor:
+    """transformers' attention mask as bool ``(B or 1, 1, Lq, Lk)``, True = may attend, causality included.
+
+    Takes sdpa's bool 4D mask, eager's additive float 4D mask, flash's 2D padding mask, or ``None``
+    (plain causal, the queries being the last ``Lq`` keys).
+    """
+    q_index = torch.arange(k_len - q_len, k_len, device=device)
+    causal = (torch.arange(k_len, device=device)[None, :] <= q_index[:, None])[None, None]
+    if attention_mask is None:
+        return causal
+    if not isinstance(attention_mask, torch.Tensor):
+        raise RopekitError(f"landmark attention got a {type(attention_mask).__name__} attention mask",
+                           "use the sdpa or eager attention implementation")
+    if attention_mask.dim() == 2:
+        return causal & attention_mask[:, None, None, :k_len].bool()
+    mask = attention_mask[:, :, :, :k_len]
+    if mask.dtype != torch.bool:
+        mask = mask > torch.finfo(mask.dtype).min / 2
+    return mask[:, :1]
+
+
+# ---- the grouped softmax (§3.1) -------------------------------------------------------------------------------
+def block_ids(is_landmark: torch.Tensor) -> torch.Tensor:
+    """Block of every key: the number of landmarks strictly before it (a landmark closes its own block)."""
+    count = is_landmark.long()
+    return torch.cumsum(count, -1) - count
+
+
+def _closing_landmark(is_landmark: torch.Tensor) -> torch.Tensor:
+    """For every key the index of the first landmark at or after it (``Lk`` when there is none)."""
+    k_len = is_landmark.shape[-1]
+    index = torch.arange(k_len, device=is_landmark.device).expand_as(is_landmark)
+    marked = torch.where(is_landmark, index, torch.full_like(index, k_len))
+    return torch.flip(torch.cummin(torch.flip(marked, [-1]), dim=-1).values, [-1])
+
+
+def _segment_logsumexp(values: torch.Tensor, segment: torch.Tensor, segments: int) -> torch.Tensor:
+    """Log-sum-exp of ``values`` (…, Lk; −∞ = left out) within each segment id (…, Lk), gathered back to
+    every key (−∞ for an empty segment). The maximum used for stability carries no gradient."""
+    shape = values.shape[:-1] + (segments,)
+    peak = torch.full(shape, NEG_INF, dtype=values.dtype, device=values.device)
+    peak = peak.scatter_reduce(-1, segment, values.detach(), reduce="amax", include_self=True)
+    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    weights = torch.exp(values - peak.gather(-1, segment))
+    total = torch.zeros(shape, dtype=values.dtype, device=values.device).scatter_add(-1, segment, weights)
+    filled = total > 0
+    lse = torch.where(filled, torch.log(torch.where(filled, total, torch.ones_like(total))) + peak,
+                      torch.full_like(total, NEG_INF))
+    return lse.gather(-1, segment)
+
+
+def grouped_logits(scores: torch.Tensor, is_landmark: torch.Tensor, allowed: torch.Tensor,
+                   query_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adjusted logits ``A`` (B, H, Lq, Lk) and main-group log-sum-exp ``Z`` (B, H, Lq) of the grouped
+    softmax of §3.1: the attention weights are ``exp(A − Z)`` (module docstring).
+
+    ``scores`` (B, H, Lq, Lk) float logits; ``is_landmark`` (B or 1, Lk); ``allowed`` bool broadcastable to
+    ``scores`` (causality and padding); ``query_index`` (Lq,) the key index of each query.
+    """
+    batch, heads, q_len, k_len = scores.shape
+    is_landmark = is_landmark.expand(batch, k_len)
+    block = block_ids(is_landmark)  # (B, Lk)
+    q_block = block[:, query_index]  # (B, Lq)
+    same = block[:, None, None, :] == q_block[:, None, :, None]  # (B, 1, Lq, Lk)
+    landmark = is_landmark[:, None, None, :]
+    ok = allowed & ~(same & landmark)  # a block's own landmark is never attended from inside the block
+    own = ok & same
+    earlier = ok & ~same & ~landmark
+    gates_at_landmarks = torch.where(ok & ~same & landmark, scores, torch.full_like(scores, NEG_INF))
+    main = torch.logsumexp(torch.where(own, scores, gates_at_landmarks), dim=-1)
+    padded = torch.cat([gates_at_landmarks, scores.new_full((batch, heads, q_len, 1), NEG_INF)], dim=-1)
+    closing = _closing_landmark(is_landmark)[:, None, None, :].expand(batch, heads, q_len, k_len)
+    gate = padded.gather(-1, closing)  # s_{i, L_p(j)} for every key j (−∞ when the landmark is not visible)
+    segments = int(block.max()) + 1 if k_len else 1
+    earlier = earlier.expand(batch, heads, q_len, k_len)
+    block_lse = _segment_logsumexp(torch.where(earlier, scores, torch.full_like(scores, NEG_INF)),
+                                   block[:, None, None, :].expand(batch, heads, q_len, k_len), segments)
+    gated = torch.where(earlier, scores + gate - torch.where(earlier, block_lse, torch.zeros_like(block_lse)),
+                        torch.full_like(scores, NEG_INF))
+    return torch.where(own, scores, gated), main
+
+
+def _weights(adjusted: torch.Tensor, main: torch.Tensor) -> torch.Tensor:
+    """``exp(A − Z)``; a query whose main group is empty attends to nothing (weights 0)."""
+    main = torch.where(torch.isinf(main), torch.zeros_like(main), main)
+    return torch.exp(adjusted - main[..., None])
+
+
+def _score_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _chunk_rows(elements_per_row: int, limit: int = CHUNK_ELEMENTS) -> int:
+    return max(1, limit // max(1, elements_per_row))
+
+
+def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_landmark: torch.Tensor,
+                      allowed: torch.Tensor, scaling: float, *, dropout: float = 0.0, training: bool = False,
+                      chunk: int | None = None) -> torch.Tensor:
+    """Landmark attention with the grouped softmax over every block (§3.1; the training computation).
+
+    ``query`` (B, H, Lq, D), ``key``/``value`` (B, H_kv, Lk, D) rotated, the queries being the last ``Lq``
+    keys; ``is_landmark`` (B, Lk); ``allowed`` bool (B or 1, 1, Lq, Lk). Returns (B, H, Lq, D).
+    """
+    batch, heads, q_len, _ = query.shape
+    k_len = key.shape[2]
+    key, value = expand_kv(key, heads), expand_kv(value, heads)
+    offset = k_len - q_len
+    rows = chunk or _chunk_rows(batch * heads * k_len * 4)
+    outs = []
+    for a in range(0, q_len, rows):
+        b = min(a + rows, q_len)
+        hi = b + offset  # causal: no row of the chunk attends past key hi − 1
+        scores = torch.matmul(query[:, :, a:b], key[:, :, :hi].transpose(-1, -2)).to(_score_dtype(query.dtype))
+        adjusted, main = grouped_logits(scores * scaling, is_landmark[:, :hi], allowed[:, :, a:b, :hi],
+                                        torch.arange(a, b, device=query.device) + offset)
+        probs = _weights(adjusted, main)
+        if training and dropout > 0.0:
+            probs = torch.nn.functional.dropout(probs, p=dropout)
+        outs.append(torch.matmul(probs.to(value.dtype), value[:, :, :hi]))
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+# ---- top-k retrieval (§3.2) ------------------------------------------------------------------------------------
+def aligned_layout(is_landmark: torch.Tensor, block: int) -> bool:
+    """Whether key ``j`` is a landmark exactly when ``j % block == block − 1`` in every row."""
+    k_len = is_landmark.shape[-1]
+    expected = torch.arange(k_len, device=is_landmark.device) % block == block - 1
+    return bool((is_landmark == expected).all())
+
+
+def _rotate_per_head(x: torch.Tensor, offsets: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate vectors ``x`` (…, D) by ``offsets`` (…) further positions (half-split layout, partial rotary kept)."""
+    wide = _score_dtype(x.dtype)
+    freqs = offsets[..., None].to(wide) * inv_freq.to(device=x.device, dtype=wide)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return rotate(x, emb.cos().to(x.dtype), emb.sin().to(x.dtype))
+
+
+def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+                        q_pos: torch.Tensor, k_pos: torch.Tensor, *, block: int, top_k: int, local_blocks: int,
+                        inv_freq: torch.Tensor, scaling: float, chunk: int | None = None,
+                        identical_landmarks: bool = False) -> torch.Tensor:
+    """Landmark inference (§3.2): per query and head, the local window plus the ``top_k`` best older blocks,
+    attended through the grouped softmax with the kept blocks moved next to the local window.
+
+    ``identical_landmarks``: every landmark key is the same vector before rotation (the first layer, whose
+    input is the landmark token's embedding), so every candidate scores the same and the tie rule alone
+    decides — the newest blocks — without computing scores that would differ only by rounding.
+
+    Shapes as :func:`grouped_attention`; ``q_pos`` (B or 1, Lq) and ``k_pos`` (B or 1, Lk) the positions the
+    queries and keys were rotated at; keys in the aligned layout (:func:`aligned_layout`).
+    """
+    batch, heads, q_len, dim = query.shape
+    kv_heads, k_len = key.shape[1], key.shape[2]
+    device = query.device
+    offset = k_len - q_len
+    full_blocks = k_len // block
+    landmark_index = torch.arange(full_blocks, device=device) * block + block - 1
+    kv_of_head = torch.arange(heads, device=device) // (heads // kv_heads)
+    rows_b = torch.arange(batch, device=device)[:, None, None, None]
+    allowed = allowed.expand(batch, 1, q_len, k_len)
+    q_pos = q_pos.expand(batch, q_len)
+    k_pos = k_pos.expand(batch, k_len)
+    # landmark keys rotated back to position 0, so that a query can score all of them at one distance; in
+    # float64, so that the ranking is decided by the keys and not by the rounding of this computation
+    raw_landmarks = _rotate_per_head(key[:, :, landmark_index].double(), -k_pos[:, None, landmark_index], inv_freq)
+    raw_landmarks = expand_kv(raw_landmarks, heads)  # (B, H, blocks, D)
+    key_blocks = key[:, :, :full_blocks * block].reshape(batch, kv_heads, full_blocks, block, dim)
+    value_blocks = value[:, :, :full_blocks * block].reshape(batch, kv_heads, full_blocks, block, dim)
+    key_h, value_h = expand_kv(key, heads), expand_kv(value, heads)
+
+    picks = max(1, min(top_k, full_blocks))
+    per_row = heads * (k_len + full_blocks + picks * block * (dim + 1))
+    rows = chunk or _chunk_rows(batch * per_row)
+    outs = []
+    for a in range(0, q_len, rows):
+        b = min(a + rows, q_len)
+        q = query[:, :, a:b]  # (B, H, c, D)
+        q_index = torch.arange(a, b, device=device) + offset  # key index of each query
+        first_local = torch.clamp(q_index // block - local_blocks, min=0)  # first block of the local window
+        lo, hi = int(first_local.min()) * block, b + offset
+
+        # the local window: own block and `local_blocks` before it, at true positions
+        in_window = torch.arange(lo, hi, device=device)[None, :] >= (first_local * block)[:, None]
+        local_ok = allowed[:, :, a:b, lo:hi] & in_window[None, None]
+        local_scores = torch.matmul(q, key_h[:, :, lo:hi].transpose(-1, -2)).to(_score_dtype(q.dtype)) * scaling
+        local_landmark = (torch.arange(lo, hi, device=device) % block == block - 1)[None]
+        local_adjusted, main = grouped_logits(local_scores, local_landmark, local_ok, q_index - lo)
+        parts, values = [local_adjusted], [value_h[:, :, lo:hi]]
+
+        older = int(first_local.max())  # most older blocks any query of the chunk has
+        if top_k > 0 and older > 0:
+            mem_logits, mem_gates, mem_values = _retrieved_blocks(
+                q, q_index, first_local, allowed[:, :, a:b], q_pos[:, a:b], k_pos, raw_landmarks, key_blocks,
+                value_blocks, landmark_index[:older], kv_of_head, rows_b, block=block, top_k=top_k,
+                inv_freq=inv_freq, scaling=scaling, identical_landmarks=identical_landmarks)
+            parts.insert(0, mem_logits)
+            values.insert(0, mem_values)
+            main = torch.logaddexp(main, torch.logsumexp(mem_gates, dim=-1))
+        probs = _weights(torch.cat([p.flatten(3) for p in parts], dim=-1), main)
+        out, start = None, 0
+        for part, val in zip(parts, values):
+            width = part.flatten(3).shape[-1]
+            p = probs[..., start:start + width].to(val.dtype)
+            start += width
+            term = torch.matmul(p, val) if val.dim() == 4 else torch.einsum("bhck,bhckd->bhcd", p, val.flatten(3, 4))
+            out = term if out is None else out + term
+        outs.append(out)
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+def _retrieved_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landmarks, key_blocks, value_blocks,
+                      landmark_index, kv_of_head, rows_b, *, block, top_k, inv_freq, scaling, identical_landmarks):
+    """Adjusted logits (B, H, c, k, block − 1), gate logits (B, H, c, k) and values (B, H, c, k, block − 1, D)
+    of the kept older blocks of one query chunk (§3.2), in the grouped-softmax form of :func:`grouped_logits`."""
+    batch, heads, rows, dim = q.shape
+    older = landmark_index.numel()
+    device = q.device
+    # candidates: blocks before the local window whose landmark the query may see (padding)
+    candidate = (torch.arange(older, device=device)[None, :] < first_local[:, None])[None] & allowed[:, 0][..., landmark_index]
+    chosen = torch.clamp(candidate.sum(-1), max=top_k)  # (B, c) blocks each query keeps
+    picks = min(top_k, older)
+    window_offset = q_index - first_local * block  # query's distance from the start of its local window
+    # score every candidate as if its landmark sat at the farthest kept place: `chosen` blocks before the window
+    score_at = window_offset[None] + chosen * block - (block - 1)  # relative distance query → landmark
+    if identical_landmarks:  # every score is the same: only the tie rule is left
+        scores = torch.zeros(batch, heads, rows, older, dtype=torch.float64, device=device)
+    else:
+        q_scoring = _rotate_per_head(q.double(), (score_at - q_pos)[:, None], inv_freq)  # at `score_at`; landmarks at 0
+        scores = torch.matmul(q_scoring, raw_landmarks[:, :, :older].transpose(-1, -2))
+    scores = scores.masked_fill(~candidate[:, None], NEG_INF)
+    # the best `picks`; equal scores go to the more recent block (at layer 0 every landmark key is the same
+    # token's, so all scores tie there up to rounding)
+    newest_first = torch.sort(scores.flip(-1), dim=-1, descending=True, stable=True)
+    best = newest_first.values[..., :picks]
+    picked = older - 1 - newest_first.indices[..., :picks]  # (B, H, c, k)
+    kept = torch.isfinite(best)
+    order_key = torch.where(kept, picked, torch.full_like(picked, -1))  # dropped picks first, then block order
+    order_key, _ = order_key.sort(dim=-1)
+    kept = order_key >= 0
+    picked = order_key.clamp(min=0)
+
+    # move kept block s (of k places) so that its landmark sits (k − s) blocks before the local window
+    slot = torch.arange(picks, device=device)
+    window_start = q_pos - window_offset[None]  # (B, c) position of the window's first token
+    target = window_start[:, None, :, None] - (picks - slot) * block + (block - 1)  # (B, 1, c, k)
+    landmark_pos = k_pos[:, landmark_index]  # (B, older)
+    current = landmark_pos.gather(1, picked.flatten(1)).view_as(picked)  # (B, H, c, k)
+    shift = torch.where(kept, target - current, torch.zeros_like(current))
+    q_moved = _rotate_per_head(q[:, :, :, None, :].expand(batch, heads, rows, picks, dim), -shift, inv_freq)
+
+    kv = kv_of_head[None, :, None, None]
+    keys = key_blocks[rows_b, kv, picked]  # (B, H, c, k, block, D)
+    vals = value_blocks[rows_b, kv, picked]
+    logits = torch.einsum("bhckd,bhcktd->bhckt", q_moved, keys).to(_score_dtype(q.dtype)) * scaling
+    visible = allowed[:, 0][..., :key_blocks.shape[2] * block].reshape(batch, rows, -1, block)  # (B, c, blocks, block)
+    visible = visible[rows_b, torch.arange(rows, device=device)[None, None, :, None], picked]  # (B, H, c, k, block)
+    visible = visible & kept[..., None]
+    gate = torch.where(visible[..., -1], logits[..., -1], torch.full_like(logits[..., -1], NEG_INF))
+    regular = torch.where(visible[..., :-1], logits[..., :-1], torch.full_like(logits[..., :-1], NEG_INF))
+    lse = torch.logsumexp(regular, dim=-1, keepdim=True)
+    lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    adjusted = torch.where(visible[..., :-1], regular + gate[..., None] - lse, torch.full_like(regular, NEG_INF))
+    return adjusted, gate, vals[..., :-1, :]
+
+
+# ---- the layer attention ----------------------------------------------------------------------------------
+class LandmarkAttention:
+    """One layer's Landmark attention (LayerAttention protocol of :mod:`ropekit.attention.interface`).
+
+    Training mode (or ``top_k = 0``): :func:`grouped_attention`. Eval mode: :func:`retrieval_attention`.
+    Keys without any landmark (an input shorter than one block) make the grouped softmax a plain softmax,
+    so the model's own kernel runs then — bit-identical to the unmodified model.
+    """
+
+    def __init__(self, inv_freq: Callable[[], torch.Tensor], mem_freq: int, top_k: int, local_blocks: int,
+                 chunk: int | None = None, first_layer: bool = False):
+        self.inv_freq = inv_freq
+        self.first_layer = first_layer  # its landmark keys are all the landmark embedding's: retrieval ties
+        self.block = int(mem_freq) + 1
+        self.top_k = int(top_k)
+        self.local_blocks = int(local_blocks)
+        self.chunk = chunk
+
+    def __repr__(self) -> str:
+        return f"LandmarkAttention(block={self.block}, top_k={self.top_k}, local_blocks={self.local_blocks})"
+
+    def __call__(self, module, query, key, value, attention_mask, *, scaling, dropout=0.0, kernel, **kwargs):
+        landmarks: LandmarkInputs | None = kwargs.pop(LANDMARKS_KWARG, None)
+        q_len, k_len = query.shape[2], key.shape[2]
+        if landmarks is None or not bool(landmarks.is_landmark.any()):
+            return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        is_landmark = landmarks.is_landmark.to(query.device)
+        if is_landmark.shape[-1] != k_len:
+            raise RopekitError(
+                f"landmark attention: {k_len} keys but a landmark layout for {is_landmark.shape[-1]}",
+                "use a dynamic KV cache (no sliding window or static cache) and call the model itself, not its layers")
+        allowed = allowed_keys(attention_mask, q_len, k_len, query.device)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        if module.training or self.top_k == 0:
+            out = grouped_attention(query, key, value, is_landmark, allowed, scale, dropout=dropout,
+                                    training=module.training, chunk=self.chunk)
+        else:
+            if not aligned_layout(is_landmark, self.block):
+                raise RopekitError(
+                    f"landmark retrieval needs a landmark after every {self.block - 1} tokens from the first one",
+                    "pass plain ids (ropekit inserts the landmarks) or ids from ropekit.methods.landmark.insert_landmarks")
+            position_ids = kwargs.get("position_ids")
+            if position_ids is None:
+                position_ids = torch.arange(k_len - q_len, k_len, device=query.device)[None]
+            q_pos = position_ids.to(device=query.device, dtype=torch.long)
+            k_pos = key_positions(q_pos, k_len)
+            out = retrieval_attention(query, key, value, allowed, q_pos, k_pos, block=self.block, top_k=self.top_k,
+                                      local_blocks=self.local_blocks, inv_freq=self.inv_freq().to(query.device),
+                                      scaling=scale, chunk=self.chunk, identical_landmarks=self.first_layer)
+        return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def make_landmark(info: RopeInfo, inv_freq: Callable[[], torch.Tensor], layer_idx: int, *, mem_freq: int, top_k: int,
+                  local_blocks: int, chunk: int | None = None) -> LandmarkAttention:
+    """Layer-attention factory (``LAYER_ATTENTIONS['landmark']``) for Landmark attention."""
+    return LandmarkAttention(inv_freq, mem_freq, top_k, local_blocks, chunk=chunk, first_layer=layer_idx == 0)
+
+
+LAYER_ATTENTIONS["landmark"] = make_landmark

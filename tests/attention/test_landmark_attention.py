@@ -1,0 +1,278 @@
+"""Landmark attention against naive per-query references written from the paper's definitions (Mohtashami &
+Jaggi 2023 §3.1 grouped softmax, §3.2 top-k retrieval): random queries, keys and landmark layouts, GQA,
+padding and KV-cache offsets; gradients too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ropekit.attention.landmark import (
+    aligned_layout,
+    allowed_keys,
+    grouped_attention,
+    retrieval_attention,
+)
+from ropekit.methods.rope import default_inv_freq
+
+
+# ---- independent references ------------------------------------------------------------------------------
+def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Plain RoPE (half-split layout) of vectors ``x`` (…, D) at positions ``pos`` (…)."""
+    angles = pos.to(torch.float64)[..., None] * inv_freq.to(torch.float64)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    half = x.shape[-1] // 2
+    turned = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos.to(x.dtype) + turned * sin.to(x.dtype)
+
+
+def blocks_of(is_landmark: list[bool]) -> list[int]:
+    """Block of each key: landmarks strictly before it."""
+    out, seen = [], 0
+    for flag in is_landmark:
+        out.append(seen)
+        seen += int(flag)
+    return out
+
+
+def grouped_weights(logits: dict[int, torch.Tensor], own: list[int], gates: dict[int, int],
+                    members: dict[int, list[int]]) -> dict[int, torch.Tensor]:
+    """The paper's a_ij for one query: ``own`` regular keys of the query's block, ``gates`` block → its landmark
+    key, ``members`` block → its regular keys; ``logits`` key → s_ij. Landmarks get weight 0."""
+    main = own + list(gates.values())
+    sigma_main = torch.softmax(torch.stack([logits[j] for j in main]), 0)
+    weights = {j: sigma_main[n] for n, j in enumerate(own)}
+    for block, landmark in gates.items():
+        gate = sigma_main[main.index(landmark)]
+        group = members.get(block, [])
+        if group:
+            sigma = torch.softmax(torch.stack([logits[j] for j in group]), 0)
+            for n, j in enumerate(group):
+                weights[j] = gate * sigma[n]
+    return weights
+
+
+def naive_grouped(q, k, v, is_landmark, allowed, scale):
+    """§3.1 pair by pair: groups G_ij, softmax per group, a_ij = σ_main(L_p)·σ_p(j) for earlier blocks."""
+    batch, heads, q_len, _ = q.shape
+    k_len, g = k.shape[2], heads // k.shape[1]
+    out = torch.zeros(batch, heads, q_len, v.shape[-1], dtype=torch.float64)
+    rows = []
+    for b in range(batch):
+        flags = [bool(x) for x in is_landmark[b]]
+        block = blocks_of(flags)
+        for h in range(heads):
+            for t in range(q_len):
+                i = k_len - q_len + t
+                visible = [j for j in range(k_len) if bool(allowed[min(b, allowed.shape[0] - 1), 0, t, j])]
+                logits = {j: (q[b, h, t].double() @ k[b, h // g, j].double()) * scale for j in visible}
+                own = [j for j in visible if block[j] == block[i] and not flags[j]]
+                gates = {block[j]: j for j in visible if flags[j] and block[j] < block[i]}
+                members = {}
+                for j in visible:
+                    if not flags[j] and block[j] < block[i]:
+                        members.setdefault(block[j], []).append(j)
+                if not own and not gates:
+                    continue
+                weights = grouped_weights(logits, own, gates, members)
+                rows.append((b, h, t, sum(w * v[b, h // g, j].double() for j, w in weights.items())))
+    for b, h, t, value in rows:
+        out[b, h, t] = value
+    return out
+
+
+def naive_retrieval(q_raw, k_raw, v, allowed, q_pos, k_pos, *, block, top_k, local_blocks, inv_freq, scale,
+                    newest=False):
+    """§3.2 from unrotated vectors: candidates scored with their landmark at the farthest kept place, the
+    best ``top_k`` kept in original order right before the local window, grouped softmax over all of it.
+    ``newest``: all scores tie (identical landmark keys), so the newest candidates are kept."""
+    batch, heads, q_len, _ = q_raw.shape
+    k_len, g = k_raw.shape[2], heads // k_raw.shape[1]
+    out = torch.zeros(batch, heads, q_len, v.shape[-1], dtype=torch.float64)
+    for b in range(batch):
+        for h in range(heads):
+            for t in range(q_len):
+                i = k_len - q_len + t
+                ok = allowed[min(b, allowed.shape[0] - 1), 0, t]
+                own_block = i // block
+                first = max(0, own_block - local_blocks)
+                qv = rope(q_raw[b, h, t].double(), q_pos[b, t], inv_freq)
+                kv = k_raw[b, h // g].double()
+                candidates = [p for p in range(first) if bool(ok[p * block + block - 1])]
+                keep = min(top_k, len(candidates))
+                window_start = int(q_pos[b, t]) - (i - first * block)
+                scored_at = window_start - keep * block + block - 1
+                score = {p: qv @ rope(kv[p * block + block - 1], torch.tensor(scored_at), inv_freq) for p in candidates}
+                ranked = sorted(candidates, key=lambda p: -p)  # ties: newer first (sorted() is stable)
+                if not newest:
+                    ranked = sorted(ranked, key=lambda p: -float(score[p]))
+                chosen = sorted(ranked[:keep])
+                position = {j: int(k_pos[b, j]) for j in range(first * block, i + 1)}
+                for r, p in enumerate(chosen):
+                    start = window_start - (keep - r) * block
+                    position.update({p * block + m: start + m for m in range(block)})
+                visible = [j for j in sorted(position) if bool(ok[j])]
+                logits = {j: (qv @ rope(kv[j], torch.tensor(position[j]), inv_freq)) * scale for j in visible}
+                is_lm = {j: j % block == block - 1 for j in visible}
+                own = [j for j in visible if j // block == own_block and not is_lm[j]]
+                gates = {j // block: j for j in visible if is_lm[j] and j // block < own_block}
+                members = {}
+                for j in visible:
+                    if not is_lm[j] and j // block < own_block:
+                        members.setdefault(j // block, []).append(j)
+                if not own and not gates:
+                    continue
+                weights = grouped_weights(logits, own, gates, members)
+                out[b, h, t] = sum(w * v[b, h // g, j].double() for j, w in weights.items())
+    return out
+
+
+# ---- helpers ----------------------------------------------------------------------------------------------
+def random_inputs(seed, batch=2, heads=4, kv_heads=2, q_len=20, k_len=20, dim=8, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, q_len, dim, generator=gen, dtype=dtype)
+    k = torch.randn(batch, kv_heads, k_len, dim, generator=gen, dtype=dtype)
+    v = torch.randn(batch, kv_heads, k_len, dim, generator=gen, dtype=dtype)
+    return q, k, v, gen
+
+
+def aligned(k_len, block, batch=2):
+    return (torch.arange(k_len) % block == block - 1)[None].expand(batch, -1)
+
+
+# ---- grouped softmax -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("q_len", [23, 7, 1])
+def test_grouped_softmax_equals_the_paper_definition(q_len):
+    """Irregular blocks per row, GQA, queries at the end of the keys (a cache), every chunk size."""
+    q, k, v, gen = random_inputs(0, q_len=q_len, k_len=23)
+    is_landmark = torch.rand(2, 23, generator=gen) < 0.25
+    allowed = allowed_keys(None, q_len, 23, "cpu")
+    ref = naive_grouped(q, k, v, is_landmark, allowed, 0.35)
+    for chunk in (None, 3):
+        got = grouped_attention(q, k, v, is_landmark, allowed, 0.35, chunk=chunk)
+        torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-10)
+
+
+def test_grouped_softmax_with_padding_and_landmark_queries():
+    """Left padding (2-D mask) and a row whose landmarks sit in the padding: a gate that is masked switches
+    its block off; a landmark query attends to its own block's tokens, not to itself."""
+    q, k, v, _ = random_inputs(1, q_len=18, k_len=18)
+    is_landmark = aligned(18, 4).clone()
+    padding = torch.ones(2, 18, dtype=torch.long)
+    padding[1, :6] = 0
+    allowed = allowed_keys(padding, 18, 18, "cpu")
+    got = grouped_attention(q, k, v, is_landmark, allowed, 0.5)
+    ref = naive_grouped(q, k, v, is_landmark, allowed, 0.5)
+    real = padding[:, None, :, None].bool().expand_as(got)
+    torch.testing.assert_close(got[real], ref[real], atol=1e-10, rtol=1e-10)
+
+
+def test_grouped_softmax_gradients_match_the_reference():
+    q, k, v, gen = random_inputs(2, q_len=15, k_len=15)
+    is_landmark = aligned(15, 5)
+    allowed = allowed_keys(None, 15, 15, "cpu")
+    weight = torch.randn(2, 4, 15, 8, generator=gen, dtype=torch.float64)
+    grads = []
+    for fn in (lambda *a: grouped_attention(*a, is_landmark, allowed, 0.4),
+               lambda *a: naive_grouped(*a, is_landmark, allowed, 0.4)):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        (fn(*leaves) * weight).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for got, ref in zip(*grads):
+        torch.testing.assert_close(got, ref, atol=1e-9, rtol=1e-9)
+
+
+def test_without_landmarks_the_grouped_softmax_is_plain_attention():
+    q, k, v, _ = random_inputs(3, q_len=12, k_len=12, kv_heads=4)
+    allowed = allowed_keys(None, 12, 12, "cpu")
+    got = grouped_attention(q, k, v, torch.zeros(2, 12, dtype=torch.bool), allowed, 0.3)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-10)
+
+
+# ---- retrieval -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("q_len", [40, 9, 1])
+def test_retrieval_covering_every_block_equals_full_attention(q_len):
+    """top_k ≥ number of older blocks: the kept blocks sit at their true positions, so retrieval is the
+    training computation over the same tokens (float32, to 1e-5)."""
+    block, k_len = 5, 40
+    q, k, v, _ = random_inputs(4, q_len=q_len, k_len=k_len, dtype=torch.float32)
+    inv_freq = default_inv_freq(10000.0, 8)
+    pos = torch.arange(k_len)[None].expand(2, -1) + torch.tensor([[0], [7]])  # the second row starts at 7
+    q_rot, k_rot = rope(q, pos[:, None, -q_len:], inv_freq), rope(k, pos[:, None], inv_freq)
+    is_landmark = aligned(k_len, block)
+    allowed = allowed_keys(None, q_len, k_len, "cpu")
+    full = grouped_attention(q_rot, k_rot, v, is_landmark, allowed, 0.35)
+    for local_blocks in (0, 2):
+        got = retrieval_attention(q_rot, k_rot, v, allowed, pos[:, -q_len:], pos, block=block, top_k=k_len // block,
+                                  local_blocks=local_blocks, inv_freq=inv_freq, scaling=0.35, chunk=4)
+        torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("top_k,local_blocks", [(1, 0), (2, 1), (3, 2)])
+def test_top_k_retrieval_equals_the_naive_definition(top_k, local_blocks):
+    """Fewer kept blocks than older ones: selection per query and head, re-positioning, grouped softmax —
+    against the reference built from unrotated vectors; with left padding in one row."""
+    block, k_len, q_len = 4, 36, 30
+    q, k, v, _ = random_inputs(5 + top_k, q_len=q_len, k_len=k_len)
+    inv_freq = default_inv_freq(100.0, 8)
+    pos = torch.arange(k_len)[None].expand(2, -1) - torch.tensor([[0], [5]])  # row 1: 5 padding keys first
+    padding = torch.ones(2, k_len, dtype=torch.long)
+    padding[1, :5] = 0
+    allowed = allowed_keys(padding, q_len, k_len, "cpu")
+    q_rot, k_rot = rope(q, pos[:, None, -q_len:], inv_freq), rope(k, pos[:, None], inv_freq)
+    got = retrieval_attention(q_rot, k_rot, v, allowed, pos[:, -q_len:], pos, block=block, top_k=top_k,
+                              local_blocks=local_blocks, inv_freq=inv_freq, scaling=0.4, chunk=7)
+    ref = naive_retrieval(q, k, v, allowed, pos[:, -q_len:], pos, block=block, top_k=top_k,
+                          local_blocks=local_blocks, inv_freq=inv_freq, scale=0.4)
+    torch.testing.assert_close(got, ref, atol=1e-9, rtol=1e-9)
+
+
+def test_identical_landmark_keys_keep_the_newest_blocks():
+    """The first layer: every landmark key is the landmark embedding's, so all candidates tie and the newest
+    ``top_k`` are kept (not whichever rounding favours)."""
+    block, k_len, q_len = 4, 32, 20
+    q, k, v, _ = random_inputs(11, q_len=q_len, k_len=k_len)
+    k[:, :, block - 1::block] = k[:, :, block - 1:block]  # one landmark vector before rotation
+    inv_freq = default_inv_freq(100.0, 8)
+    pos = torch.arange(k_len)[None].expand(2, -1)
+    allowed = allowed_keys(None, q_len, k_len, "cpu")
+    q_rot, k_rot = rope(q, pos[:, None, -q_len:], inv_freq), rope(k, pos[:, None], inv_freq)
+    got = retrieval_attention(q_rot, k_rot, v, allowed, pos[:, -q_len:], pos, block=block, top_k=2, local_blocks=1,
+                              inv_freq=inv_freq, scaling=0.4, identical_landmarks=True)
+    ref = naive_retrieval(q, k, v, allowed, pos[:, -q_len:], pos, block=block, top_k=2, local_blocks=1,
+                          inv_freq=inv_freq, scale=0.4, newest=True)
+    torch.testing.assert_close(got, ref, atol=1e-9, rtol=1e-9)
+
+
+def test_retrieval_differs_from_full_attention_when_blocks_are_dropped():
+    """The check above is not vacuous: with k = 1 of many blocks the output changes."""
+    block, k_len = 4, 32
+    q, k, v, _ = random_inputs(9, q_len=k_len, k_len=k_len)
+    inv_freq = default_inv_freq(10000.0, 8)
+    pos = torch.arange(k_len)[None]
+    allowed = allowed_keys(None, k_len, k_len, "cpu")
+    full = grouped_attention(q, k, v, aligned(k_len, block), allowed, 0.4)
+    got = retrieval_attention(q, k, v, allowed, pos, pos, block=block, top_k=1, local_blocks=0, inv_freq=inv_freq,
+                              scaling=0.4)
+    assert (got - full).abs().max() > 1e-2
+    torch.testing.assert_close(got[:, :, :block], full[:, :, :block])  # no older block yet: identical
+
+
+def test_aligned_layout():
+    assert aligned_layout(aligned(12, 4), 4)
+    shifted = torch.roll(aligned(12, 4), 1, dims=1)
+    assert not aligned_layout(shifted, 4)
+
+
+def test_allowed_keys_reads_every_mask_form():
+    """None (causal), 2-D padding, sdpa's bool 4-D and eager's additive float 4-D give the same boolean mask."""
+    padding = torch.tensor([[0, 1, 1, 1, 1]])
+    from_2d = allowed_keys(padding, 3, 5, "cpu")
+    causal = allowed_keys(None, 3, 5, "cpu")
+    assert causal[0, 0].tolist() == [[True, True, True, False, False], [True, True, True, True, False],
+                                     [True, True, True, True, True]]
+    assert torch.equal(from_2d, causal & padding[:, None, None].bool())
+    additive = torch.zeros(1, 1, 3, 5).masked_fill(~from_2d, torch.finfo(torch.float32).min)
+    assert torch.equal(allowed_keys(additive, 3, 5, "cpu"), from_2d)
+    assert torch.equal(allowed_keys(from_2d, 3, 5, "cpu"), from_2d)
