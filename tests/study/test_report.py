@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import random
 import re
 import statistics
 import struct
@@ -22,10 +21,7 @@ from ropekit.study.store import StudyStore
 
 EVIL = "<script>alert('x')</script>"
 METHODS = ("plain", "yarn", EVIL)
-LENGTHS = (64, 128, 256)
-DEPTHS = (0.0, 0.5, 1.0)
-PASSKEY_KEYS = ("task", "method", "params", "length", "depth", "trial")
-PPL_KEYS = ("task", "method", "params", "length", "doc")
+LENGTHS = (64, 128, 256)  # around the synthetic study's 128-token window and 256-token target
 
 
 def is_png(data: bytes) -> bool:
@@ -39,51 +35,10 @@ def is_png(data: bytes) -> bool:
     return crc == zlib.crc32(data[12:16 + length]) and data[-12:-4] == b"\x00\x00\x00\x00IEND"
 
 
-def build_study(directory, tasks=("passkey", "ppl", "speed"), seed=0):
-    """A study DB with deterministic pseudo-random records; returns them for the hand computations."""
-    rng = random.Random(seed)
-    records = {t: [] for t in tasks}
-    with StudyStore(directory / "study.sqlite") as st:
-        st.initialize("synthetic <study>", {"tasks": list(tasks)}, seeds=[seed], model="tiny-llama", window=128,
-                      target_length=256, methods=list(METHODS))
-        st.begin_piece("train:yarn")
-        st.finish_piece("train:yarn", metrics=[{"step": s, "loss": 4.0 - s / 10, "lr": 1e-3} for s in range(0, 30, 5)])
-        for m in METHODS:
-            if "passkey" in tasks:
-                recs = [{"task": "passkey", "method": m, "params": {}, "length": L, "depth": d, "trial": t,
-                         "score": float(rng.random() < (0.9 if L <= 128 else 0.3 + 0.3 * METHODS.index(m))),
-                         "prediction": EVIL if t == 0 else "42"}
-                        for L in LENGTHS for d in DEPTHS for t in range(2)]
-                st.begin_piece(f"eval:passkey:{m}", method=m)
-                st.finish_piece(f"eval:passkey:{m}", recs, key_fields=PASSKEY_KEYS)
-                records["passkey"] += recs
-            if "ppl" in tasks:
-                recs = []
-                for L in LENGTHS:
-                    for doc in range(2):
-                        tokens = L - 1 - doc
-                        sums = [rng.uniform(2, 4) * 4 for _ in range(8)]
-                        recs.append({"task": "ppl", "method": m, "params": {}, "length": L, "doc": doc, "score": None,
-                                     "corpus": "c", "score_mode": "last_stride", "stride": 32, "weighting": "token",
-                                     "add_bos": False, "nll_sum": rng.uniform(2.0, 5.0) * tokens, "tokens_scored": tokens,
-                                     "curve_nll_sum": sums, "curve_tokens": [4] * 8, "curve_positions": [j * L // 8 for j in range(8)]})
-                st.begin_piece(f"eval:ppl:{m}", method=m)
-                st.finish_piece(f"eval:ppl:{m}", recs, key_fields=PPL_KEYS)
-                records["ppl"] += recs
-        if "speed" in tasks:
-            recs = [{"task": "speed", "method": m, "params": {}, "length": L, "repeat": r, "prefill_s": rng.uniform(0.01, 0.1),
-                     "decode_s_per_token": rng.uniform(0.001, 0.01), "peak_mem_bytes": rng.randrange(1 << 20, 1 << 24)}
-                    for L in LENGTHS for r in range(3) for m in METHODS]
-            st.begin_piece("eval:speed")
-            st.finish_piece("eval:speed", recs)
-            records["speed"] = recs
-    return records
-
-
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def report(tmp_path_factory, build_study):
     directory = tmp_path_factory.mktemp("study")
-    records = build_study(directory)
+    records = build_study(directory, methods=METHODS, lengths=LENGTHS)
     paths = write_report(directory)
     return directory, records, paths
 
@@ -148,7 +103,7 @@ def test_page_is_self_contained_escaped_and_embeds_valid_pngs(report):
     assert "| Rank | Method |" in md
 
 
-def test_sections_follow_the_tasks_present(report, tmp_path):
+def test_sections_follow_the_tasks_present(report, tmp_path, build_study):
     directory, _, _ = report
     html = (directory / "report" / "index.html").read_text()
     ids = set(re.findall(r'<section class="card[^"]*" id="([a-z]+)"', html))
@@ -157,7 +112,7 @@ def test_sections_follow_the_tasks_present(report, tmp_path):
 
     only_ppl = tmp_path / "only_ppl"
     only_ppl.mkdir()
-    build_study(only_ppl, tasks=("ppl",))
+    build_study(only_ppl, tasks=("ppl",), methods=METHODS, lengths=LENGTHS)
     paths = write_report(only_ppl)
     html = (only_ppl / "report" / "index.html").read_text()
     ids = set(re.findall(r'<section class="card[^"]*" id="([a-z]+)"', html))
@@ -223,8 +178,8 @@ def test_other_tasks_get_their_sections_and_breakdowns(tmp_path):
     assert any(p.endswith("niah_heatmaps.png") for p in paths["figures"])
 
 
-def test_report_command_writes_the_report_and_fails_in_one_line_without_a_study(tmp_path, run_cli):
-    build_study(tmp_path)
+def test_report_command_writes_the_report_and_fails_in_one_line_without_a_study(tmp_path, run_cli, build_study):
+    build_study(tmp_path, methods=METHODS, lengths=LENGTHS)
     code, out, err = run_cli("report", str(tmp_path), "--json")
     assert code == 0, err
     paths = json.loads(out)
