@@ -168,14 +168,14 @@ def test_plain_ids_equal_the_same_ids_with_landmarks(family, training):
 def test_retrieval_at_inference_differs_from_training_when_blocks_are_dropped():
     model = landmarked(mem_freq=5, top_k=1, local_blocks=0)
     ids = random_ids(60)
+    every_block = landmarked(mem_freq=5, top_k=0)  # same weights (seed), every block at inference too
     with torch.no_grad():
-        train_logits = model.train()(input_ids=ids).logits
-        eval_logits = model.eval()(input_ids=ids).logits
-        every_block = ropekit.extend(build_tiny_model("llama"), "landmark", mem_freq=5, top_k=0)
-    train_logits, eval_logits = train_logits[..., :256], eval_logits[..., :256]
+        train_logits = model.train()(input_ids=ids).logits[..., :256]
+        eval_logits = model.eval()(input_ids=ids).logits[..., :256]
+        all_blocks = every_block.eval()(input_ids=ids).logits[..., :256]
     assert (train_logits - eval_logits).abs().max() > 1e-3
     torch.testing.assert_close(train_logits[:, :5], eval_logits[:, :5])  # the first block has nothing to drop
-    assert every_block.config.ropekit["params"]["top_k"] == 0
+    torch.testing.assert_close(all_blocks, train_logits)
 
 
 # ---- the KV cache --------------------------------------------------------------------------------------------
@@ -196,6 +196,28 @@ def test_cached_generation_matches_the_uncached_path():
     finite = torch.isfinite(uncached[0])
     for cached_step, plain_step in zip(out.logits, uncached):
         torch.testing.assert_close(cached_step[finite], plain_step[finite], atol=1e-4, rtol=1e-4)
+
+
+def test_left_padded_batch_generation_equals_each_row_alone():
+    """A batch with left padding: each row generates what it generates alone (with its padding), and the
+    padded row's cached generation equals full forwards. (Blocks count from the row's first position, padding
+    included, so a padded row is not the unpadded one.)"""
+    model = landmarked(mem_freq=5, top_k=2, local_blocks=1).eval()
+    ids = random_ids(40, batch=2, seed=7)
+    mask = torch.ones_like(ids)
+    mask[1, :9], ids[1, :9] = 0, 0
+    settings = {"max_new_tokens": 12, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        both = model.generate(ids, attention_mask=mask, **settings)
+        alone = [model.generate(ids[r:r + 1], attention_mask=mask[r:r + 1], **settings)[0] for r in range(2)]
+        x, m = ids[1:], mask[1:]
+        for _ in range(alone[1].numel() - 40):
+            positions = (m.cumsum(-1) - 1).masked_fill(m == 0, 0)
+            step = model(input_ids=x, attention_mask=m, position_ids=positions, use_cache=False).logits[:, -1]
+            x, m = torch.cat([x, step.argmax(-1, keepdim=True)], 1), torch.cat([m, torch.ones_like(m[:, :1])], 1)
+    for r in range(2):  # a row that stops early (EOS) is padded in the batch
+        assert torch.equal(both[r, :alone[r].numel()], alone[r])
+    assert torch.equal(x[0], alone[1])
 
 
 def test_chunked_prefill_equals_one_forward():
