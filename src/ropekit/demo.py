@@ -351,7 +351,9 @@ def demo_settings(info: RopeInfo, factor: float = 4.0) -> dict[str, dict[str, An
     * ABF / Entropy-ABF: base ``b' ≈ 4 ×`` the NTK-aware base for ``factor``, rounded to two digits (the
       papers' 500,000 is meant for 4k-token Llama-2 models and would be far too large here);
     * HARPE: ``uniform`` bases from the model's base ``b`` to the NTK-aware base for ``factor``, one per
-      KV group (the paper's 1e6–5e6 is meant for 4k→128k).
+      KV group (the paper's 1e6–5e6 is meant for 4k→128k);
+    * Landmark: a landmark every ``C/8 − 1`` tokens (8 blocks per window; the paper's 50 is for 512-token
+      training), top-2 retrieval.
 
     Methods without an entry here get ``factor`` if they use it and their defaults otherwise.
     """
@@ -364,6 +366,8 @@ def demo_settings(info: RopeInfo, factor: float = 4.0) -> dict[str, dict[str, An
             out[m.name] = {"strategy": "uniform", "b_min": info.rope_theta, "b_max": _round2(ntk), "factor": factor}
         elif m.name in ("ntk_by_parts", "yarn"):
             out[m.name] = {"factor": factor, "beta_fast": 4.0, "beta_slow": 1.0}
+        elif m.name == "landmark":  # the paper's 50-token blocks would leave one block in a 64-token window
+            out[m.name] = {"mem_freq": max(2, info.window // 8 - 1), "top_k": 2}
         else:
             out[m.name] = {"factor": factor}
     return out
@@ -410,6 +414,10 @@ def describe_settings(
         return f"G={params['group_size']}, W={params['window_size']} (reach {reach})"
     if name == "lm_infinite":
         return f"{params['global_tokens']} global tokens + local window {params['local_window']}"
+    if name == "clex":
+        return f"ODE-evolved frequencies, t ≤ {params['max_factor']:g} (untrained ODE = NTK with α = 2t − 1)"
+    if name == "landmark":
+        return f"landmark every {params['mem_freq']} tokens, top-{params['top_k']} blocks + {params['local_blocks']} local (untrained)"
     if name == "longlora":
         return f"s={s:g}; S²-Attn (groups of {params['group_size_ratio']:g}·n) in training only, so = PI here"
     shown = {k: v for k, v in params.items() if v is not None}

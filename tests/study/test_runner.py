@@ -135,7 +135,8 @@ def test_every_preset_parses_and_quick_has_the_issue_s_methods():
     methods = {(v.method, v.trained) for v in quick.variants}
     for wanted in [(None, False), ("pi", True), ("ntk", False), ("ntk", True), ("dynamic_ntk", False),
                    ("ntk_by_parts", True), ("yarn", True), ("abf", True), ("entropy_abf", True), ("harpe", True),
-                   ("self_extend", False), ("lm_infinite", False), ("longlora", True)]:
+                   ("self_extend", False), ("lm_infinite", False), ("longlora", True), ("clex", True),
+                   ("landmark", True)]:
         assert wanted in methods, wanted
     pose = [v for v in quick.variants if v.finetune and "pose" in v.finetune.get("data", {})]
     assert {v.method for v in pose} == {"pi", "yarn"}
