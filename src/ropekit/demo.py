@@ -367,7 +367,7 @@ def demo_settings(info: RopeInfo, factor: float = 4.0) -> dict[str, dict[str, An
         elif m.name in ("ntk_by_parts", "yarn"):
             out[m.name] = {"factor": factor, "beta_fast": 4.0, "beta_slow": 1.0}
         elif m.name == "landmark":  # the paper's 50-token blocks would leave one block in a 64-token window
-            out[m.name] = {"mem_freq": max(2, info.window // 8 - 1), "top_k": 2}
+            out[m.name] = {"mem_freq": max(2, info.window // 8 - 1), "top_k": 2, "factor": factor}
         else:
             out[m.name] = {"factor": factor}
     return out

@@ -38,7 +38,7 @@ def small_settings(monkeypatch):
     monkeypatch.setitem(builtin_base.SETTINGS, "train_bytes", 150_000)
     monkeypatch.setitem(builtin_base.SETTINGS, "vocab_size", 400)
     monkeypatch.setitem(builtin_base.SETTINGS, "batch_size", 4)
-    monkeypatch.setitem(builtin_base.SETTINGS, "retrieval_rows", 2)
+    monkeypatch.setitem(builtin_base.SETTINGS, "retrieval_rows", 1)
     monkeypatch.setitem(builtin_base.SETTINGS, "window", 64)
     monkeypatch.setitem(builtin_base.SETTINGS, "model", {"hidden_size": 32, "num_layers": 1, "num_heads": 2,
                                                           "num_kv_heads": 1, "rope_theta": 10000.0})

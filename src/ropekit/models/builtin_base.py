@@ -8,8 +8,9 @@ starts from, and it must exist offline on a 2-core CPU. :func:`pretrain_base` bu
 2. a 4-layer Llama (GQA 4/2 heads, head size 32, RoPE base 10,000) trained at a 256-token window on
    the *training* split of the Python standard-library sources (:mod:`ropekit.data.local_text`; their
    docstrings are its English) and on synthetic retrieval documents — the passkey prompt of
-   :mod:`ropekit.eval.passkey` (Landmark/YaRN/PoSE's) with its answer — so that the base model retrieves
-   *within* its window and retrieval beyond it measures the method, not the base model. The held-out
+   :mod:`ropekit.eval.passkey` (Landmark/YaRN/PoSE's) with its answer — meant to make the base model
+   retrieve *within* its window, so that retrieval beyond it measures the method. Within the 5-minute
+   budget it learns the format but not the copying (see :func:`pretrain_base`). The held-out
    split and the language-reference prose, which make up the built-in evaluation corpus
    (:mod:`ropekit.data.corpora`), are never trained on;
 3. the result is cached under ``$ROPEKIT_CACHE`` (default ``~/.cache/ropekit``) as ``base-llama-<hash>``,
@@ -31,7 +32,15 @@ from typing import Any
 import torch
 
 from ..data.local_text import corpus_digest, stdlib_documents
-from ..demo import _lr_at, _progress, _save_atomically, _settings_key, cache_root, default_threads, deterministic
+from ..demo import (
+    _lr_at,
+    _progress,
+    _save_atomically,
+    _settings_key,
+    cache_root,
+    default_threads,
+    deterministic,
+)
 from ..eval.passkey import KEY_RANGE, build_prompt
 
 #: Bump when training changes in a way SETTINGS does not capture (invalidates cached models).
@@ -50,8 +59,8 @@ SETTINGS: dict[str, Any] = {
     "steps": 700,
     "batch_size": 16,
     "lr": 2e-3,
-    # rows of each batch that start with a passkey document (the rest is natural text)
-    "retrieval_rows": 6,
+    # rows of each batch packed with passkey documents (the rest is natural text)
+    "retrieval_rows": 4,
     "train_bytes": 3_000_000,
 }
 
@@ -106,9 +115,15 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
                   progress: bool = True, threads: int | None = None, on_step=None) -> Path:
     """Train (or find cached) the built-in base model; returns its directory (model + tokenizer + meta).
 
-    Each step is a batch of ``batch_size`` rows of ``window`` tokens: ``retrieval_rows`` rows begin with a
-    passkey document (filled up to the window with natural text), the rest are random windows of the
-    training stream. AdamW (β 0.9/0.95), warm-up then cosine decay, gradient clipping at 1.
+    Each step is a batch of ``batch_size`` rows of ``window`` tokens: ``retrieval_rows`` rows are passkey
+    documents packed back to back (EOS between them), the rest are random windows of the training stream.
+
+    Known limit (measured, see the README): within this budget the model learns the passkey *format*
+    (it answers with a 5-digit number) but not to copy the key — that needs induction heads, whose
+    content-matching half did not form in 950 steps even on pure repeated-random-span data
+    (fixed-offset copying, by contrast, is learned in about 100 steps).
+
+    AdamW (β 0.9/0.95), warm-up then cosine decay, gradient clipping at 1.
     ``on_step(done, total)`` is called after every step (a study's progress bar).
     """
     settings, texts = _settings(seed, steps)
@@ -119,7 +134,7 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
 
     rng = random.Random(f"ropekit-base|{seed}")
     window, batch_size, total = settings["window"], settings["batch_size"], settings["steps"]
-    retrieval = [passkey_document(rng, max_sentences=window // 8) for _ in range(2000)]
+    retrieval = [passkey_document(rng, max_sentences=window // 8) for _ in range(8000)]
     tokenizer = train_tokenizer(texts + retrieval[:200], settings["vocab_size"])
     eos = tokenizer.eos_token_id
     stream: list[int] = []
@@ -145,12 +160,11 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
             for step in range(total):
                 starts = torch.randint(0, len(natural) - window, (batch_size,), generator=gen)
                 ids = natural[starts[:, None] + offsets]
-                picks = torch.randint(0, len(retrieval_ids), (n_retrieval,), generator=gen).tolist()
-                for row, i in enumerate(picks):  # a passkey document, then natural text up to the window
-                    doc = retrieval_ids[i]
-                    ids[row, : len(doc)] = torch.tensor(doc)
-                    if len(doc) < window:
-                        ids[row, len(doc)] = eos
+                for row in range(n_retrieval):  # passkey documents back to back, the last one cut at the window
+                    packed: list[int] = []
+                    while len(packed) < window:
+                        packed += retrieval_ids[int(torch.randint(0, len(retrieval_ids), (1,), generator=gen))] + [eos]
+                    ids[row] = torch.tensor(packed[:window])
                 for group in opt.param_groups:
                     group["lr"] = _lr_at(step, total, settings["lr"])
                 loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids).loss

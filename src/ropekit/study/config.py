@@ -185,8 +185,9 @@ def _check_evals(raw) -> dict[str, dict[str, Any]]:
         for forbidden in ("plot", "out", "resume"):
             if forbidden in options:
                 _fail(f"evals.{task}.{forbidden}", "is decided by the study", "drop it (figures come from `ropekit report`)")
-        from ..eval import get_task
         import inspect
+
+        from ..eval import get_task
 
         accepted = set(inspect.signature(get_task(task).run).parameters) - {"ctx"}
         for opt in options:

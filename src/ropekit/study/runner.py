@@ -212,7 +212,7 @@ def run_piece(config: StudyConfig, store: StudyStore, piece: PlannedPiece, study
     except RopekitError as err:
         store.fail_piece(piece.id, f"{err.problem} ({err.fix})" if err.fix else err.problem)
         return
-    except Exception as err:  # a failed piece must not take the rest of the study down
+    except Exception as err:  # noqa: BLE001 - a failed piece must not take the rest of the study down
         store.fail_piece(piece.id, err)
         return
     store.finish_piece(piece.id, metrics=out.get("metrics", ()), artifacts=out.get("artifacts"),
@@ -247,10 +247,10 @@ def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, repor
                 st = status.get(p.id, "pending")
                 if st == "done" or p.id in failed_now or _blocked(p, status, by_id, failed_now):
                     continue
-                if all(status.get(n) == "done" for n in p.needs):
-                    if store.begin_piece(p.id, kind=p.kind, method=p.label, params=p.params, task=p.task):
-                        runnable = p
-                        break
+                if all(status.get(n) == "done" for n in p.needs) and store.begin_piece(
+                        p.id, kind=p.kind, method=p.label, params=p.params, task=p.task):
+                    runnable = p
+                    break
                 waiting = True  # running elsewhere, or prerequisites not done yet
             if runnable is None:
                 if not waiting:
@@ -260,7 +260,7 @@ def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, repor
             if report_piece:
                 report_piece(runnable)
             run_piece(config, store, runnable, study_dir, report=report_progress or (lambda n, total: None), threads=threads)
-            if store.pieces() and _statuses(store).get(runnable.id) == "failed":
+            if _statuses(store).get(runnable.id) == "failed":
                 failed_now.add(runnable.id)
 
 
@@ -310,7 +310,13 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
     in this process. A progress bar shows finished pieces, the piece running and its samples.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from ..demo import _quiet_transformers, default_threads
 
