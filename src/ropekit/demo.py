@@ -214,9 +214,28 @@ def _lr_at(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def pretrain_step(model, optimizer, ids: torch.Tensor, lr: float, *, attention_mask: torch.Tensor | None = None) -> float:
+    """One language-modelling step at learning rate ``lr`` (gradient norm clipped at 1); returns the loss."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss = model(input_ids=ids, attention_mask=attention_mask, labels=ids).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def _progress(console=None):
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(
         TextColumn("[bold]{task.description}"),
@@ -301,14 +320,7 @@ def pretrain_tiny(
             for step in range(steps):
                 starts = torch.randint(0, len(stream) - window, (batch_size,), generator=gen)
                 ids = stream[starts[:, None] + offsets]
-                for group in opt.param_groups:
-                    group["lr"] = _lr_at(step, steps, lr)
-                loss = model(input_ids=ids, labels=ids).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                losses.append(loss.item())
+                losses.append(pretrain_step(model, opt, ids, _lr_at(step, steps, lr)))
                 if progress:
                     recent = sum(losses[-20:]) / len(losses[-20:])
                     bar.update(task, advance=1, info=f"loss {recent:.3f}")

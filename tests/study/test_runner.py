@@ -94,7 +94,8 @@ def test_plan_orders_pieces_by_variant_with_prerequisites():
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"colour": 1}, "colour is an unknown key"),
+    ({"colour": 1}, "colour: unknown key"),
+    ({"variants": [{"label": "x", "metod": "pi"}]}, "variants[0].metod: unknown key"),
     ({"target_length": 0}, "target_length must be a positive whole number"),
     ({"variants": []}, "variants is missing or empty"),
     ({"variants": [{"label": "x", "method": "nope"}]}, "unknown method"),

@@ -40,6 +40,7 @@ from ..demo import (
     cache_root,
     default_threads,
     deterministic,
+    pretrain_step,
 )
 from ..eval.passkey import KEY_RANGE, build_prompt
 
@@ -165,14 +166,8 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
                     while len(packed) < window:
                         packed += retrieval_ids[int(torch.randint(0, len(retrieval_ids), (1,), generator=gen))] + [eos]
                     ids[row] = torch.tensor(packed[:window])
-                for group in opt.param_groups:
-                    group["lr"] = _lr_at(step, total, settings["lr"])
-                loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                losses.append(loss.item())
+                losses.append(pretrain_step(model, opt, ids, _lr_at(step, total, settings["lr"]),
+                                            attention_mask=torch.ones_like(ids)))
                 if progress:
                     recent = sum(losses[-20:]) / len(losses[-20:])
                     bar.update(job, advance=1, info=f"loss {recent:.3f}")

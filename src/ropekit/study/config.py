@@ -57,11 +57,13 @@ def _fail(key: str, problem: str, fix: str):
 
 
 def _unknown(where: str, raw: dict, known) -> None:
-    for key in raw:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            _fail(f"{where}{key}", "is an unknown key", f"{hint}known keys: {', '.join(known)}")
+    from ..train.config import ConfigError
+    from ..train.config import _unknown as unknown_keys
+
+    try:
+        unknown_keys(where.rstrip("."), raw, known)
+    except ConfigError as err:
+        raise StudyConfigError(f"study config: {err.problem}", err.fix) from None
 
 
 def _mapping(value, key: str) -> dict:
