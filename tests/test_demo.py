@@ -217,3 +217,25 @@ def test_unknown_method_fails_before_training(monkeypatch):
     with pytest.raises(UnknownMethodError) as err:
         demo.main(method="yarnn")
     assert "\n" not in str(err.value) and "yarn" in str(err.value)
+
+
+@pytest.mark.parametrize("cores, busy, expected", [(2, 0.0, 2), (2, 0.4, 2), (2, 1.0, 1), (2, 3.0, 1), (1, 0.0, 1), (8, 1.0, 2)])
+def test_default_threads_leave_busy_cores_alone(monkeypatch, cores, busy, expected):
+    monkeypatch.setattr(demo.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(demo, "_other_busy_cores", lambda: busy)
+    assert demo.default_threads() == expected
+
+
+def test_busy_cores_take_the_smaller_of_average_and_running_now(monkeypatch, tmp_path):
+    monkeypatch.setattr(demo.os, "getloadavg", lambda: (1.8, 1.0, 1.0))
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/proc/loadavg":
+            f = tmp_path / "loadavg"
+            f.write_text("1.80 1.00 1.00 1/90 12345\n")  # only this process runs now
+            return real_open(f, *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert demo._other_busy_cores() == 0  # the average still counts a job that just ended
