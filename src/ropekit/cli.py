@@ -629,7 +629,13 @@ def study_cmd(
         typer.echo(preset_text(preset), nl=False)  # raw: rich would wrap long lines and break the YAML
         return
     cfg = load_study_config(config, preset=preset)
+    from .study.config import BUILTIN_BASE
     from .study.runner import run_study
+
+    if cfg.model != BUILTIN_BASE:
+        from .models.loading import resolve_model
+
+        resolve_model(cfg.model)  # a missing path fails here, in one line, before a study directory exists
 
     study_dir = out_dir or Path(f"study-{cfg.name}")
     err.print(f"study [bold]{cfg.name}[/]: {len(cfg.variants)} variants × {len(cfg.evals)} evaluations → {study_dir}/study.sqlite")

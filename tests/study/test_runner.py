@@ -262,3 +262,7 @@ def test_cli_study_status_show_and_errors(run_cli, reference_study, tmp_path):
     assert code != 0 and "unknown study preset" in stderr
     code, _, stderr = run_cli("study")
     assert code != 0 and "exactly one" in stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**SMALL, "model": str(tmp_path / "no-such-model")}))
+    code, _, stderr = run_cli("study", str(bad), "--out", str(tmp_path / "never"))
+    assert code != 0 and "does not exist" in stderr and not (tmp_path / "never").exists()
