@@ -7,6 +7,10 @@ import json
 
 import numpy as np
 import pytest
+from eval_tokenizers import (  # tests/eval is on sys.path (rootdir-less test dir)
+    bos_byte_tokenizer,
+    trained_bpe,
+)
 
 from ropekit.data.prose import PROSE_SOURCE, prose_paragraphs, prose_sentences
 from ropekit.errors import RopekitError
@@ -24,39 +28,6 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 # ---- tokenizers -------------------------------------------------------------------------------------
-def bos_byte_tokenizer():
-    """The byte tokenizer with byte 1 prepended as BOS on every encode (ids stay < 256)."""
-    from tokenizers import processors
-
-    tok = byte_tokenizer()
-    bos = tok.convert_ids_to_tokens(1)
-    tok.add_special_tokens({"bos_token": bos})
-    tok._tokenizer.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 1)])
-    return tok
-
-
-def trained_bpe(texts, vocab_size=2048):
-    """A byte-level BPE with ``<eos>`` = 0 and ``<bos>`` = 1 prepended, trained on ``texts``."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>", "<bos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>", pad_token="<eos>")
-
-
 @pytest.fixture(scope="module")
 def bpe():
     # the template and needle repeated so that BPE learns them: ~65 tokens, leaving room for haystack in 256

@@ -12,6 +12,10 @@ import json
 import re
 
 import pytest
+from eval_tokenizers import (  # tests/eval is on sys.path (rootdir-less test dir)
+    bos_byte_tokenizer,
+    trained_bpe,
+)
 
 from ropekit.errors import RopekitError
 from ropekit.eval import passkey
@@ -28,44 +32,11 @@ LANDMARK_GARBAGE = "The grass is green. The sky is blue. The sun is yellow. Here
 
 
 # ---- tokenizers -------------------------------------------------------------------------------------
-def bos_byte_tokenizer():
-    """The byte tokenizer with byte 1 prepended as BOS on every encode (ids stay < 256)."""
-    from tokenizers import processors
-
-    tok = byte_tokenizer()
-    bos = tok.convert_ids_to_tokens(1)
-    tok.add_special_tokens({"bos_token": bos})
-    tok._tokenizer.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 1)])
-    return tok
-
-
-def trained_bpe(texts, vocab_size=600):
-    """A byte-level BPE with ``<eos>`` = 0 and ``<bos>`` = 1 prepended, trained on ``texts``."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>", "<bos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>", pad_token="<eos>")
-
-
 @pytest.fixture(scope="module")
 def bpe():
     texts = [LANDMARK_TASK, "What is the pass key? The pass key is"] + [LANDMARK_GARBAGE] * 20
     texts += [f"The pass key is {k}. Remember it. {k} is the pass key." for k in range(0, 50000, 997)]
-    return trained_bpe(texts)
+    return trained_bpe(texts, vocab_size=600)
 
 
 @pytest.fixture(scope="module")

@@ -176,6 +176,11 @@ class EvalContext:
         if self.progress:
             self.progress.advance(n, description)
 
+    def own_records(self) -> list[dict[str, Any]]:
+        """The records of this task, method and parameters (a results file may hold other runs too)."""
+        return [r for r in self.writer.records()
+                if r.get("task") == self.task and r.get("method") == self.method and r.get("params") == self.params]
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device

@@ -256,8 +256,7 @@ def run(ctx: EvalContext, *, lengths: list[int] | None = None, depths: list[floa
     if plot:
         from .plots import method_label, model_windows
 
-        own = [r for r in ctx.writer.records() if r.get("task") == ctx.task and r.get("method") == ctx.method
-               and r.get("params") == ctx.params]
+        own = ctx.own_records()
         label = method_label(ctx.method, ctx.params)
         plot_records(own, plot, title=f"passkey retrieval — {label}", windows=model_windows(ctx.model))
 
