@@ -7,7 +7,12 @@ import random
 import pytest
 import torch
 
-from ropekit.eval.passkey import FINAL_QUESTION, INFORMATION_LINE, KEY_RANGE
+from ropekit.eval.passkey import (
+    FINAL_QUESTION,
+    INFORMATION_LINE,
+    KEY_RANGE,
+    TASK_DESCRIPTION,
+)
 from ropekit.models import builtin_base
 
 
@@ -68,3 +73,72 @@ def test_pretrain_is_cached_deterministic_and_loadable(small_settings, tmp_path)
     assert any(not torch.equal(x, z) for x, z in zip(a.model.state_dict().values(), c.model.state_dict().values()))
     assert a.tokenizer is not None and a.model.config.max_position_embeddings == 64
     assert a.model.config.eos_token_id == a.tokenizer.eos_token_id
+
+
+def _curriculum(steps: int = 900, window: int = 64, batch_size: int = 4) -> builtin_base.Curriculum:
+    texts = ["The pass key is 12345. Remember it.", "def f(x):\n    return x + 1  # the answer\n"] * 50
+    tok = builtin_base.train_tokenizer(texts, 300)
+    natural = torch.tensor([i for t in texts for i in tok(t).input_ids + [tok.eos_token_id]])
+    docs = [tok(builtin_base.passkey_document(random.Random(i), 4)).input_ids[:window] for i in range(5)]
+    settings = dict(builtin_base.SETTINGS, steps=steps, window=window, batch_size=batch_size, retrieval_rows=1)
+    return builtin_base.Curriculum(tok, natural, docs, settings, seed=0), tok
+
+
+def test_curriculum_phases_follow_the_settings():
+    cur, _ = _curriculum()
+    phases = [cur.phase(s) for s in range(900)]
+    assert phases.index("copy") == 99 and phases.index("text") == 450  # 0.11 and 0.5 of 900 steps
+    assert phases[:99] == ["trigram"] * 99 and set(phases[450:]) == {"text"}
+    gen = torch.Generator().manual_seed(0)
+    for step in (0, 200, 600):  # every phase spends the same tokens per step
+        assert cur.batch(step, gen).numel() == 4 * 64
+
+
+def test_curriculum_alphabet_starts_with_the_digits_and_the_space_before_a_number():
+    cur, tok = _curriculum()
+    assert [tok.decode([int(t)]) for t in cur.alphabet[:11]] == list("0123456789") + [" "]
+    assert len(set(cur.alphabet.tolist())) == len(cur.alphabet) == builtin_base.SETTINGS["curriculum"]["alphabet"]
+
+
+def test_trigram_rows_follow_their_table_except_for_the_noise():
+    cur, _ = _curriculum()
+    index = {int(t): i for i, t in enumerate(cur.alphabet)}
+    gen = torch.Generator().manual_seed(1)
+    rows = [[index[int(t)] for t in cur.trigram_row(gen, 200)] for _ in range(20)]
+    hits = [int(cur.table[r[i - 2], r[i - 1]]) == r[i] for r in rows for i in range(2, 200)]
+    assert 0.78 <= sum(hits) / len(hits) <= 0.86  # 80 % by rule + 20 % × 1/32 by chance
+
+
+def test_copy_rows_repeat_spans_of_distinct_alphabet_tokens():
+    cur, tok = _curriculum()
+    gen = torch.Generator().manual_seed(2)
+    alphabet = set(cur.alphabet.tolist())
+    for _ in range(20):
+        row = cur.copy_row(gen, 256).tolist()
+        assert len(row) == 256
+        for group in _split(row, tok.eos_token_id)[:-1]:  # the last group is cut at the row's end
+            size = next(n for n in range(8, 33) if len(group) % n == 0 and group == group[:n] * (len(group) // n)
+                        and len(set(group[:n])) == n)
+            assert set(group) <= alphabet and 2 <= len(group) // size <= 4
+
+
+def test_text_batches_hold_passkey_copy_and_natural_rows():
+    cur, tok = _curriculum()
+    ids = cur.batch(899, torch.Generator().manual_seed(3))
+    assert ids.shape == (4, 64)
+    assert tok.decode(ids[0]).startswith(TASK_DESCRIPTION[:30])  # retrieval_rows = 1: a passkey document
+    assert set(ids[1].tolist()) <= set(cur.alphabet.tolist()) | {tok.eos_token_id}  # copy_rows = 2
+    assert set(ids[2].tolist()) <= set(cur.alphabet.tolist()) | {tok.eos_token_id}
+    natural = cur.natural.unfold(0, 64, 1)
+    assert (natural == ids[3]).all(dim=1).any()  # the rest: windows of the natural-text stream
+
+
+def _split(row: list[int], sep: int) -> list[list[int]]:
+    groups, current = [], []
+    for t in row:
+        if t == sep:
+            groups.append(current)
+            current = []
+        else:
+            current.append(t)
+    return groups + [current]
