@@ -7,6 +7,7 @@ in the 5-minute budget. This script trains the same architecture on the same tok
 chosen data curriculum and prints, every ``--every`` steps, one JSON line:
 
 * ``loss``: mean training loss of the last 20 steps (whatever the batch held);
+* ``text_loss``: loss on 16 windows of held-out standard-library text (never trained on);
 * ``copy_loss``: loss on the second half of 16 held-out rows that repeat a random span of
   ``--alphabet`` tokens (ln(alphabet) = no copying, 0 = perfect copying);
 * ``passkey``: fraction of 40 in-window passkey prompts (2–24 filler sentences, the evaluation's exact
@@ -32,6 +33,7 @@ import time
 
 import torch
 
+from ropekit.data.local_text import stdlib_documents
 from ropekit.demo import _lr_at, deterministic, pretrain_step
 from ropekit.eval.passkey import KEY_RANGE, build_prompt
 from ropekit.models.builtin_base import (
@@ -77,6 +79,9 @@ def main() -> None:
     curriculum = Curriculum(tok, torch.tensor(stream), [ids[:window] for ids in tok(retrieval).input_ids], settings, 0)
     alphabet = curriculum.alphabet
 
+    held_out_text = [i for d in tok([d.decode("ascii") for d in stdlib_documents(200_000, "heldout")]).input_ids
+                     for i in d + [eos]]
+    text_eval = torch.tensor(held_out_text[:16 * window]).view(16, window)
     held_out = torch.Generator().manual_seed(123)
     spans = [alphabet[torch.randperm(len(alphabet), generator=held_out)] for _ in range(16)]
     copy_eval = torch.stack([torch.cat([s, s]) for s in spans])
@@ -94,6 +99,7 @@ def main() -> None:
         half = copy_eval.shape[1] // 2
         logits = model(input_ids=copy_eval).logits[:, half:-1]
         copy_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), copy_eval[:, half + 1:].reshape(-1))
+        text_loss = model(input_ids=text_eval, labels=text_eval).loss
         whole = digits = n_digits = 0
         for ids, answer in passkey_eval:
             pred = model(input_ids=torch.tensor([ids + answer])).logits[0, len(ids) - 1:-1].argmax(-1).tolist()
@@ -101,7 +107,7 @@ def main() -> None:
             digits += sum(p == a for p, a in zip(pred[1:], answer[1:]))
             n_digits += len(answer) - 1
         model.train()
-        return {"copy_loss": round(copy_loss.item(), 3), "passkey": whole / len(passkey_eval),
+        return {"text_loss": round(text_loss.item(), 3), "copy_loss": round(copy_loss.item(), 3), "passkey": whole / len(passkey_eval),
                 "passkey_digits": round(digits / n_digits, 3)}
 
     with deterministic(args.threads):
