@@ -57,6 +57,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--copy-rows", type=int, default=plan["copy_rows"], help="copy rows in each phase-3 batch")
     p.add_argument("--alphabet", type=int, default=plan["alphabet"])
     p.add_argument("--span", default=",".join(map(str, plan["span"])), help="min,max span length of copy rows")
+    p.add_argument("--seed", type=int, default=0, help="the base model's seed (tokenizer data, init, batches)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--every", type=int, default=50)
     return p.parse_args()
@@ -64,19 +65,19 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    settings, texts = _settings(0, args.steps)
+    settings, texts = _settings(args.seed, args.steps)
     settings.update(lr=args.lr, retrieval_rows=args.passkey_rows, curriculum={
         "trigram_until": args.trigram_until, "copy_until": args.copy_until, "copy_rows": args.copy_rows,
         "alphabet": args.alphabet, "span": [int(v) for v in args.span.split(",")]})
     window = settings["window"]
-    rng = random.Random("ropekit-base|0")  # the base model's own documents and tokenizer
+    rng = random.Random(f"ropekit-base|{args.seed}")  # the base model's own documents and tokenizer
     retrieval = [passkey_document(rng, max_sentences=window // 8) for _ in range(8000)]
     tok = train_tokenizer(texts + retrieval[:200], settings["vocab_size"])
     eos, vocab = tok.eos_token_id, len(tok)
     stream: list[int] = []
     for ids in tok(texts).input_ids:
         stream += ids + [eos]
-    curriculum = Curriculum(tok, torch.tensor(stream), [ids[:window] for ids in tok(retrieval).input_ids], settings, 0)
+    curriculum = Curriculum(tok, torch.tensor(stream), [ids[:window] for ids in tok(retrieval).input_ids], settings, args.seed)
     alphabet = curriculum.alphabet
 
     held_out_text = [i for d in tok([d.decode("ascii") for d in stdlib_documents(200_000, "heldout")]).input_ids
@@ -111,9 +112,9 @@ def main() -> None:
                 "passkey_digits": round(digits / n_digits, 3)}
 
     with deterministic(args.threads):
-        model = build_tiny_model("llama", seed=0, vocab_size=vocab, window=window, **settings["model"])
+        model = build_tiny_model("llama", seed=args.seed, vocab_size=vocab, window=window, **settings["model"])
         model.train()
-        gen = torch.Generator().manual_seed(0)
+        gen = torch.Generator().manual_seed(args.seed)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
         started, losses = time.perf_counter(), []
         for step in range(args.steps):
