@@ -16,8 +16,8 @@ def bos_byte_tokenizer():
     return tok
 
 
-def trained_bpe(texts, vocab_size=2048):
-    """A byte-level BPE with ``<eos>`` = 0 and ``<bos>`` = 1 prepended, trained on ``texts``."""
+def trained_bpe(texts, vocab_size=2048, *, eos="<eos>", bos="<bos>", pad=True):
+    """A byte-level BPE trained on ``texts``: ``eos`` = 0, ``bos`` = 1 prepended to every text, EOS as padding."""
     from tokenizers import (
         Tokenizer,
         decoders,
@@ -31,8 +31,9 @@ def trained_bpe(texts, vocab_size=2048):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>", "<bos>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[eos, bos],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>", pad_token="<eos>")
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=bos, pad_token=eos if pad else None,
+                                   clean_up_tokenization_spaces=False)

@@ -14,6 +14,9 @@ from collections import Counter
 import pytest
 import torch
 
+# tests/eval is on sys.path (rootdir-less test dir)
+from eval_tokenizers import trained_bpe
+
 from ropekit.errors import RopekitError
 from ropekit.eval import ruler
 from ropekit.eval.common import make_context
@@ -34,25 +37,9 @@ def byte_tok():
 @pytest.fixture(scope="module")
 def bpe_tok():
     """A 500-token byte-level BPE trained on the prose, adding ``<s>`` (BOS) in front of every text."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-    from transformers import PreTrainedTokenizerFast
-
     from ropekit.data.prose import prose_sentences
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(prose_sentences()[:2000], trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", clean_up_tokenization_spaces=False)
+    return trained_bpe(prose_sentences()[:2000], 500, eos="</s>", bos="<s>", pad=False)
 
 
 SQUAD = {

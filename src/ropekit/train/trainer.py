@@ -46,7 +46,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..demo import _quiet_transformers as _no_hf_progress  # no HF bars inside ropekit's own display
+from ..demo import _progress as _progress_bar
+from ..demo import (
+    _quiet_transformers as _no_hf_progress,  # no HF bars inside ropekit's own display
+)
 from ..errors import RopekitError
 from ..methods import get_method
 from ..methods.landmark import training_batch as landmark_training_batch
@@ -562,18 +565,7 @@ class Trainer:
     def _progress(self):
         if not (self.show_progress and self.is_main):
             return None
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                        console=self.console, transient=False)
+        return _progress_bar(self.console)  # the same bar as pre-training and the demo
 
     def _loop(self, result: TrainResult) -> None:
         cfg = self.cfg
