@@ -38,10 +38,8 @@ from ropekit.demo import _lr_at, deterministic, pretrain_step
 from ropekit.eval.passkey import KEY_RANGE, build_prompt
 from ropekit.models.builtin_base import (
     SETTINGS,
-    Curriculum,
     _settings,
-    passkey_document,
-    train_tokenizer,
+    training_data,
 )
 from ropekit.models.tiny import build_tiny_model
 
@@ -70,14 +68,8 @@ def main() -> None:
         "trigram_until": args.trigram_until, "copy_until": args.copy_until, "copy_rows": args.copy_rows,
         "alphabet": args.alphabet, "span": [int(v) for v in args.span.split(",")]})
     window = settings["window"]
-    rng = random.Random(f"ropekit-base|{args.seed}")  # the base model's own documents and tokenizer
-    retrieval = [passkey_document(rng, max_sentences=window // 8) for _ in range(8000)]
-    tok = train_tokenizer(texts + retrieval[:200], settings["vocab_size"])
+    tok, curriculum = training_data(settings, texts, args.seed)  # the base model's own tokenizer and data
     eos, vocab = tok.eos_token_id, len(tok)
-    stream: list[int] = []
-    for ids in tok(texts).input_ids:
-        stream += ids + [eos]
-    curriculum = Curriculum(tok, torch.tensor(stream), [ids[:window] for ids in tok(retrieval).input_ids], settings, args.seed)
     alphabet = curriculum.alphabet
 
     held_out_text = [i for d in tok([d.decode("ascii") for d in stdlib_documents(200_000, "heldout")]).input_ids

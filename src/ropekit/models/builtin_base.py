@@ -187,6 +187,20 @@ def _settings(seed: int, steps: int | None) -> tuple[dict[str, Any], list[str]]:
     return settings, [d.decode("ascii") for d in documents]
 
 
+def training_data(settings: dict[str, Any], texts: list[str], seed: int):
+    """``(tokenizer, curriculum)`` of a base model: the BPE trained on ``texts`` and a sample of passkey
+    documents, and the :class:`Curriculum` over the tokenized text stream and documents."""
+    rng = random.Random(f"ropekit-base|{seed}")
+    window = settings["window"]
+    retrieval = [passkey_document(rng, max_sentences=window // 8) for _ in range(8000)]
+    tokenizer = train_tokenizer(texts + retrieval[:200], settings["vocab_size"])
+    stream: list[int] = []
+    for ids in tokenizer(texts).input_ids:
+        stream.extend(ids + [tokenizer.eos_token_id])
+    documents = [ids[:window] for ids in tokenizer(retrieval).input_ids]
+    return tokenizer, Curriculum(tokenizer, torch.tensor(stream), documents, settings, seed)
+
+
 def base_model_path(seed: int = 0, cache_dir=None, *, steps: int | None = None) -> Path:
     """Where :func:`pretrain_base` keeps (or will keep) the model for these settings."""
     settings, _ = _settings(seed, steps)
@@ -214,16 +228,9 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
         return path
     from .tiny import build_tiny_model
 
-    rng = random.Random(f"ropekit-base|{seed}")
     window, total = settings["window"], settings["steps"]
-    retrieval = [passkey_document(rng, max_sentences=window // 8) for _ in range(8000)]
-    tokenizer = train_tokenizer(texts + retrieval[:200], settings["vocab_size"])
+    tokenizer, curriculum = training_data(settings, texts, seed)
     eos = tokenizer.eos_token_id
-    stream: list[int] = []
-    for ids in tokenizer(texts).input_ids:
-        stream.extend(ids + [eos])
-    curriculum = Curriculum(tokenizer, torch.tensor(stream), [ids[:window] for ids in tokenizer(retrieval).input_ids],
-                            settings, seed)
     threads = threads or default_threads()
     started = time.perf_counter()
     losses: list[float] = []
