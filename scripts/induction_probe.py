@@ -1,6 +1,6 @@
 """Can the built-in base model learn to copy within its pre-training budget? A probe, not part of ropekit.
 
-The quick study's base model (:mod:`ropekit.models.builtin_base`) does not retrieve passkeys even inside
+The quick study's base model (:mod:`ropekit.train.builtin_base`) does not retrieve passkeys even inside
 its 256-token window: copying the key needs an induction head (a previous-token head in one layer whose
 output a later head matches against the current token; Olsson et al. 2022), and that circuit did not form
 in the 5-minute budget. This script trains the same architecture on the same tokenizer and text with a
@@ -14,7 +14,7 @@ chosen data curriculum and prints, every ``--every`` steps, one JSON line:
   template) whose whole answer is the teacher-forced argmax, and ``passkey_digits``: the same per digit
   after the first (chance ≈ 0.1).
 
-The batches are :class:`ropekit.models.builtin_base.Curriculum`'s, with its phases and mix set from the
+The batches are :class:`ropekit.train.builtin_base.Curriculum`'s, with its phases and mix set from the
 command line (defaults: the shipped base model's settings). ``--trigram-until 0 --copy-until 0`` is the
 earlier recipe without the copy curriculum.
 
@@ -34,14 +34,15 @@ import time
 import torch
 
 from ropekit.data.local_text import stdlib_documents
-from ropekit.demo import _lr_at, deterministic, pretrain_step
-from ropekit.eval.passkey import KEY_RANGE, build_prompt
-from ropekit.models.builtin_base import (
+from ropekit.data.passkey_text import KEY_RANGE, build_prompt
+from ropekit.runtime import deterministic
+from ropekit.train.builtin_base import (
     SETTINGS,
     _settings,
     training_data,
 )
 from ropekit.models.tiny import build_tiny_model
+from ropekit.train.pretrain import pretrain_step, warmup_cosine_lr
 
 
 def parse_args() -> argparse.Namespace:
@@ -111,7 +112,7 @@ def main() -> None:
         started, losses = time.perf_counter(), []
         for step in range(args.steps):
             ids = curriculum.batch(step, gen)
-            losses.append(pretrain_step(model, opt, ids, _lr_at(step, args.steps, args.lr),
+            losses.append(pretrain_step(model, opt, ids, warmup_cosine_lr(step, args.steps, args.lr),
                                         attention_mask=torch.ones_like(ids)))
             if (step + 1) % args.every == 0 or step + 1 == args.steps:
                 recent = sum(losses[-20:]) / len(losses[-20:])

@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from ropekit import demo
+from ropekit.runtime import cache as runtime_cache
+from ropekit.train import pretrain
 from ropekit.data import local_text
 from ropekit.data.local_text import ByteTokenizer, corpus_digest, split_of, stdlib_documents, stdlib_files
 from ropekit.errors import InvalidParameterError, UnknownMethodError
 from ropekit.methods import list_methods
-from ropekit.methods.rope import ntk_base
+from ropekit.core.rope import ntk_base
 from ropekit.models.tiny import TINY_WINDOW, build_tiny_model
 
 #: A model small enough to train in seconds but long enough (300 steps) to use its context. One thread:
@@ -34,7 +36,7 @@ def trained(cache):
     """The small model, trained once through ``$ROPEKIT_CACHE`` (shared by the tests below)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ROPEKIT_CACHE", str(cache))
-        return demo.pretrain_tiny(seed=0, steps=SMALL_STEPS, progress=False, **SMALL)
+        return pretrain.pretrain_tiny(seed=0, steps=SMALL_STEPS, progress=False, **SMALL)
 
 
 # ---- corpus -----------------------------------------------------------------------------------------
@@ -103,16 +105,16 @@ def test_cache_is_reused(trained, cache, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("pretrain_tiny trained although the cache holds the model")
 
-    monkeypatch.setattr(demo, "build_tiny_model", no_training)
+    monkeypatch.setattr(pretrain, "build_tiny_model", no_training)
     started = time.perf_counter()
-    again = demo.pretrain_tiny(seed=0, steps=SMALL_STEPS, progress=False, **SMALL)
+    again = pretrain.pretrain_tiny(seed=0, steps=SMALL_STEPS, progress=False, **SMALL)
     assert time.perf_counter() - started < 10
     assert again.ropekit_demo["cached"] is True and again.ropekit_demo["path"] == str(cache / entries[0])
     a, b = trained.state_dict(), again.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # any other setting is another cache entry: it would train, which the stub above forbids
     with pytest.raises(AssertionError, match="trained although"):
-        demo.pretrain_tiny(seed=1, steps=SMALL_STEPS, progress=False, **SMALL)
+        pretrain.pretrain_tiny(seed=1, steps=SMALL_STEPS, progress=False, **SMALL)
 
 
 def test_crash_while_caching_leaves_no_entry(tmp_path, monkeypatch):
@@ -126,16 +128,16 @@ def test_crash_while_caching_leaves_no_entry(tmp_path, monkeypatch):
             raise OSError("disk full")
         return real_dumps(obj, *args, **kwargs)
 
-    monkeypatch.setattr(demo.json, "dumps", crash)
-    unsaved = demo.pretrain_tiny(**settings)  # the demo goes on with the trained model
+    monkeypatch.setattr(runtime_cache.json, "dumps", crash)
+    unsaved = pretrain.pretrain_tiny(**settings)  # the demo goes on with the trained model
     assert unsaved.ropekit_demo["path"] is None and "disk full" in unsaved.ropekit_demo["cache_error"]
-    monkeypatch.setattr(demo.json, "dumps", real_dumps)
+    monkeypatch.setattr(runtime_cache.json, "dumps", real_dumps)
     assert list(tmp_path.iterdir()) == []  # neither a half-written entry nor a temporary directory
 
-    first = demo.pretrain_tiny(**settings)
+    first = pretrain.pretrain_tiny(**settings)
     (entry,) = tmp_path.iterdir()
     (entry / "model.safetensors").unlink()  # a damaged entry is retrained, not trusted
-    second = demo.pretrain_tiny(**settings)
+    second = pretrain.pretrain_tiny(**settings)
     assert second.ropekit_demo["cached"] is False and (entry / "model.safetensors").is_file()
     assert [p.name for p in tmp_path.iterdir()] == [entry.name]
     for model in (unsaved, second):
@@ -147,7 +149,7 @@ def test_thread_count_does_not_change_the_weights():
     settings = dict(steps=6, use_cache=False, progress=False, hidden_size=32, num_layers=1, num_heads=2,
                     num_kv_heads=2, train_bytes=50_000, batch_size=4)
     threads_before = torch.get_num_threads()
-    one, two = demo.pretrain_tiny(threads=1, **settings), demo.pretrain_tiny(threads=2, **settings)
+    one, two = pretrain.pretrain_tiny(threads=1, **settings), pretrain.pretrain_tiny(threads=2, **settings)
     assert all(torch.equal(x, y) for x, y in zip(one.state_dict().values(), two.state_dict().values()))
     # the caller's settings come back
     assert torch.get_num_threads() == threads_before and not torch.are_deterministic_algorithms_enabled()
@@ -188,7 +190,7 @@ def test_base_loss_grows_beyond_the_window(trained):
 
 
 def test_demo_settings_are_scaled_to_the_tiny_window(trained):
-    from ropekit.patching import rope_info
+    from ropekit.install import rope_info
 
     info = rope_info(trained)
     settings = demo.demo_settings(info, 4.0)
@@ -217,25 +219,3 @@ def test_unknown_method_fails_before_training(monkeypatch):
     with pytest.raises(UnknownMethodError) as err:
         demo.main(method="yarnn")
     assert "\n" not in str(err.value) and "yarn" in str(err.value)
-
-
-@pytest.mark.parametrize("cores, busy, expected", [(2, 0.0, 2), (2, 0.4, 2), (2, 1.0, 1), (2, 3.0, 1), (1, 0.0, 1), (8, 1.0, 2)])
-def test_default_threads_leave_busy_cores_alone(monkeypatch, cores, busy, expected):
-    monkeypatch.setattr(demo.os, "cpu_count", lambda: cores)
-    monkeypatch.setattr(demo, "_other_busy_cores", lambda: busy)
-    assert demo.default_threads() == expected
-
-
-def test_busy_cores_take_the_smaller_of_average_and_running_now(monkeypatch, tmp_path):
-    monkeypatch.setattr(demo.os, "getloadavg", lambda: (1.8, 1.0, 1.0))
-    real_open = open
-
-    def fake_open(path, *args, **kwargs):
-        if path == "/proc/loadavg":
-            f = tmp_path / "loadavg"
-            f.write_text("1.80 1.00 1.00 1/90 12345\n")  # only this process runs now
-            return real_open(f, *args, **kwargs)
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr("builtins.open", fake_open)
-    assert demo._other_busy_cores() == 0  # the average still counts a job that just ended

@@ -4,22 +4,41 @@
 >>> model = ropekit.extend(model, "yarn", factor=4)          # or target_length=32768
 >>> ropekit.save_pretrained(model, "out/")                   # plain transformers loads it where it can
 >>> model = ropekit.load("out/")                             # every method restored
+
+The public names are imported on first use, so ``import ropekit`` (and ``ropekit --help``) does not load
+torch or transformers until something needs them.
 """
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-from .errors import RopekitError  # noqa: E402
-from .methods import get_method, list_methods  # noqa: E402
-from .patching import extend, inspect_model, installed, load, rope_info, save_pretrained  # noqa: E402
+#: Public name → the module that defines it.
+_PUBLIC = {
+    "RopekitError": "ropekit.errors",
+    "get_method": "ropekit.methods",
+    "list_methods": "ropekit.methods",
+    "extend": "ropekit.install",
+    "uninstall": "ropekit.install",
+    "inspect_model": "ropekit.install",
+    "installed": "ropekit.install",
+    "load": "ropekit.install",
+    "rope_info": "ropekit.install",
+    "save_pretrained": "ropekit.install",
+}
 
-__all__ = [
-    "RopekitError",
-    "extend",
-    "get_method",
-    "inspect_model",
-    "installed",
-    "list_methods",
-    "load",
-    "rope_info",
-    "save_pretrained",
-]
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'ropekit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

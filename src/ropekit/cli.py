@@ -89,7 +89,7 @@ def inspect_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the facts as JSON."),
 ):
     """Show a model's architecture, RoPE settings and which methods apply."""
-    from .patching import inspect_model
+    from .install import inspect_model
 
     loaded = _load(model)
     facts = inspect_model(loaded.model)
@@ -139,7 +139,7 @@ def extend_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the export report as JSON."),
 ):
     """Install a method into a model and save it (plain-transformers loadable wherever possible)."""
-    from .patching import extend, resolve_params, save_pretrained
+    from .install import extend, resolve_params, save_pretrained
 
     params = parse_params(param)
     _check_out_dir(out_dir, overwrite)
@@ -666,8 +666,8 @@ def pretrain_base_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the model directory and its training facts as JSON."),
 ):
     """Pre-train (or find cached) the study's built-in base model and print its directory."""
-    from .demo import _quiet_transformers as quiet
-    from .models.builtin_base import describe, pretrain_base
+    from .runtime import quiet_transformers as quiet
+    from .train.builtin_base import describe, pretrain_base
 
     with quiet():
         path = pretrain_base(seed, steps=steps, use_cache=not force)
@@ -693,17 +693,11 @@ def demo_cmd(
         _print_json(rows)
 
 
-def _quiet_transformers() -> None:
-    """transformers' own progress bars and warnings would bury ropekit's one-line messages."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-
-
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
-    _quiet_transformers()
+    from .runtime.logs import silence_transformers
+
+    silence_transformers()  # transformers' bars and warnings would bury ropekit's one-line messages
     try:
         app(standalone_mode=False)
     except RopekitError as e:

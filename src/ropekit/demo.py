@@ -3,7 +3,7 @@
 ``ropekit demo`` (or ``python -c "from ropekit.demo import main; main()"``) runs on a fresh CPU machine
 without internet:
 
-1. :func:`pretrain_tiny` trains the built-in tiny Llama (:func:`ropekit.models.tiny.build_tiny_model`,
+1. :func:`ropekit.train.pretrain.pretrain_tiny` trains the built-in tiny Llama (:func:`ropekit.models.tiny.build_tiny_model`,
    byte vocabulary, 64-token window) from scratch on the offline standard-library corpus
    (:mod:`ropekit.data.local_text`) at its window length, deterministically, and caches the weights under
    ``$ROPEKIT_CACHE`` (default ``~/.cache/ropekit``) so later runs load them in a second;
@@ -15,180 +15,37 @@ without internet:
 
 The per-method settings (:func:`demo_settings`) are scaled to a 64-token model: the papers' defaults of
 ABF (base 500,000) and HARPE (bases 1e6–5e6) are meant for 4k-token models and would be far too large here.
+
+The demo is a consumer of the library like any user script: it imports only ropekit's public modules, and
+nothing in the library imports it (the ``ropekit demo`` command is its front end).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import hashlib
-import json
 import math
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .data.local_text import ByteTokenizer, corpus_digest, stdlib_documents
-from .methods import Method, RopeInfo, get_method, list_methods
-from .methods.rope import ntk_base
-from .models.tiny import TINY_WINDOW, build_tiny_model
-from .patching import json_safe
+from ropekit import extend, get_method, installed, list_methods, rope_info
+from ropekit.core.jsonsafe import json_safe
+from ropekit.core.rope import ntk_base
+from ropekit.data.local_text import stdlib_documents
+from ropekit.methods import Method, RopeInfo
+from ropekit.models.tiny import TINY_WINDOW
+from ropekit.runtime import deterministic, progress as progress_display
+from ropekit.train.pretrain import pretrain_tiny
 
-#: Bump when training changes in a way the settings below do not capture (invalidates old caches).
-CACHE_FORMAT = 1
-#: File in a cached model directory that records how it was trained.
-META_FILE = "ropekit_demo.json"
-
-#: The demo model: a 3-layer byte-level Llama (≈0.56M parameters; head size 32). Three layers so that
-#: Entropy-ABF (which leaves layers 0 and 1 unscaled) changes something; MHA so that HARPE gets 4 bases.
-MODEL = {"hidden_size": 128, "num_layers": 3, "num_heads": 4, "num_kv_heads": 4, "rope_theta": 10000.0}
-#: Training defaults: 800 steps of 16 × 64 bytes (≈0.8M tokens), sized for about a minute on 2 CPU cores.
-TRAIN = {"steps": 800, "batch_size": 16, "lr": 3e-3, "train_bytes": 4_000_000}
 #: Held-out text used by :func:`loss_table`: this many sequences, the same starts at every length.
 EVAL_SEQUENCES = 32
 HELDOUT_BYTES = 1_000_000  # more than the held-out split holds: all of it
 
 
-# ---- determinism ------------------------------------------------------------------------------------
-def _other_busy_cores() -> float:
-    """How many cores other work keeps busy: the smaller of the 1-minute load average and the number of
-    tasks running right now besides this one (``/proc/loadavg``). The average alone lags: for a minute
-    after a finished job (a ``pip install``) it reads busy on an idle machine; the instant count alone is
-    noisy. A real competitor shows in both."""
-    load = os.getloadavg()[0]
-    try:
-        with open("/proc/loadavg") as fh:
-            running = int(fh.read().split()[3].split("/")[0]) - 1  # the reading process counts itself
-    except (OSError, ValueError, IndexError):
-        return load
-    return min(load, max(running, 0))
-
-
-def default_threads() -> int:
-    """CPU threads for the demo: 2 (its target is a 2-core machine), but 1 when the machine is already busy.
-
-    With two threads on two cores and another process running, every parallel operation waits for the
-    descheduled thread: training gets several times *slower* than with one thread. The thread count does
-    not change the results (the kernels give the same bits with 1 or 2 threads; tests/test_demo.py).
-    """
-    cores = os.cpu_count() or 1
-    threads = min(2, cores)
-    try:
-        busy = _other_busy_cores()
-    except (AttributeError, OSError):  # no load average (Windows)
-        return threads
-    free = cores - busy
-    return max(1, min(threads, int(free + 0.5)))
-
-
-@contextlib.contextmanager
-def deterministic(threads: int | None = None):
-    """Fixed thread count (default :func:`default_threads`) and deterministic kernels for the duration;
-    the caller's settings come back after."""
-    threads = threads or default_threads()
-    prev_threads = torch.get_num_threads()
-    prev_det = torch.are_deterministic_algorithms_enabled()
-    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(prev_det, warn_only=prev_warn)
-        torch.set_num_threads(prev_threads)
-
-
-# ---- cache ------------------------------------------------------------------------------------------
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where trained demo models live: ``cache_dir``, else ``$ROPEKIT_CACHE``, else ``~/.cache/ropekit``."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("ROPEKIT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "ropekit"
-
-
-def _settings_key(settings: dict[str, Any]) -> str:
-    blob = json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:12]
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """No transformers progress bars ("Loading weights", "Writing model shards") while the demo loads or saves."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
-def _load_cached(path: Path, settings: dict[str, Any]):
-    """The model cached at ``path`` if it is complete and was trained with ``settings``, else ``None``."""
-    meta_path = path / META_FILE
-    if not meta_path.is_file():
-        return None
-    try:
-        meta = json.loads(meta_path.read_text())
-        if meta.get("settings") != settings:
-            return None
-        from transformers import AutoModelForCausalLM
-
-        with _quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
-    except Exception:  # a damaged cache entry is retrained, never trusted
-        return None
-    model.eval()
-    model.ropekit_demo = {**meta, "cached": True, "path": str(path)}
-    return model
-
-
-def _save_atomically(model, path: Path, meta: dict[str, Any], *, extra=None, meta_file: str = META_FILE) -> Path:
-    """Write ``model``, ``meta`` (as ``meta_file``) and whatever ``extra(directory)`` saves (a tokenizer) to a
-    temporary directory next to ``path`` and rename it into place.
-
-    A crash leaves at most a ``.tmp-*`` directory (never a half-written ``path``); if another process
-    finished the same entry first, its copy is kept.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; a cache entry is an ordinary directory
-        with _quiet_transformers():
-            model.save_pretrained(tmp)
-            if extra is not None:
-                extra(tmp)
-        (tmp / meta_file).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        if path.exists():  # a damaged or stale entry with the same key: move it aside first
-            trash = Path(tempfile.mkdtemp(prefix=f".old-{path.name}-", dir=path.parent))
-            os.replace(path, trash / "entry")
-            shutil.rmtree(trash, ignore_errors=True)
-        try:
-            os.replace(tmp, path)
-        except OSError:
-            if not (path / meta_file).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
-
-
 # ---- data -------------------------------------------------------------------------------------------
-def _stream(documents: list[bytes]) -> torch.Tensor:
-    data = ByteTokenizer().join(documents)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
-
-
 def heldout_batch(max_length: int = 4 * TINY_WINDOW, n_sequences: int = EVAL_SEQUENCES) -> torch.Tensor:
     """``(n_sequences, max_length)`` byte ids from held-out documents, the same for every call.
 
@@ -217,147 +74,6 @@ def mean_loss(model, batch: torch.Tensor, length: int, chunk: int = 16) -> float
         total += float(loss)
         count += ids[:, 1:].numel()
     return total / count
-
-
-# ---- pre-training -----------------------------------------------------------------------------------
-def _lr_at(step: int, steps: int, peak: float) -> float:
-    """Linear warm-up over the first 5% of steps, then cosine decay to 10% of ``peak``."""
-    warmup = max(1, steps // 20)
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def pretrain_step(model, optimizer, ids: torch.Tensor, lr: float, *, attention_mask: torch.Tensor | None = None) -> float:
-    """One language-modelling step at learning rate ``lr`` (gradient norm clipped at 1); returns the loss."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    loss = model(input_ids=ids, attention_mask=attention_mask, labels=ids).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.item()
-
-
-def _progress(console=None):
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console or Console(stderr=True),
-        transient=False,
-    )
-
-
-def pretrain_tiny(
-    seed: int = 0,
-    steps: int = TRAIN["steps"],
-    cache_dir: str | os.PathLike | None = None,
-    *,
-    batch_size: int = TRAIN["batch_size"],
-    lr: float = TRAIN["lr"],
-    train_bytes: int = TRAIN["train_bytes"],
-    threads: int | None = None,
-    hidden_size: int = MODEL["hidden_size"],
-    num_layers: int = MODEL["num_layers"],
-    num_heads: int = MODEL["num_heads"],
-    num_kv_heads: int = MODEL["num_kv_heads"],
-    rope_theta: float = MODEL["rope_theta"],
-    use_cache: bool = True,
-    progress: bool = True,
-):
-    """The built-in tiny Llama pre-trained from scratch on the offline stdlib corpus at its 64-token window.
-
-    Byte vocabulary (256), AdamW with warm-up and cosine decay, random 64-byte windows of the training
-    split; seeded, ``threads`` CPU threads (default :func:`default_threads`: 2, or 1 on a busy machine)
-    and deterministic kernels, so the same machine gives the same weights. The result is cached (safetensors) under ``cache_root(cache_dir)/tiny-llama-<hash>``, the
-    hash covering every setting and a fingerprint of the corpus; a cached entry is loaded instead of
-    training; when the cache cannot be written the model is still returned (``cache_error`` says why).
-    ``model.ropekit_demo`` records the settings, the training losses and whether it came from the cache
-    (``cached``).
-    """
-    model_kwargs = {
-        "vocab_size": ByteTokenizer.vocab_size,
-        "hidden_size": int(hidden_size),
-        "num_layers": int(num_layers),
-        "num_heads": int(num_heads),
-        "num_kv_heads": int(num_kv_heads),
-        "window": TINY_WINDOW,
-        "rope_theta": float(rope_theta),
-    }
-    documents = stdlib_documents(int(train_bytes), "train")
-    settings = {
-        "format": CACHE_FORMAT,
-        "family": "llama",
-        "model": model_kwargs,
-        "seed": int(seed),
-        "steps": int(steps),
-        "batch_size": int(batch_size),
-        "lr": float(lr),
-        # not the thread count: CPU kernels give the same bits with 1 or 2 threads (tests/test_demo.py)
-        "corpus": {"name": "python-stdlib", "bytes": sum(map(len, documents)), "digest": corpus_digest(documents)},
-    }
-    path = cache_root(cache_dir) / f"tiny-llama-{_settings_key(settings)}"
-    if use_cache:
-        cached = _load_cached(path, settings)
-        if cached is not None:
-            return cached
-
-    stream = _stream(documents)
-    window = TINY_WINDOW
-    threads = threads or default_threads()
-    started = time.perf_counter()
-    with deterministic(threads):
-        model = build_tiny_model("llama", seed=seed, **model_kwargs)
-        model.train()
-        gen = torch.Generator().manual_seed(seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-        offsets = torch.arange(window)
-        losses: list[float] = []
-        bar = _progress() if progress else contextlib.nullcontext()
-        with bar:
-            task = bar.add_task("pre-training tiny llama", total=steps, info="") if progress else None
-            for step in range(steps):
-                starts = torch.randint(0, len(stream) - window, (batch_size,), generator=gen)
-                ids = stream[starts[:, None] + offsets]
-                losses.append(pretrain_step(model, opt, ids, _lr_at(step, steps, lr)))
-                if progress:
-                    recent = sum(losses[-20:]) / len(losses[-20:])
-                    bar.update(task, advance=1, info=f"loss {recent:.3f}")
-        model.eval()
-    seconds = time.perf_counter() - started
-    tail = losses[-max(1, min(20, steps // 5)) :]
-    meta = {
-        "settings": settings,
-        "initial_loss": losses[0] if losses else None,
-        "final_loss": sum(tail) / len(tail) if tail else None,
-        "train_seconds": round(seconds, 2),
-        "threads": threads,
-        "corpus_note": "substitute corpus made on this machine from the Python standard library's .py sources",
-    }
-    saved, cache_error = None, None
-    if use_cache:
-        try:
-            saved = str(_save_atomically(model, path, meta))
-        except OSError as err:  # an unwritable or full cache must not cost the trained model
-            cache_error = f"could not cache the model in '{path.parent}': {err}"
-    model.ropekit_demo = {**meta, "cached": False, "path": saved, "cache_error": cache_error}
-    return model
 
 
 # ---- methods and the table --------------------------------------------------------------------------
@@ -486,29 +202,24 @@ def loss_table(
     Returns one dict per row: ``method`` (``"base"`` first), ``settings`` (text), ``params`` (resolved),
     ``loss`` (``{length: nats per token}``).
     """
-    from .patching import extend, installed, rope_info
-
     info = rope_info(model)
     lengths = [int(n) for n in (lengths or (info.window, 2 * info.window, 4 * info.window))]
     specs = _method_specs(methods, info, factor)
     batch = heldout_batch(max(lengths), n_sequences)
     rows: list[dict[str, Any]] = []
-    bar = _progress() if progress else contextlib.nullcontext()
-    with deterministic(threads), bar:
-        task = bar.add_task("measuring", total=(1 + len(specs)) * len(lengths), info="base") if progress else None
+    total = (1 + len(specs)) * len(lengths)
+    with deterministic(threads), progress_display("measuring", total=total, enabled=progress) as bar:
         for name, params in [("base", None)] + [(m.name, p) for m, p in specs]:
             if params is None:
                 subject, resolved = model, {}
             else:
                 subject = extend(copy.deepcopy(model), get_method(name), **params)
                 resolved = installed(subject)["params"]
-            if progress:
-                bar.update(task, info=name)
+            bar.update(info=name)
             loss = {}
             for n in lengths:
                 loss[n] = mean_loss(subject, batch, n)
-                if progress:
-                    bar.update(task, advance=1)
+                bar.update(advance=1)
             rows.append(
                 {
                     "method": name,

@@ -13,7 +13,7 @@ from ropekit.attention.landmark import (
     grouped_attention,
     retrieval_attention,
 )
-from ropekit.methods.rope import default_inv_freq
+from ropekit.core.rope import default_inv_freq
 
 
 # ---- independent references ------------------------------------------------------------------------------

@@ -11,15 +11,17 @@ import math
 
 import pytest
 import torch
+
+from ropekit.core.hf_compat import cache_argument
 from transformers import DynamicCache
 
 import ropekit
 import ropekit.methods.lm_infinite
 from ropekit import RopekitError
 from ropekit.models.tiny import build_tiny_model
-from ropekit.patching import _register_rope_types, resolve_params
+from ropekit.install import register_rope_types, resolve_params
 
-_register_rope_types()  # the rope type `ropekit_lm_infinite` (a no-op once the registry imports the method)
+register_rope_types()  # the rope type `ropekit_lm_infinite` (a no-op once the registry imports the method)
 
 L_LOCAL, G = 24, 3
 ATOL = 2e-5
@@ -291,7 +293,7 @@ def test_chunked_prefill_equals_one_pass(make_ids):
         cache = DynamicCache(config=model.config)
         pieces = []
         for a, b in ((0, 40), (40, 41), (41, 90), (90, 110)):
-            pieces.append(model(ids[:, a:b], past_key_values=cache, use_cache=True).logits)
+            pieces.append(model(ids[:, a:b], **{cache_argument(model): cache}, use_cache=True).logits)
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=1e-5)
 
 

@@ -18,9 +18,9 @@ import ropekit.methods.longlora
 from ropekit import RopekitError
 from ropekit.attention.s2_attn import ShiftedSparseAttention, group_size
 from ropekit.models.tiny import build_tiny_model
-from ropekit.patching import _register_rope_types
+from ropekit.install import register_rope_types
 
-_register_rope_types()  # the rope type `ropekit_longlora` (a no-op once the registry imports the method)
+register_rope_types()  # the rope type `ropekit_longlora` (a no-op once the registry imports the method)
 
 FACTOR = 2.0
 ATOL = 2e-5

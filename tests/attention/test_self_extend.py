@@ -18,6 +18,8 @@ import warnings
 
 import pytest
 import torch
+
+from ropekit.core.hf_compat import cache_argument
 from transformers import DynamicCache
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -28,9 +30,9 @@ from ropekit.errors import RopekitError
 from ropekit.models.tiny import build_tiny_model
 
 if "ropekit_self_extend" not in ROPE_INIT_FUNCTIONS:  # until ropekit.methods imports the module itself
-    from ropekit.patching import _register_rope_types
+    from ropekit.install import register_rope_types
 
-    _register_rope_types()
+    register_rope_types()
 
 ATOL = 1e-5
 TEETH = 1e-3  # a wrong position rule must miss the layer output by far more than the tolerance
@@ -245,7 +247,7 @@ def test_chunked_prefill_and_decoding_equal_one_pass(family):
         cache = DynamicCache(config=model.config)
         steps = [(0, 70), (70, 130), (130, 180)] + [(i, i + 1) for i in range(180, 200)]
         for start, end in steps:
-            got = model(ids[:, start:end], past_key_values=cache, use_cache=True,
+            got = model(ids[:, start:end], **{cache_argument(model): cache}, use_cache=True,
                         position_ids=torch.arange(start, end)[None]).logits
             torch.testing.assert_close(got, full[:, start:end], rtol=0, atol=ATOL,
                                        msg=lambda m, start=start, end=end: f"tokens {start}:{end}: {m}")

@@ -19,7 +19,7 @@ from ropekit.eval import entropy as task
 from ropekit.eval.common import make_context
 from ropekit.models.byte_tokenizer import byte_tokenizer
 from ropekit.models.tiny import build_tiny_model
-from ropekit.patching import extend
+from ropekit.install import extend
 
 N = 128  # tokens: twice the tiny window, so every method is past its pretrained range
 

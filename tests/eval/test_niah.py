@@ -19,7 +19,7 @@ from ropekit.eval.common import make_context
 from ropekit.eval.plots import grid_from, heatmap, model_windows, window_position
 from ropekit.models.byte_tokenizer import byte_tokenizer
 from ropekit.models.tiny import build_tiny_model
-from ropekit.patching import extend
+from ropekit.install import extend
 
 GKAMRADT_NEEDLE = "\nThe best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.\n"
 HEAD = "This is a very long story book: <book> "

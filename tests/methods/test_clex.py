@@ -208,7 +208,7 @@ def test_deep_copies_keep_clex(make_ids):
 
 
 def test_uninstall_returns_to_plain_rope(make_ids):
-    from ropekit.train.curriculum import uninstall
+    from ropekit.install import uninstall
 
     model, plain = _clex_model(), build_tiny_model("llama")
     uninstall(model)

@@ -1,4 +1,4 @@
-"""Every method against its paper's formula, written out here (never via ``ropekit.methods.rope``).
+"""Every method against its paper's formula, written out here (never via ``ropekit.core.rope``).
 
 * NTK, Dynamic NTK (LCEG's frozen variant included), NTK-by-parts, YaRN and ABF: inverse frequencies
   against the closed forms in float64, with the cheat-sheet numbers of the field notes (§12).
@@ -13,6 +13,8 @@ import math
 
 import pytest
 import torch
+
+from ropekit.core.hf_compat import cache_argument
 from transformers import DynamicCache, LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -479,7 +481,7 @@ def test_harpe_kv_cache_decoding_equals_uncached(family, kwargs, bases, make_ids
         cache = DynamicCache(config=model.config)
         chunks = [(0, 100), (100, 120)] + [(i, i + 1) for i in range(120, 150)]  # prefill, a chunk, then token by token
         for start, end in chunks:
-            step = model(ids[:, start:end], past_key_values=cache, use_cache=True,
+            step = model(ids[:, start:end], **{cache_argument(model): cache}, use_cache=True,
                          position_ids=torch.arange(start, end)[None]).logits
             torch.testing.assert_close(step, full[:, start:end], rtol=0, atol=CACHE_ATOL,
                                        msg=lambda m: f"tokens {start}:{end}: {m}")

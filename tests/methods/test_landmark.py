@@ -9,8 +9,10 @@ import sys
 import pytest
 import torch
 
+from ropekit.core.hf_compat import cache_argument, output_cache
+
 import ropekit
-from ropekit.attention.landmark_stream import add_landmark_token
+from ropekit.methods.landmark_stream import add_landmark_token
 from ropekit.errors import RopekitError
 from ropekit.methods.landmark import (
     default_local_blocks,
@@ -226,16 +228,16 @@ def test_chunked_prefill_equals_one_forward():
     with torch.no_grad():
         whole = model(input_ids=ids).logits
         first = model(input_ids=ids[:, :17], use_cache=True)
-        second = model(input_ids=ids[:, 17:], past_key_values=first.past_key_values, use_cache=True)
+        second = model(input_ids=ids[:, 17:], **{cache_argument(model): output_cache(first)}, use_cache=True)
     torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), whole, atol=1e-5, rtol=1e-5)
 
 
 def test_a_cache_filled_without_landmarks_is_refused():
     model = landmarked(mem_freq=5).eval()
     plain = build_tiny_model("llama").eval()
-    cache = plain(input_ids=random_ids(12), use_cache=True).past_key_values
+    cache = output_cache(plain(input_ids=random_ids(12), use_cache=True))
     with pytest.raises(RopekitError, match="bookkeeping"):
-        model(input_ids=random_ids(3), past_key_values=cache)
+        model(input_ids=random_ids(3), **{cache_argument(model): cache})
 
 
 # ---- export and evaluation -----------------------------------------------------------------------------------

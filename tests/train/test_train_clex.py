@@ -100,7 +100,7 @@ def test_clex_resume_reproduces_the_scales_and_losses(make_config, text_dataset)
 def test_training_the_ode_alone_lowers_the_loss_beyond_the_window(heldout_rows):
     """The pre-trained tiny Llama, every weight frozen except CLEX's ODE, 60 steps at 2× the window with the
     scale drawn per step: at 4× the window the loss falls below the untrained ODE's (NTK with α = 2t − 1)."""
-    from ropekit.demo import pretrain_tiny
+    from ropekit.train.pretrain import pretrain_tiny
 
     base = pretrain_tiny(progress=False)
     rows = packed_dataset(stdlib_documents(400_000, "train"), 2 * C).tokens

@@ -11,10 +11,11 @@ import torch
 
 import ropekit
 from ropekit.models.tiny import build_tiny_model
-from ropekit.patching import rotary_modules
+from ropekit.install import rotary_modules
 from ropekit.train import train
 from ropekit.train.config import MethodConfig
-from ropekit.train.curriculum import install, switch, uninstall
+from ropekit.install import uninstall
+from ropekit.train.curriculum import install, switch
 
 
 class Killed(Exception):

@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from ..methods.rope import rotate
+from ..core.rope import rotate
 
 
 def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:

@@ -47,9 +47,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import RopekitError
-from ..methods.base import RopeInfo
-from ..methods.rope import rotate
-from . import LAYER_ATTENTIONS
+from ..core.rope_info import RopeInfo
+from ..core.rope import rotate
 from .kernels import expand_kv
 from .per_head_rope import key_positions
 
@@ -395,8 +394,6 @@ class LandmarkAttention:
 
 def make_landmark(info: RopeInfo, inv_freq: Callable[[], torch.Tensor], layer_idx: int, *, mem_freq: int, top_k: int,
                   local_blocks: int, chunk: int | None = None) -> LandmarkAttention:
-    """Layer-attention factory (``LAYER_ATTENTIONS['landmark']``) for Landmark attention."""
+    """Layer-attention factory for Landmark attention, named by the method's :class:`AttentionSpec`."""
     return LandmarkAttention(inv_freq, mem_freq, top_k, local_blocks, chunk=chunk, first_layer=layer_idx == 0)
 
-
-LAYER_ATTENTIONS["landmark"] = make_landmark

@@ -227,14 +227,6 @@ def _block(mask, qa: int, qb: int, ka: int, kb: int, offset: int, device):
 
 def make_lm_infinite(info, inv_freq: Callable[[], torch.Tensor], layer_idx: int, *, local_window: int,
                      global_tokens: int, chunk_size: int | None = None) -> LambdaAttention:
-    """Factory registered as ``LAYER_ATTENTIONS['lm_infinite']`` (every layer gets the same rule)."""
+    """Layer-attention factory for LM-Infinite (every layer gets the same rule)."""
     return LambdaAttention(local_window, global_tokens, inv_freq, chunk_size)
 
-
-def _register() -> None:
-    from . import LAYER_ATTENTIONS
-
-    LAYER_ATTENTIONS["lm_infinite"] = make_lm_infinite
-
-
-_register()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..methods.rope import default_inv_freq, rotate
+from ..core.rope import default_inv_freq, rotate
 
 
 def key_positions(position_ids: torch.Tensor, key_length: int) -> torch.Tensor:

@@ -132,14 +132,6 @@ def _grouped(q, k, v, mask, size: int, lead: int, scale: float, dropout: float) 
 
 def make_s2_attn(info, inv_freq: Callable[[], torch.Tensor], layer_idx: int, *,
                  group_size_ratio: float = 0.25) -> ShiftedSparseAttention:
-    """Factory registered as ``LAYER_ATTENTIONS['s2_attn']``."""
+    """Layer-attention factory for S²-Attn, named by LongLoRA's :class:`AttentionSpec`."""
     return ShiftedSparseAttention(group_size_ratio)
 
-
-def _register() -> None:
-    from . import LAYER_ATTENTIONS
-
-    LAYER_ATTENTIONS["s2_attn"] = make_s2_attn
-
-
-_register()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..methods.rope import entropy_logit_scale
+from ..core.rope import entropy_logit_scale
 
 
 class QueryLogitScale:

@@ -31,9 +31,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..methods.base import RopeInfo
-from . import LAYER_ATTENTIONS
-from ..methods.rope import rotate
+from ..core.rope_info import RopeInfo
+from ..core.rope import rotate
 from .kernels import attention_with_lse, expand_kv, merge_attention, rotate_by
 from .per_head_rope import key_positions
 
@@ -320,7 +319,7 @@ class SelfExtendAttention:
 
 def make_self_extend(info: RopeInfo, inv_freq: Callable[[], torch.Tensor], layer_idx: int, *, group_size: int,
                      window_size: int, reach: int | None = None, chunk: int = QUERY_CHUNK) -> SelfExtendAttention:
-    """Layer-attention factory (``LAYER_ATTENTIONS['self_extend']``) for Self-Extend (LCEG Eq. 13).
+    """Layer-attention factory for Self-Extend (LCEG Eq. 13), named by the method's :class:`AttentionSpec`.
 
     Only layer 0 warns when an input runs past ``reach``, so the warning fires once per installed model.
     """
@@ -329,5 +328,3 @@ def make_self_extend(info: RopeInfo, inv_freq: Callable[[], torch.Tensor], layer
     return SelfExtendAttention(inv_freq, group_size, window_size, reach=reach, warn_past_reach=layer_idx == 0,
                                chunk=chunk)
 
-
-LAYER_ATTENTIONS["self_extend"] = make_self_extend

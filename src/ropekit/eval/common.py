@@ -20,7 +20,7 @@ import torch
 
 from ..errors import RopekitError
 from ..methods import get_method
-from ..patching import extend, rope_info
+from ..install import extend, rope_info
 from .records import RecordWriter
 
 #: Fields every record carries; with a task's own KEY_FIELDS they identify a sample for ``--resume``.

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ..errors import RopekitError
-from ..patching import rope_info
+from ..install import rope_info
 from . import text_metrics
 from .common import EvalContext, encode, eos_ids, mean, require_tokenizer, timer
 

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from ..errors import RopekitError
-from ..patching import rope_info
+from ..install import rope_info
 from .common import EvalContext, accuracy_by, encode, mean, require_tokenizer, timer
 
 KEY_FIELDS = ("shots", "sample")

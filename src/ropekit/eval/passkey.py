@@ -41,6 +41,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..data.passkey_text import (  # noqa: F401  (the prompt's strings are part of this task's API)
+    FINAL_QUESTION,
+    GARBAGE,
+    GARBAGE_SENTENCES,
+    INFORMATION_LINE,
+    KEY_RANGE,
+    TASK_DESCRIPTION,
+    build_prompt,
+    filler,
+)
 from ..errors import RopekitError
 from .common import (
     EvalContext,
@@ -54,35 +64,10 @@ from .common import (
 
 KEY_FIELDS = ("depth", "trial")
 
-TASK_DESCRIPTION = (
-    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
-    "I will quiz you about the important information there."
-)
-GARBAGE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-INFORMATION_LINE = "The pass key is {k}. Remember it. {k} is the pass key."
-FINAL_QUESTION = "What is the pass key? The pass key is"
-
-#: The garbage paragraph's sentences, cycled to make the filler.
-GARBAGE_SENTENCES = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
-
 #: Greedy continuation length, as Landmark, YaRN and PoSE.
 MAX_NEW_TOKENS = 10
-#: The key range of the originals (``random.randint(1, 50000)``).
-KEY_RANGE = (1, 50000)
 #: Depth bins of the heatmap when depths were random (fractions of the filler before the information line).
 RANDOM_DEPTH_BINS = 5
-
-
-def filler(n: int) -> str:
-    """The first ``n`` sentences of the cycled garbage paragraph, separated by single spaces."""
-    return " ".join(GARBAGE_SENTENCES[i % len(GARBAGE_SENTENCES)] for i in range(n))
-
-
-def build_prompt(n_garbage: int, n_prefix: int, key: int) -> str:
-    """The passkey prompt with ``n_prefix`` filler sentences before the information line and ``n_garbage − n_prefix`` after."""
-    if not 0 <= n_prefix <= n_garbage:
-        raise ValueError(f"n_prefix {n_prefix} outside [0, {n_garbage}]")
-    return "\n".join([TASK_DESCRIPTION, filler(n_prefix), INFORMATION_LINE.format(k=key), filler(n_garbage - n_prefix), FINAL_QUESTION])
 
 
 def largest_fitting(count: Callable[[int], int], limit: int, guess: int = 0) -> int | None:

@@ -120,11 +120,11 @@ def method_label(method: str, params: Mapping[str, Any] | None = None) -> str:
 def model_windows(model) -> dict[str, int]:
     """``{"pretrained": C, "trained": T}`` of a model, for the heatmap's window lines.
 
-    With a ropekit method installed (``config.ropekit``, see :func:`ropekit.patching.extend`), C is the base
+    With a ropekit method installed (``config.ropekit``, see :func:`ropekit.extend`), C is the base
     model's ``max_position_embeddings`` recorded there and T the method's (the config's current value);
     without one, only ``pretrained`` is known and it is the config's ``max_position_embeddings``.
     """
-    from ..patching import installed
+    from ..install import installed
 
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     record = installed(model)

@@ -22,9 +22,10 @@ from typing import Any, Callable
 
 import torch
 
+from ..core.hf_compat import cache_argument, output_cache
 from ..errors import RopekitError
 from ..methods import get_method
-from ..patching import extend, rope_info
+from ..install import extend, rope_info
 from .records import RecordWriter
 
 PLAIN = "plain"
@@ -183,7 +184,7 @@ def run_speed(
                         # position would dominate both time and memory and hide the attention's cost
                         lambda: variant(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1), device
                     )
-                    cache, next_id = output.past_key_values, output.logits[:, -1:].argmax(-1)
+                    cache, next_id = output_cache(output), output.logits[:, -1:].argmax(-1)
                     del output
                     step_mask = mask
 
@@ -191,8 +192,8 @@ def run_speed(
                         nonlocal cache, next_id, step_mask
                         for _ in range(decode_tokens):
                             step_mask = torch.cat([step_mask, torch.ones_like(next_id)], dim=1)
-                            o = variant(input_ids=next_id, attention_mask=step_mask, past_key_values=cache, use_cache=True)
-                            cache, next_id = o.past_key_values, o.logits[:, -1:].argmax(-1)
+                            o = variant(input_ids=next_id, attention_mask=step_mask, use_cache=True, **{cache_argument(variant): cache})
+                            cache, next_id = output_cache(o), o.logits[:, -1:].argmax(-1)
 
                     decode_s, decode_mem, _ = _measure(decode, device) if decode_tokens else (0.0, 0, None)
                     del cache

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import InvalidParameterError
 from .base import AttentionSpec, Method, Param, original_window, register
-from .rope import default_inv_freq
+from ..core.rope import default_inv_freq
 
 NEW_BASE = Param("rope_theta", float, 500000.0, "the new RoPE base b'", minimum=1.0, exclusive_minimum=True)
 DECLARED_FACTOR = Param(

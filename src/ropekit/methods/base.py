@@ -8,7 +8,7 @@ the user's parameters it can
 * describe attention-side changes (per-head RoPE, logit scaling) as an :class:`AttentionSpec`,
 * say whether plain transformers (and therefore vLLM) has an exactly equivalent ``rope_parameters``.
 
-Installing a method into a model is :mod:`ropekit.patching`'s job; this module knows nothing about models.
+Installing a method into a model is :mod:`ropekit.install`'s job; a method only says what to install.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 
-from ..errors import InvalidParameterError, UnsupportedModelError
+from ..core.rope_info import RopeInfo
+from ..errors import InvalidParameterError
 
 #: Vocabulary for :attr:`Method.changes`.
 CHANGES = {
@@ -32,57 +34,6 @@ CHANGES = {
     "attention_pattern": "which keys a query sees, or the relative positions it sees them at",
     "weights": "adds or trains weights",
 }
-
-
-@dataclass(frozen=True)
-class RopeInfo:
-    """The RoPE facts of a model, read from its transformers config."""
-
-    model_type: str
-    rope_type: str
-    rope_theta: float
-    head_dim: int
-    rotary_dim: int
-    partial_rotary_factor: float
-    window: int
-    num_heads: int
-    num_kv_heads: int
-    num_layers: int
-
-    @property
-    def kv_groups(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    @classmethod
-    def from_config(cls, config) -> "RopeInfo":
-        """Read the RoPE facts of a transformers 5.x config; raise a one-line error when it has no RoPE."""
-        model_type = getattr(config, "model_type", "unknown")
-        rope = getattr(config, "rope_parameters", None)
-        if not rope or "rope_theta" not in rope or rope.get("rope_theta") is None:
-            raise UnsupportedModelError(
-                f"model type '{model_type}' has no rotary position embedding (RoPE)",
-                "ropekit extends RoPE models such as Llama, Mistral, Qwen2/3, Phi-3 and GPT-NeoX",
-            )
-        if any(isinstance(v, dict) for v in rope.values()):
-            raise UnsupportedModelError(
-                f"model type '{model_type}' has per-layer-type RoPE settings, which ropekit does not extend yet",
-                "use a model with one rope_parameters dict (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX)",
-            )
-        num_heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-        prf = float(rope.get("partial_rotary_factor", 1.0) or 1.0)
-        return cls(
-            model_type=model_type,
-            rope_type=rope.get("rope_type", "default"),
-            rope_theta=float(rope["rope_theta"]),
-            head_dim=int(head_dim),
-            rotary_dim=int(head_dim * prf),
-            partial_rotary_factor=prf,
-            window=int(config.max_position_embeddings),
-            num_heads=int(num_heads),
-            num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),
-            num_layers=int(config.num_hidden_layers),
-        )
 
 
 _TYPE_NAMES = {float: "a number", int: "an integer", bool: "true or false", str: "a string", list: "a list of numbers"}
@@ -220,9 +171,10 @@ class AttentionSpec:
     logit_scale_context: int | None = None
     skip_layers: frozenset[int] = field(default_factory=frozenset)
     head_bases: list[float] | None = None
-    #: Name of a layer-attention factory in :data:`ropekit.attention.LAYER_ATTENTIONS` and its arguments:
-    #: for methods that change which keys a query sees or at what relative position (Self-Extend, …).
-    layer_attention: str | None = None
+    #: A layer-attention factory ``factory(info, inv_freq, layer_idx, **layer_attention_args)`` from
+    #: :mod:`ropekit.attention`: for methods that change which keys a query sees or at what relative position
+    #: (Self-Extend, LM-Infinite, S²-Attn, Landmark).
+    layer_attention: Callable[..., Any] | None = None
     layer_attention_args: dict[str, Any] = field(default_factory=dict)
 
     def is_empty(self) -> bool:
@@ -283,6 +235,13 @@ class Method(abc.ABC):
         """Model-level changes besides frequencies and attention (Landmark: a new token and input hooks); returns
         the parameters to record, e.g. the id of an added token. Default: none."""
         return params
+
+    def uninstall_model(self, model: torch.nn.Module, params: dict[str, Any]) -> None:
+        """Undo :meth:`install_model`'s hooks when the method is removed (weights it added stay); default none."""
+
+    def training_batch(self, batch: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The trainer's batch as this method trains on it (Landmark: landmark tokens inserted); default unchanged."""
+        return batch
 
     def prepare_tokenizer(self, tokenizer, params: dict[str, Any]) -> None:
         """Adjust a tokenizer saved with the extended model (Landmark: its special token); default nothing."""

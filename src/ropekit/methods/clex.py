@@ -10,7 +10,7 @@ import torch
 from ..errors import InvalidParameterError
 from .base import ROPE_THETA, Method, Param, original_window, register
 from .clex_ode import CLEXFrequencies, attach_clex
-from .rope import default_inv_freq
+from ..core.rope import default_inv_freq
 
 #: t_max when neither ``max_factor`` nor a target is given (the reference code's default; LCEG used 32 on
 #: Llama-2-7B, 16 on Llama-3-8B and 64 on Phi-2 — paper 002, appendix "implementation details").

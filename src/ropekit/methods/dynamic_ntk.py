@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import InvalidParameterError
 from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Method, Param, register
-from .rope import default_inv_freq, dynamic_ntk_base
+from ..core.rope import default_inv_freq, dynamic_ntk_base
 
 
 def _trained_default(info):
@@ -17,7 +17,7 @@ class DynamicNTK(Method):
     """Dynamic NTK (emozilla 2023; Fu et al. 2024 as used by LCEG §7.8).
 
     ``b' = b·(s·max(C', C_test)/C − (s − 1))^(d/(d−2))`` where ``C_test`` is the longest length seen so far
-    (:func:`ropekit.methods.rope.dynamic_ntk_alpha`).
+    (:func:`ropekit.core.rope.dynamic_ntk_alpha`).
 
     * ``trained_length`` = ``C`` (default): transformers' ``dynamic`` rule — plain RoPE inside the window,
       growing base beyond it. Exports to transformers' ``dynamic`` type.

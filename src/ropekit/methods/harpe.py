@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from ..errors import InvalidParameterError
 from .base import AttentionSpec, Method, Param, register
-from .abf import DECLARED_FACTOR
 import torch
+
+from .abf import DECLARED_FACTOR
+from .harpe_search import peak_valley_search, uniform_bases
 
 
 @register
@@ -70,7 +72,6 @@ class HARPE(Method):
             raise InvalidParameterError(
                 f"harpe: b_max ({params['b_max']:g}) is below b_min ({params['b_min']:g})", "swap them"
             )
-        from .harpe_search import peak_valley_search, uniform_bases
 
         if params["strategy"] == "uniform":
             bases = uniform_bases(params["b_min"], params["b_max"], n)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ..attention.lm_infinite import make_lm_infinite
 from .abf import DECLARED_FACTOR
 from .base import AttentionSpec, Method, Param, original_window, register
-from .rope import default_inv_freq
+from ..core.rope import default_inv_freq
 
 
 @register
@@ -44,10 +45,8 @@ class LMInfinite(Method):
         return default_inv_freq(info.rope_theta, info.rotary_dim, device), 1.0
 
     def attention(self, info, params):
-        from ..attention import lm_infinite  # noqa: F401  (registers the layer attention)
-
         return AttentionSpec(
-            layer_attention="lm_infinite",
+            layer_attention=make_lm_infinite,
             layer_attention_args={"local_window": int(params["local_window"]), "global_tokens": int(params["global_tokens"])},
         )
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ..attention.s2_attn import make_s2_attn
 from .base import FACTOR, ROPE_THETA, AttentionSpec, Method, Param, register
-from .rope import default_inv_freq, pi_inv_freq
+from ..core.rope import default_inv_freq, pi_inv_freq
 
 #: LongLoRA's fine-tuning recipe (Chen et al. 2024 §3–4; notes §7), for the training code to use.
 LORA_RANK = 8
@@ -62,9 +63,7 @@ class LongLoRA(Method):
         return pi_inv_freq(params["rope_theta"], info.rotary_dim, params["factor"], device), 1.0
 
     def attention(self, info, params):
-        from ..attention import s2_attn  # noqa: F401  (registers the layer attention)
-
-        return AttentionSpec(layer_attention="s2_attn",
+        return AttentionSpec(layer_attention=make_s2_attn,
                              layer_attention_args={"group_size_ratio": float(params["group_size_ratio"])})
 
     def transformers_rope(self, info, params):

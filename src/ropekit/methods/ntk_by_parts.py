@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import InvalidParameterError
 from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Method, Param, register
-from .rope import blend_inv_freq, default_inv_freq, keep_fraction
+from ..core.rope import blend_inv_freq, default_inv_freq, keep_fraction
 
 BETA_FAST = Param("beta_fast", float, 32.0, "β: pairs rotating more than β times in C keep their frequency", minimum=0, exclusive_minimum=True)
 BETA_SLOW = Param("beta_slow", float, 1.0, "α: pairs rotating fewer than α times in C are fully interpolated", minimum=0, exclusive_minimum=True)

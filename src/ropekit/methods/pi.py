@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import FACTOR, ROPE_THETA, Method, register
-from .rope import default_inv_freq, pi_inv_freq
+from ..core.rope import default_inv_freq, pi_inv_freq
 
 
 @register

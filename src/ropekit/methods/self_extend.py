@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 
+from ..attention.self_extend import make_self_extend
 from ..errors import InvalidParameterError
 from .base import AttentionSpec, Method, Param, RopeInfo, register
-from .rope import default_inv_freq
+from ..core.rope import default_inv_freq
 
 #: Group size when neither ``group_size`` nor a target (``factor`` / ``target_length``) is given: the LongLM
 #: README's example (G = 32 with W = 1024 reaches 99,328 tokens on a 4k Llama-2).
@@ -102,10 +103,8 @@ class SelfExtend(Method):
         return default_inv_freq(info.rope_theta, info.rotary_dim, device), 1.0
 
     def attention(self, info, params):
-        from ..attention import self_extend as _se  # noqa: F401  (registers the layer attention)
-
         return AttentionSpec(
-            layer_attention="self_extend",
+            layer_attention=make_self_extend,
             layer_attention_args={
                 "group_size": params["group_size"],
                 "window_size": params["window_size"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Param, register
 from .ntk_by_parts import BETA_FAST, BETA_SLOW, BLEND, TRUNCATE, _ByParts, ramp_param
-from .rope import yarn_mscale
+from ..core.rope import yarn_mscale
 
 
 @register

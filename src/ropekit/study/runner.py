@@ -2,7 +2,7 @@
 
 The study (:mod:`ropekit.study.config`) is cut into pieces (:func:`plan`):
 
-* ``pretrain:base`` — the built-in base model (:func:`ropekit.models.builtin_base.pretrain_base`; cached,
+* ``pretrain:base`` — the built-in base model (:func:`ropekit.train.builtin_base.pretrain_base`; cached,
   so a second study reuses it), when the config's model is ``builtin-base``;
 * ``train:LABEL`` — each fine-tuned variant trained with the study's one recipe (:mod:`ropekit.train`) into
   ``DIR/runs/LABEL``; it checkpoints as it goes and a restarted piece resumes from its last checkpoint;
@@ -18,7 +18,8 @@ depend on it; running the study again retries it. Nothing finished is ever recom
 
 from __future__ import annotations
 
-import contextlib
+import io
+import json
 import multiprocessing
 import os
 import time
@@ -26,9 +27,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import runtime
 from ..errors import RopekitError
+from ..eval import get_task
+from ..eval.common import EvalContext, prepare_model
+from ..install import load, rope_info
+from ..models.byte_tokenizer import byte_tokenizer
+from ..models.loading import load_model
+from ..runtime import default_threads, quiet_transformers, torch_threads
+from ..train.builtin_base import describe, pretrain_base
+from ..train.trainer import METRICS_FILE, train
 from .config import BUILTIN_BASE, StudyConfig, Variant, parse_study, train_config_for
-from .store import StudyStore, key_fields_for, open_study
+from .store import StoreRecordWriter, StudyStore, key_fields_for, open_study
 
 PRETRAIN = "pretrain:base"
 RUNS_DIR = "runs"
@@ -76,14 +86,10 @@ def base_model_path(config: StudyConfig, store: StudyStore) -> str:
     for a in store.artifacts(PRETRAIN):
         if a["name"] == "model" and Path(a["path"]).is_dir():
             return a["path"]
-    from ..models.builtin_base import pretrain_base
-
     return str(pretrain_base(config.seed, progress=False))  # the cache was cleared since: rebuild it
 
 
 def _load_base(config: StudyConfig, store: StudyStore):
-    from ..models.loading import load_model
-
     loaded = load_model(base_model_path(config, store))
     return loaded.model, loaded.tokenizer
 
@@ -91,15 +97,10 @@ def _load_base(config: StudyConfig, store: StudyStore):
 def _load_trained(path: str | Path):
     from transformers import AutoTokenizer
 
-    from ..demo import _quiet_transformers
-    from ..patching import load
-
-    with _quiet_transformers():
+    with quiet_transformers():
         model = load(path)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True) if (Path(path) / "tokenizer_config.json").is_file() else None
     if tokenizer is None:
-        from ..models.byte_tokenizer import byte_tokenizer
-
         tokenizer = byte_tokenizer()
     return model, tokenizer
 
@@ -123,8 +124,6 @@ class _Sink:
 
 
 def _run_pretrain(config: StudyConfig, store: StudyStore, piece: PlannedPiece, report, threads: int | None) -> dict[str, Any]:
-    from ..models.builtin_base import describe, pretrain_base
-
     path = pretrain_base(config.seed, progress=False, threads=threads, on_step=report)
     meta = describe(path)
     return {"artifacts": {"model": str(path)},
@@ -133,10 +132,6 @@ def _run_pretrain(config: StudyConfig, store: StudyStore, piece: PlannedPiece, r
 
 def _run_train(config: StudyConfig, store: StudyStore, piece: PlannedPiece, study_dir: Path, report,
                threads: int | None) -> dict[str, Any]:
-    import json
-
-    from ..train.trainer import METRICS_FILE, train
-
     variant = config.variant(piece.label)
     out = study_dir / RUNS_DIR / variant.label
     cfg = train_config_for(config, variant, base_model_path(config, store), out)
@@ -146,8 +141,6 @@ def _run_train(config: StudyConfig, store: StudyStore, piece: PlannedPiece, stud
 
     def on_step(info):
         report(info.step, total)
-
-    import io
 
     from rich.console import Console
 
@@ -165,8 +158,6 @@ def _run_train(config: StudyConfig, store: StudyStore, piece: PlannedPiece, stud
 
 def _eval_model(config: StudyConfig, store: StudyStore, variant: Variant, lengths: list[int]):
     """``(model, tokenizer, method, params)`` of a variant, ready to evaluate."""
-    from ..eval.common import prepare_model
-
     if variant.trained:
         trained = [a["path"] for a in store.artifacts(f"train:{variant.label}") if a["name"] == "model"]
         if not trained:
@@ -180,10 +171,6 @@ def _eval_model(config: StudyConfig, store: StudyStore, variant: Variant, length
 
 
 def _run_eval(config: StudyConfig, store: StudyStore, piece: PlannedPiece, report) -> dict[str, Any]:
-    from ..eval import get_task
-    from ..eval.common import EvalContext
-    from .store import StoreRecordWriter
-
     variant = config.variant(piece.label)
     options = dict(config.evals[piece.task])
     module = get_task(piece.task)
@@ -232,9 +219,14 @@ def _blocked(piece: PlannedPiece, status: dict[str, str], by_id: dict[str, Plann
     return False
 
 
-def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, report_progress=None, poll: float = 0.5,
-         threads: int | None = None) -> None:
-    """One worker: claim runnable pieces until none is left (others may still be running pieces)."""
+def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, report_progress=None, report_done=None,
+         poll: float = 0.5, threads: int | None = None) -> None:
+    """One worker: claim runnable pieces until none is left (others may still be running pieces).
+
+    ``threads``: CPU threads for every piece; ``None`` chooses them per piece from the machine's load at the
+    moment it starts (:func:`~ropekit.runtime.default_threads`), so a momentary load early on does not slow
+    the whole study. ``report_done(piece, status, seconds)`` is called after each piece.
+    """
     study_dir = Path(study_dir)
     pieces = plan(config)
     by_id = {p.id: p for p in pieces}
@@ -259,18 +251,20 @@ def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, repor
                 continue
             if report_piece:
                 report_piece(runnable)
-            run_piece(config, store, runnable, study_dir, report=report_progress or (lambda n, total: None), threads=threads)
-            if _statuses(store).get(runnable.id) == "failed":
+            started = time.perf_counter()
+            piece_threads = threads or default_threads()
+            with torch_threads(piece_threads):
+                run_piece(config, store, runnable, study_dir, report=report_progress or (lambda n, total: None),
+                          threads=piece_threads)
+            outcome = _statuses(store).get(runnable.id)
+            if outcome == "failed":
                 failed_now.add(runnable.id)
+            if report_done:
+                report_done(runnable, outcome, time.perf_counter() - started)
 
 
 def _worker_main(study_dir: str, config_dict: dict[str, Any], threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
-    from ..demo import _quiet_transformers
-
-    with _quiet_transformers():
+    with quiet_transformers():
         work(study_dir, parse_study(config_dict), threads=threads)
 
 
@@ -294,9 +288,6 @@ def _record_window(config: StudyConfig, store: StudyStore) -> None:
         return
     path = base_model_path(config, store)
     try:
-        from ..models.loading import load_model
-        from ..patching import rope_info
-
         info = rope_info(load_model(path).model)
         store.set_manifest(window=info.window)
     except RopekitError:
@@ -306,51 +297,40 @@ def _record_window(config: StudyConfig, store: StudyStore) -> None:
 def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, progress: bool = True, console=None) -> dict[str, Any]:
     """Run every unfinished piece of ``config`` into ``study_dir/study.sqlite``; returns the store's status.
 
-    ``workers`` processes share the work (each with ``cores // workers`` threads); with one, the work runs
-    in this process. A progress bar shows finished pieces, the piece running and its samples.
+    ``workers`` processes share the work (each with ``cores // workers`` threads); with one, the work runs in
+    this process with threads chosen per piece from the current load. The display (:func:`ropekit.runtime.progress`)
+    shows finished pieces, the piece running and its samples, and keeps one line per finished piece.
     """
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    from ..demo import _quiet_transformers, default_threads
-
     study_dir = Path(study_dir)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise RopekitError(f"--workers {workers!r} is not a positive whole number", "pass --workers 1 (or more)")
     store = initialize(study_dir, config)
     started = time.time()
     pieces = plan(config)
-    console = console or Console(stderr=True)
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                   TimeElapsedColumn(), console=console, disable=not progress, transient=False)
 
     def done_count() -> int:
         return sum(1 for s in _statuses(store).values() if s == "done")
 
     try:
-        with bar, _quiet_transformers():
-            job = bar.add_task(f"study {config.name}", total=len(pieces), completed=done_count(), info="")
+        with runtime.progress(f"study {config.name}", total=len(pieces), completed=done_count(), console=console,
+                              enabled=progress) as bar, quiet_transformers():
             if workers == 1:
                 current = {"id": ""}
 
                 def on_piece(p: PlannedPiece) -> None:
                     current["id"] = p.id
-                    bar.update(job, completed=done_count(), info=p.id)
+                    bar.update(completed=done_count(), info=p.id)
                     if p.kind != "pretrain" and store.get_manifest("window") is None:
                         _record_window(config, store)
 
                 def on_progress(n: int, total: int | None) -> None:
-                    bar.update(job, info=f"{current['id']} {n}/{total if total is not None else '?'}")
+                    bar.update(info=f"{current['id']} {n}/{total if total is not None else '?'}")
 
-                threads = default_threads()
-                with _threads(threads):
-                    work(study_dir, config, report_piece=on_piece, report_progress=on_progress, threads=threads)
+                def on_done(p: PlannedPiece, outcome: str | None, seconds: float) -> None:
+                    bar.log(f"{outcome or 'stopped'}: {p.id} ({seconds:.1f} s)")
+                    bar.update(completed=done_count())
+
+                work(study_dir, config, report_piece=on_piece, report_progress=on_progress, report_done=on_done)
             else:
                 threads = max(1, (os.cpu_count() or 1) // workers)
                 ctx = multiprocessing.get_context("spawn")
@@ -358,31 +338,25 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                          for _ in range(workers)]
                 for proc in procs:
                     proc.start()
+                seen = _statuses(store)
                 while any(proc.is_alive() for proc in procs):
+                    now = _statuses(store)
+                    for piece_id, status in now.items():
+                        if status in ("done", "failed") and seen.get(piece_id) != status:
+                            bar.log(f"{status}: {piece_id}")
+                    seen = now
                     running = [r["piece"] for r in store.status()["running"]]
-                    bar.update(job, completed=done_count(), info=", ".join(running))
-                    if store.get_manifest("window") is None and _statuses(store).get(PRETRAIN, "done") == "done":
+                    bar.update(completed=done_count(), info=", ".join(running))
+                    if store.get_manifest("window") is None and now.get(PRETRAIN, "done") == "done":
                         _record_window(config, store)
                     time.sleep(1.0)
                 for proc in procs:
                     proc.join()
             _record_window(config, store)
-            bar.update(job, completed=done_count(), info="")
+            bar.update(completed=done_count(), info="")
         elapsed = time.time() - started
         previous = store.get_manifest("wall_seconds") or 0.0
         store.set_manifest(wall_seconds=round(float(previous) + elapsed, 1))
         return store.status()
     finally:
         store.close()
-
-
-@contextlib.contextmanager
-def _threads(n: int):
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

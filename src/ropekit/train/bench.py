@@ -38,7 +38,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..data.pose import attention_mask_for, item_generator, pose_sample
 from ..errors import RopekitError
+from ..install import rope_info
+from ..models.loading import load_model
+from ..runtime import default_threads, deterministic
+from .config import MethodConfig
+from .curriculum import switch
 
 
 def _activation_bytes(model, fn) -> int:
@@ -78,10 +84,8 @@ def pose_vs_full(model_name: str = "tiny", multiples=(2, 4, 8), steps: int = 3, 
     """Rows ``{multiple, target, mode, seq_len, tokens_per_step, step_s, s_per_1k_tokens, activation_mib,
     peak_mib, ratio_step, ratio_activation, rounds, threads}``: first the ``window`` reference, then ``pose``
     and ``full`` per target (module doc); ``steps`` is the number of interleaved timing rounds. On the CPU,
-    ``threads`` defaults to :func:`ropekit.demo.default_threads` (1 on a busy machine, where a second thread
+    ``threads`` defaults to :func:`ropekit.runtime.default_threads` (1 on a busy machine, where a second thread
     only waits)."""
-    from ..demo import default_threads, deterministic
-
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise RopekitError(f"bench steps {steps!r} is not a positive integer", "pass --max-steps N with N ≥ 1")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -98,11 +102,6 @@ def pose_vs_full(model_name: str = "tiny", multiples=(2, 4, 8), steps: int = 3, 
 
 
 def _pose_vs_full(model_name, multiples, steps, batch_size, seed, device) -> list[dict[str, Any]]:
-    from ..data.pose import attention_mask_for, item_generator, pose_sample
-    from ..models.loading import load_model
-    from ..patching import rope_info
-    from .config import MethodConfig
-    from .curriculum import switch
 
     model = load_model(model_name).model
     window = rope_info(model).window

@@ -14,10 +14,10 @@ moments carry over unless the stage sets ``reset_optimizer: true``.
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 
+from ..install import extend, resolve_params, uninstall
 from .config import MethodConfig, StageConfig, TrainConfig, TrainSection
 
 
@@ -84,57 +84,21 @@ def lr_at(train: TrainSection, stage: StageConfig, n: int) -> float:
 
 
 # ---- methods -------------------------------------------------------------------------------------------
-def _kwargs(method: MethodConfig) -> dict:
-    return dict(method.params)
-
-
 def check_method(model, method: MethodConfig) -> None:
     """Validate ``method`` against ``model`` (model-dependent parameter checks) without changing it."""
-    from ..patching import resolve_params
-
     if method.name is not None:
-        resolve_params(model, method.name, **_kwargs(method))
+        resolve_params(model, method.name, **method.params)
 
 
 def install(model, method: MethodConfig) -> None:
     """Install ``method`` into ``model`` (a transformers model, not a wrapper) with :func:`ropekit.extend`."""
-    from ..patching import extend
-
     if method.name is not None:
-        extend(model, method.name, **_kwargs(method))
-
-
-def uninstall(model) -> None:
-    """Return an extended ``model`` to its base RoPE (the reverse of :func:`ropekit.extend`).
-
-    The base ``rope_parameters`` and window come from the ``config.ropekit`` record that ``extend`` wrote;
-    the rotary modules are rebuilt from them and every attention-side transform is removed. Weights are
-    untouched — this is what lets a curriculum change a method's parameters between stages.
-    """
-    from ..attention.interface import attention_modules, kernel_of
-    from ..patching import rotary_modules
-
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    record = getattr(config, "ropekit", None)
-    if not record:
-        return
-    config.rope_parameters = copy.deepcopy(record["base"]["rope_parameters"])
-    config.max_position_embeddings = record["base"]["max_position_embeddings"]
-    delattr(config, "ropekit")
-    for parent, attr, old in rotary_modules(model):
-        device = old.inv_freq.device
-        setattr(parent, attr, type(old)(config=old.config).to(device))
-    modules = attention_modules(model)
-    for module in modules:
-        module.ropekit_transforms = ()
-        module.ropekit_attend = None
-    current = getattr(config, "_attn_implementation", None)
-    if current and kernel_of(current) != current:
-        model.set_attn_implementation(kernel_of(current))
+        extend(model, method.name, **method.params)
 
 
 def switch(model, old: MethodConfig | None, new: MethodConfig) -> bool:
-    """Make ``model`` carry ``new`` instead of ``old``; returns whether anything changed."""
+    """Make ``model`` carry ``new`` instead of ``old`` (:func:`ropekit.install.uninstall`, then :func:`install`);
+    returns whether anything changed. Weights are untouched, so a stage can change a method's parameters."""
     if old is not None and old.name == new.name and old.params == new.params:
         return False
     uninstall(model)

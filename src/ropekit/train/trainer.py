@@ -24,7 +24,7 @@ so ``ropekit.load(DIR/final)`` gives it back with its method, and the EMA weight
 
 Determinism: the run is seeded (``train.seed``) inside a forked torch RNG (the caller's generator state
 is restored afterwards), CPU threads are fixed (``train.threads``; by default, for one CPU process,
-:func:`ropekit.demo.default_threads`), and
+:func:`ropekit.runtime.default_threads`), and
 ``torch.use_deterministic_algorithms(True, warn_only=True)`` is on by default. A resumed run reproduces the
 losses of an uninterrupted one (tests/train/test_train_resume.py).
 """
@@ -46,19 +46,21 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..demo import _progress as _progress_bar
-from ..demo import (
-    _quiet_transformers as _no_hf_progress,  # no HF bars inside ropekit's own display
-)
+from .. import runtime
+from ..core.jsonsafe import json_safe
 from ..errors import RopekitError
+from ..install import installed, save_pretrained
 from ..methods import get_method
-from ..methods.landmark import training_batch as landmark_training_batch
+from ..models.byte_tokenizer import byte_tokenizer
+from ..models.loading import load_model
+from ..runtime import cache_root, default_threads, quiet_transformers
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .curriculum import StagePlan, check_method, install, locate, lr_at, plan, switch
 from .data import SampleOrder, build_dataset, make_loader, model_attention_mask
 from .ema import EMA
 from .lora import apply_lora, base_model, merged_copy
+from .pretrain import pretrain_tiny
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
@@ -99,28 +101,6 @@ class TrainResult:
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _determinism(threads: int | None, deterministic: bool):
-    prev_threads = torch.get_num_threads()
-    prev_det = torch.are_deterministic_algorithms_enabled()
-    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    if threads:
-        torch.set_num_threads(threads)
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(prev_det, warn_only=prev_warn)
-        torch.set_num_threads(prev_threads)
-
-
-def _json_safe(value):
-    from ..patching import json_safe
-
-    return json_safe(value)
-
-
 def _config_diff(saved, current, prefix: str = "") -> str | None:
     """The first setting whose value differs (``output`` may change on resume), or ``None``."""
     if isinstance(saved, dict) and isinstance(current, dict):
@@ -151,15 +131,10 @@ def no_decay(name: str, param: torch.Tensor) -> bool:
 def load_for_training(cfg: TrainConfig, progress: bool = False):
     """``(model, tokenizer)`` for ``cfg.model`` (float32 unless ``model.dtype`` says otherwise)."""
     if cfg.model.name == "tiny-pretrained":
-        from ..demo import pretrain_tiny
-        from ..models.byte_tokenizer import byte_tokenizer
-
         model = pretrain_tiny(progress=progress)  # trained once (about a minute), then loaded from the cache
         if cfg.model.attn_implementation != "sdpa":
             model.set_attn_implementation(cfg.model.attn_implementation)
         return model.to(getattr(torch, cfg.model.dtype)), byte_tokenizer()
-    from ..models.loading import load_model
-
     loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation)
     return loaded.model, loaded.tokenizer
 
@@ -209,7 +184,7 @@ class Trainer:
         if found is None:
             return None
         state = ckpt.read_state(found[1])
-        diff = _config_diff(state.get("config", {}), _json_safe(self.cfg.to_dict()))
+        diff = _config_diff(state.get("config", {}), json_safe(self.cfg.to_dict()))
         if diff:
             raise RopekitError(f"--resume: the config differs from the run in '{out}': {diff}",
                                "resume with the run's config (its copy is DIR/config.yaml), or start a new --out")
@@ -223,7 +198,7 @@ class Trainer:
             done = json.loads(info.read_text())
         except json.JSONDecodeError:
             return False
-        return done.get("step") == self.cfg.last_step and _config_diff(done.get("config", {}), _json_safe(self.cfg.to_dict())) is None
+        return done.get("step") == self.cfg.last_step and _config_diff(done.get("config", {}), json_safe(self.cfg.to_dict())) is None
 
     # ---- model and optimizer ---------------------------------------------------------------------------
     def _build(self, stage_index: int):
@@ -273,8 +248,6 @@ class Trainer:
         if source is None:
             cache = stage.config.data.cache_dir
             if cache is None:
-                from ..demo import cache_root
-
                 cache = str(cache_root() / "train-data")
             with self.acc.main_process_first():  # the others then read the tokenisation cache it wrote
                 dataset = build_dataset(stage.config.data.spec, self.tokenizer, stage.config.seq_len, self.cfg.train.seed,
@@ -282,7 +255,7 @@ class Trainer:
             summary = getattr(dataset, "summary", None)
             if self.is_main and summary is not None:
                 self.out.mkdir(parents=True, exist_ok=True)
-                ckpt.write_json_atomic(self.out / f"data-{stage.name}.json", _json_safe(summary))
+                ckpt.write_json_atomic(self.out / f"data-{stage.name}.json", json_safe(summary))
                 self._note(f"data for stage {stage.name}: {summary.get('items')} sequences of {stage.config.seq_len} tokens "
                            f"({summary.get('mode')}); details in {self.out / f'data-{stage.name}.json'}")
         elif callable(source) and not isinstance(source, torch.utils.data.Dataset):
@@ -295,7 +268,9 @@ class Trainer:
     # ---- one optimizer step ----------------------------------------------------------------------------
     def _forward_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Sum of next-token cross-entropies over the label tokens of ``batch`` (float32)."""
-        batch = landmark_training_batch(base_model(self.unwrapped), batch)  # inserts landmarks if Landmark is installed
+        record = installed(base_model(self.unwrapped))
+        if record:  # the method's own form of a training batch (Landmark inserts its tokens)
+            batch = get_method(record["method"]).training_batch(batch, record["params"])
         mask = model_attention_mask(batch["attention_mask"], base_model(self.unwrapped), self.param_dtype,
                                     batch["position_ids"])
         out = self.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask,
@@ -383,7 +358,7 @@ class Trainer:
             "guard": {"skipped": self.skipped, "history": list(self.guard_history)},
             "tokens_seen": self.tokens_seen,
             "ema_updates": self.ema.updates if self.ema is not None else None,
-            "config": _json_safe(self.cfg.to_dict()),
+            "config": json_safe(self.cfg.to_dict()),
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -423,7 +398,7 @@ class Trainer:
     def _log(self, row: dict[str, Any]) -> None:
         if not self.is_main:
             return
-        self.metrics.write(json.dumps(_json_safe(row)) + "\n")
+        self.metrics.write(json.dumps(json_safe(row)) + "\n")
         self.metrics.flush()
         for tracker in self._trackers:
             tracker(row)
@@ -453,7 +428,7 @@ class Trainer:
             # one W&B run per run directory, so that --resume continues it
             run_id = hashlib.sha1(str(self.out.resolve()).encode()).hexdigest()[:16]
             run = wandb.init(project=out.wandb.get("project", "ropekit"), name=out.wandb.get("name"),
-                             entity=out.wandb.get("entity"), dir=str(self.out), config=_json_safe(self.cfg.to_dict()),
+                             entity=out.wandb.get("entity"), dir=str(self.out), config=json_safe(self.cfg.to_dict()),
                              id=run_id, resume="allow")
 
             def wb(row):
@@ -466,8 +441,6 @@ class Trainer:
     def _export(self, directory: Path) -> None:
         """Save the current weights as a plain model with its method (LoRA merged) — collective."""
         from accelerate.utils import DistributedType
-
-        from ..patching import save_pretrained
 
         if self.acc.distributed_type == DistributedType.FSDP:
             # Gather the full weights on the main process and load them into a fresh copy of the model (with
@@ -490,12 +463,12 @@ class Trainer:
         tmp = directory.parent / f".tmp-{directory.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            with _no_hf_progress():
+            with quiet_transformers():
                 save_pretrained(plain, tmp, tokenizer=self.tokenizer)
             ckpt.write_json_atomic(tmp / TRAIN_INFO, {
                 "step": self.step, "stage": self.plan[locate(self.plan, max(0, self.step - 1))[0]].name,
                 "tokens_seen": self.tokens_seen, "skipped": self.skipped,
-                "ema": directory.name == FINAL_EMA_DIR, "config": _json_safe(self.cfg.to_dict()),
+                "ema": directory.name == FINAL_EMA_DIR, "config": json_safe(self.cfg.to_dict()),
             })
             ckpt.replace_dir(tmp, directory)
         finally:
@@ -540,7 +513,7 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             import yaml
 
-            (self.out / CONFIG_FILE).write_text(yaml.safe_dump(_json_safe(cfg.to_dict()), sort_keys=False))
+            (self.out / CONFIG_FILE).write_text(yaml.safe_dump(json_safe(cfg.to_dict()), sort_keys=False))
             self.metrics = self._open_metrics(self.step)
         self.acc.wait_for_everyone()
         self._start_trackers()
@@ -562,17 +535,11 @@ class Trainer:
             close()
         self._closers = []
 
-    def _progress(self):
-        if not (self.show_progress and self.is_main):
-            return None
-        return _progress_bar(self.console)  # the same bar as pre-training and the demo
-
     def _loop(self, result: TrainResult) -> None:
         cfg = self.cfg
         last = cfg.last_step
-        bar = self._progress()
-        with bar if bar is not None else contextlib.nullcontext():
-            job = bar.add_task("training", total=last, completed=self.step, info="") if bar is not None else None
+        shown = self.show_progress and self.is_main
+        with runtime.progress("training", total=last, completed=self.step, console=self.console, enabled=shown) as bar:
             while self.step < last:
                 stage_index, done = locate(self.plan, self.step)
                 stage = self.plan[stage_index]
@@ -594,16 +561,14 @@ class Trainer:
                 for n in range(done + 1, stop + 1):
                     micro = [next(batches) for _ in range(stage.config.grad_accum)]
                     row = self._train_step(stage, n, micro)
-                    self._after_step(row, result, bar, job)
+                    self._after_step(row, result, bar)
 
-    def _after_step(self, row: dict[str, Any], result: TrainResult, bar, job) -> None:
+    def _after_step(self, row: dict[str, Any], result: TrainResult, bar: runtime.ProgressTask) -> None:
         cfg = self.cfg
         self._log(row)
         result.losses.append((row["step"], row["loss"]))
-        if bar is not None:
-            rate = row["tokens"] / row["seconds"] if row["seconds"] > 0 else 0.0
-            bar.update(job, completed=row["step"],
-                       info=f"loss {row['loss']:.4f}  lr {row['lr']:.2e}  {rate:,.0f} tok/s  {row['stage']}")
+        rate = row["tokens"] / row["seconds"] if row["seconds"] > 0 else 0.0
+        bar.update(completed=row["step"], info=f"loss {row['loss']:.4f}  lr {row['lr']:.2e}  {rate:,.0f} tok/s  {row['stage']}")
         if self.is_main and (row["step"] % cfg.output.log_every == 0 or row["skipped"]):
             note = f"  [yellow]skipped ({row['skipped']})[/]" if row["skipped"] else ""
             self.console.print(
@@ -674,12 +639,11 @@ def train(cfg: TrainConfig, *, resume: bool = False, dataset=None, model=None, t
     accelerator = _accelerator(cfg)
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     threads = cfg.train.threads
-    if threads is None and accelerator.num_processes == 1 and not _has_accelerator_device():
-        from ..demo import default_threads
-
-        threads = default_threads()  # 2, or 1 on a busy machine (a second thread would only wait)
+    if threads is None:  # one CPU process: 2, or 1 on a busy machine; under a launcher torch's setting is kept
+        single_cpu = accelerator.num_processes == 1 and not _has_accelerator_device()
+        threads = default_threads() if single_cpu else torch.get_num_threads()
     try:
-        with _determinism(threads, cfg.train.deterministic), torch.random.fork_rng(devices=devices):
+        with runtime.deterministic(threads, algorithms=cfg.train.deterministic), torch.random.fork_rng(devices=devices):
             torch.manual_seed(cfg.train.seed)
             trainer = Trainer(cfg, accelerator, resume=resume, dataset=dataset, model=model, tokenizer=tokenizer,
                               callbacks=callbacks, progress=progress, console=console)

@@ -9,7 +9,7 @@ starts from, and it must exist offline on a 2-core CPU. :func:`pretrain_base` bu
    a synthetic copy curriculum that grows the induction heads retrieval needs (:class:`Curriculum`), then
    on the *training* split of the Python standard-library sources (:mod:`ropekit.data.local_text`; their
    docstrings are its English) with synthetic retrieval documents — the passkey prompt of
-   :mod:`ropekit.eval.passkey` (Landmark/YaRN/PoSE's) with its answer — so that the base model retrieves
+   :mod:`ropekit.data.passkey_text` (Landmark/YaRN/PoSE's) with its answer — so that the base model retrieves
    *within* its window and retrieval beyond it measures the method. The held-out split and the
    language-reference prose, which make up the built-in evaluation corpus (:mod:`ropekit.data.corpora`),
    are never trained on;
@@ -22,7 +22,6 @@ Deterministic for a seed on a given machine (fixed threads, deterministic kernel
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import time
@@ -31,18 +30,13 @@ from typing import Any
 
 import torch
 
+from .. import runtime
 from ..data.local_text import corpus_digest, stdlib_documents
-from ..demo import (
-    _lr_at,
-    _progress,
-    _save_atomically,
-    _settings_key,
-    cache_root,
-    default_threads,
-    deterministic,
-    pretrain_step,
-)
-from ..eval.passkey import KEY_RANGE, build_prompt
+from ..data.passkey_text import KEY_RANGE, build_prompt
+from ..models.loading import load_model
+from ..models.tiny import build_tiny_model
+from ..runtime import cache_root, default_threads, deterministic, save_model_atomically, settings_key
+from .pretrain import pretrain_step, warmup_cosine_lr
 
 #: Bump when training changes in a way SETTINGS does not capture (invalidates cached models).
 CACHE_FORMAT = 3
@@ -204,7 +198,7 @@ def training_data(settings: dict[str, Any], texts: list[str], seed: int):
 def base_model_path(seed: int = 0, cache_dir=None, *, steps: int | None = None) -> Path:
     """Where :func:`pretrain_base` keeps (or will keep) the model for these settings."""
     settings, _ = _settings(seed, steps)
-    return cache_root(cache_dir) / f"base-llama-{_settings_key(settings)}"
+    return cache_root(cache_dir) / f"base-llama-{settings_key(settings)}"
 
 
 def is_cached(path: Path) -> bool:
@@ -223,11 +217,9 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
     ``on_step(done, total)`` is called after every step (a study's progress bar).
     """
     settings, texts = _settings(seed, steps)
-    path = cache_root(cache_dir) / f"base-llama-{_settings_key(settings)}"
+    path = cache_root(cache_dir) / f"base-llama-{settings_key(settings)}"
     if use_cache and is_cached(path):
         return path
-    from .tiny import build_tiny_model
-
     window, total = settings["window"], settings["steps"]
     tokenizer, curriculum = training_data(settings, texts, seed)
     eos = tokenizer.eos_token_id
@@ -241,16 +233,13 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
         model.train()
         gen = torch.Generator().manual_seed(seed)
         opt = torch.optim.AdamW(model.parameters(), lr=settings["lr"], betas=(0.9, 0.95), weight_decay=0.01)
-        bar = _progress() if progress else contextlib.nullcontext()
-        with bar:
-            job = bar.add_task("pre-training the base model", total=total, info="") if progress else None
+        with runtime.progress("pre-training the base model", total=total, enabled=progress) as bar:
             for step in range(total):
                 ids = curriculum.batch(step, gen)
-                losses.append(pretrain_step(model, opt, ids, _lr_at(step, total, settings["lr"]),
+                losses.append(pretrain_step(model, opt, ids, warmup_cosine_lr(step, total, settings["lr"]),
                                             attention_mask=torch.ones_like(ids)))
-                if progress:
-                    recent = sum(losses[-20:]) / len(losses[-20:])
-                    bar.update(job, advance=1, info=f"{curriculum.phase(step)} loss {recent:.3f}")
+                recent = sum(losses[-20:]) / len(losses[-20:])
+                bar.update(advance=1, info=f"{curriculum.phase(step)} loss {recent:.3f}")
                 if on_step is not None:
                     on_step(step + 1, total)
         model.eval()
@@ -263,13 +252,11 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
         "corpus_note": "copy curriculum (synthetic trigram and repeated-span rows), then the python-stdlib training split "
                        "(sources and their docstrings) with packed passkey documents and repeated-span rows",
     }
-    return _save_atomically(model, path, meta, extra=tokenizer.save_pretrained, meta_file=META_FILE)
+    return save_model_atomically(model, path, meta, extra=tokenizer.save_pretrained, meta_file=META_FILE)
 
 
 def load_base(seed: int = 0, cache_dir=None, **kwargs):
     """``(model, tokenizer)`` of the built-in base model, pre-training it first when it is not cached."""
-    from ..models.loading import load_model
-
     path = pretrain_base(seed, cache_dir, **kwargs)
     loaded = load_model(str(path))
     return loaded.model, loaded.tokenizer

@@ -1,6 +1,7 @@
 """Landmark attention inside a transformers model: the landmark token, and landmarks inserted into plain ids.
 
-Installing (:func:`install_landmark_inputs`, called by ``ropekit.extend(model, "landmark", …)``):
+Installing (:func:`install_landmark_inputs`, called by ``ropekit.extend(model, "landmark", …)``; removing a
+method calls :func:`remove_landmark_inputs`, which takes the hooks away and leaves the embedding row):
 
 * **The token.** Without ``landmark_token_id`` the embedding matrix grows by one row
   (``resize_token_embeddings``, so ``config.vocab_size`` follows) and the new id is that row; the input
@@ -18,13 +19,13 @@ What the decoder hook does per call — the *stream* of a call is the ids it see
 cached before them, and its mode is fixed by its first call:
 
 * **Plain ids** (no landmark id in them): landmarks are inserted after every ``mem_freq``-th token of the
-  stream (:func:`~ropekit.methods.landmark.landmark_layout`, counting the tokens already cached, so
+  stream (:func:`~ropekit.methods.landmark_layout.landmark_layout`, counting the tokens already cached, so
   ``generate``, chunked prefill and one long forward see the same sequence); a 2-D attention mask and the
-  position ids are extended to match (:func:`~ropekit.methods.landmark.landmark_positions`); and the
+  position ids are extended to match (:func:`~ropekit.methods.landmark_layout.landmark_positions`); and the
   decoder's output is mapped back to one vector per plain token — the output at the landmark for the last
   token of a block. So logits, ``logits_to_keep``, ``labels`` and every evaluation work on plain ids. The
   per-layer ``hidden_states``/``attentions`` (when requested) keep the landmark positions.
-* **Ids that already hold landmarks** (the trainer's batches, :mod:`ropekit.methods.landmark`): passed
+* **Ids that already hold landmarks** (the trainer's batches, :mod:`ropekit.methods.landmark_layout`): passed
   through; the output keeps one position per id.
 
 The landmark layout of the cached keys lives on the KV cache object; a cache filled without it (before
@@ -39,17 +40,18 @@ from dataclasses import dataclass
 
 import torch
 
+from ..attention.landmark import LANDMARKS_KWARG, LandmarkInputs
+from ..core.hf_compat import cache_argument
 from ..errors import InvalidParameterError, RopekitError
-from ..methods.landmark import (
-    LANDMARK_TOKEN,
-    landmark_layout,
-    landmark_positions,
-    landmark_settings,
-)
-from .landmark import LANDMARKS_KWARG, LandmarkInputs
+from .landmark_layout import LANDMARK_TOKEN, landmark_layout, landmark_positions
 
+#: On a KV cache: the landmark layout of what it holds.
 STREAM_ATTR = "_ropekit_landmark_stream"
+#: On the output embedding: the landmark token's id (kept after removal, so re-installing reuses the row).
 TOKEN_ATTR = "_ropekit_landmark_token"
+#: On the model: ``(mem_freq, landmark_token_id)`` while installed, and the hook handles that removal undoes.
+SETTINGS_ATTR = "_ropekit_landmark_settings"
+HOOKS_ATTR = "_ropekit_landmark_hooks"
 
 
 @dataclass
@@ -79,11 +81,11 @@ def _add_embedding_row(model) -> int:
     return rows
 
 
-def install_landmark_inputs(model, landmark_token_id: int | None) -> int:
+def install_landmark_inputs(model, landmark_token_id: int | None, mem_freq: int) -> int:
     """Add the landmark token (unless ``landmark_token_id`` names an existing row) and the hooks; return the id.
 
-    Installing twice (a curriculum re-installing the method) adds no second row and no second hook: a model
-    that already carries a landmark token keeps it.
+    Installing again (a curriculum re-installing the method) adds no second row: a model that already
+    carries a landmark token keeps it; the hooks are replaced.
     """
     rows = model.get_input_embeddings().weight.shape[0]
     head = model.get_output_embeddings()
@@ -96,15 +98,26 @@ def install_landmark_inputs(model, landmark_token_id: int | None) -> int:
         raise InvalidParameterError(
             f"landmark: landmark_token_id {landmark_token_id} is outside the vocabulary ({rows} embedding rows)",
             "leave it out to add a new token, or pass the id of a free row")
+    remove_landmark_inputs(model)
     decoder = model.base_model
-    if _before_decoder not in decoder._forward_pre_hooks.values():
-        decoder.register_forward_pre_hook(_before_decoder, with_kwargs=True)
-        decoder.register_forward_hook(_after_decoder, with_kwargs=True)
+    setattr(decoder, SETTINGS_ATTR, (int(mem_freq), int(landmark_token_id)))
+    hooks = [decoder.register_forward_pre_hook(_before_decoder, with_kwargs=True),
+             decoder.register_forward_hook(_after_decoder, with_kwargs=True)]
     if head is not None:
         setattr(head, TOKEN_ATTR, int(landmark_token_id))
-        if _mask_landmark_logit not in head._forward_hooks.values():
-            head.register_forward_hook(_mask_landmark_logit)
+        hooks.append(head.register_forward_hook(_mask_landmark_logit))
+    setattr(model, HOOKS_ATTR, hooks)
     return int(landmark_token_id)
+
+
+def remove_landmark_inputs(model) -> None:
+    """Take the hooks of :func:`install_landmark_inputs` away; the embedding row (and its id) stay."""
+    for handle in getattr(model, HOOKS_ATTR, ()):
+        handle.remove()
+    if hasattr(model, HOOKS_ATTR):
+        delattr(model, HOOKS_ATTR)
+    if hasattr(model.base_model, SETTINGS_ATTR):
+        delattr(model.base_model, SETTINGS_ATTR)
 
 
 def add_landmark_token(tokenizer, landmark_token_id: int, *, strict: bool = True) -> bool:
@@ -138,10 +151,7 @@ def _as_kwargs(module, args, kwargs) -> dict:
 
 
 def _before_decoder(module, args, kwargs):
-    settings = landmark_settings(module.config)
-    if settings is None:
-        return None
-    mem_freq, token_id = settings
+    mem_freq, token_id = getattr(module, SETTINGS_ATTR)
     kwargs = _as_kwargs(module, args, kwargs)
     ids = kwargs.get("input_ids")
     if ids is None:
@@ -149,12 +159,17 @@ def _before_decoder(module, args, kwargs):
             raise RopekitError("Landmark attention needs input_ids, not inputs_embeds",
                                "pass token ids: the landmark token is inserted between them")
         return None
-    cache = kwargs.get("past_key_values")
+    name = cache_argument(module)
+    cache = kwargs.get(name)
+    if cache is None and name != "past_key_values":
+        cache = kwargs.pop("past_key_values", None)  # a caller still using the deprecated name
+        if cache is not None:
+            kwargs[name] = cache
     stream = getattr(cache, STREAM_ATTR, None) if cache is not None else None
     if stream is None:
         if cache is not None and cache.get_seq_length() > 0:
             raise RopekitError("the KV cache was filled without Landmark attention's bookkeeping",
-                               "start from an empty cache (past_key_values=None) on the extended model")
+                               "start from an empty KV cache on the extended model")
         stream = _Stream(explicit=bool((ids == token_id).any()))
         use_cache = kwargs.get("use_cache")
         if use_cache is None:
@@ -162,7 +177,7 @@ def _before_decoder(module, args, kwargs):
         if cache is None and use_cache:
             from transformers import DynamicCache
 
-            cache = kwargs["past_key_values"] = DynamicCache(config=module.config)
+            cache = kwargs[name] = DynamicCache(config=module.config)
         if cache is not None:
             setattr(cache, STREAM_ATTR, stream)
     if stream.explicit:

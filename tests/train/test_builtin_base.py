@@ -13,7 +13,7 @@ from ropekit.eval.passkey import (
     KEY_RANGE,
     TASK_DESCRIPTION,
 )
-from ropekit.models import builtin_base
+from ropekit.train import builtin_base
 
 
 def test_tokenizer_splits_digits_and_round_trips():

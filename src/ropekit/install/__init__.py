@@ -1,0 +1,27 @@
+"""Installing methods into models and getting them out again: extend, uninstall, inspect, save, load.
+
+Importing this package registers every method as a transformers rope type (:mod:`.rope_types`).
+"""
+
+from .export import save_pretrained
+from .installer import extend, resolve_params, uninstall
+from .inspect import inspect_model
+from .load import load
+from .model_rope import installed, rope_info, rotary_modules, text_config
+from .rope_types import ROPE_TYPE_PREFIX, register_rope_types, transformers_builds
+
+__all__ = [
+    "ROPE_TYPE_PREFIX",
+    "extend",
+    "inspect_model",
+    "installed",
+    "load",
+    "register_rope_types",
+    "resolve_params",
+    "rope_info",
+    "rotary_modules",
+    "save_pretrained",
+    "text_config",
+    "transformers_builds",
+    "uninstall",
+]

@@ -1,0 +1,51 @@
+"""Describing a model: architecture, RoPE settings, what it is extended with, and which methods apply."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PreTrainedModel
+
+from ..methods import get_method, list_methods
+from .model_rope import base_info, rope_info, text_config
+from .rope_types import transformers_builds
+
+
+def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
+    """Architecture, RoPE settings and applicable methods of ``model`` (what ``ropekit inspect`` shows)."""
+    config = text_config(model)
+    record = getattr(config, "ropekit", None)
+    info = base_info(config)
+    rope_info(model)  # raises when there is no rotary module
+    base_dict = config.to_dict()
+    methods = []
+    for m in list_methods():
+        why = m.not_applicable(info)
+        exports = m.exports_to() if why is None else []
+        if exports:  # the family's own config class must accept the exported rope type (Phi-3 does not)
+            native = m.transformers_rope(info, m.resolve(info, {"factor": 2.0}))
+            if native is None or not transformers_builds(base_dict, native):
+                exports = []
+        methods.append({"name": m.name, "applies": why is None, "exports_to": exports, "why_not": why or ""})
+    return {
+        "architecture": type(model).__name__,
+        "model_type": info.model_type,
+        "rope_type": config.rope_parameters.get("rope_type", "default"),
+        "rope_theta": info.rope_theta,
+        "window": info.window,
+        "max_position_embeddings": int(config.max_position_embeddings),
+        "head_dim": info.head_dim,
+        "rotary_dim": info.rotary_dim,
+        "num_layers": info.num_layers,
+        "num_heads": info.num_heads,
+        "num_kv_heads": info.num_kv_heads,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "extended_with": record and {
+            "method": record["method"],
+            "params": record["params"],
+            # the longest input the method is built for (Self-Extend: (C − W)·G + W), when it has one
+            "reach": get_method(record["method"]).reach(info, record["params"]),
+        },
+        "methods": methods,
+    }

@@ -1,0 +1,109 @@
+"""Loading a model saved by ropekit with its method restored."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+from ..errors import ModelLoadError
+from ..methods import get_method
+from .installer import extend
+
+def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_implementation: str = "sdpa"):
+    """Load a model saved by :func:`save_pretrained` (or any transformers directory) with its method restored.
+
+    The model is built with the base model's RoPE (recorded at export) and the method is installed again
+    with its recorded parameters, so a ropekit-only method comes back exactly.
+    """
+    path = Path(path)
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"no config.json in '{path}'", "pass a directory written by `ropekit extend` or save_pretrained")
+    try:
+        data = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ModelLoadError(f"'{config_path}' is not valid JSON ({err.msg} at line {err.lineno})", "re-export the model") from None
+    record = data.pop("ropekit", None) if isinstance(data, dict) else None
+    if record:
+        try:
+            data["rope_parameters"] = copy.deepcopy(record["base"]["rope_parameters"])
+            data["max_position_embeddings"] = record["base"]["max_position_embeddings"]
+            m = get_method(record["method"])
+            params = m.frozen_params(record["params"])
+        except (KeyError, TypeError):
+            raise ModelLoadError(f"the 'ropekit' record in '{config_path}' is incomplete", "re-export the model") from None
+        if data.get("model_type") not in CONFIG_MAPPING:
+            raise ModelLoadError(f"unknown model_type {data.get('model_type')!r} in '{config_path}'", "re-export the model")
+        config = CONFIG_MAPPING[data["model_type"]].from_dict(data)
+    else:
+        config = AutoConfig.from_pretrained(path)
+    kwargs: dict[str, Any] = {"config": config, "attn_implementation": attn_implementation}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    adds_weights = bool(record) and "weights" in m.changes
+    with _expecting_rotary_weights(config) if adds_weights else contextlib.nullcontext():
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if record:
+        before = set(model.state_dict())
+        extend(model, m, **params)
+        _restore_added_weights(model, path, [k for k in model.state_dict() if k not in before])
+    model.eval()
+    return model
+
+
+#: Checkpoint keys of modules a method attaches to a rotary embedding (CLEX's ODE): the base model that
+#: ``load`` builds first does not have them yet, and ``_restore_added_weights`` reads them after ``extend``.
+_ROTARY_CHILD_WEIGHTS = r"rotary_emb\.[^.]+\."
+
+
+@contextlib.contextmanager
+def _expecting_rotary_weights(config):
+    """While loading the base model, tell transformers that rotary-module weights in the checkpoint are expected
+    (its ``_keys_to_ignore_on_load_unexpected``), so that its load report does not call them unexpected."""
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if cls is None:
+        yield
+        return
+    had = "_keys_to_ignore_on_load_unexpected" in cls.__dict__
+    saved = cls.__dict__.get("_keys_to_ignore_on_load_unexpected")
+    cls._keys_to_ignore_on_load_unexpected = list(saved or []) + [_ROTARY_CHILD_WEIGHTS]
+    try:
+        yield
+    finally:
+        if had:
+            cls._keys_to_ignore_on_load_unexpected = saved
+        else:
+            del cls._keys_to_ignore_on_load_unexpected
+
+
+def _restore_added_weights(model, path: Path, keys: list[str]) -> None:
+    """Load the weights ``keys`` that ``extend`` added to ``model`` (a method's own modules) from the checkpoint
+    in ``path`` (``model.safetensors``, or the shards its index names)."""
+    if not keys:
+        return
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({weight_map[k] for k in keys if k in weight_map})
+    else:
+        files = ["model.safetensors"] if (path / "model.safetensors").is_file() else []
+    found: dict[str, torch.Tensor] = {}
+    for name in files:
+        with safe_open(str(path / name), framework="pt") as handle:
+            present = set(handle.keys())
+            found.update({k: handle.get_tensor(k) for k in keys if k in present})
+    missing = [k for k in keys if k not in found]
+    if missing:
+        raise ModelLoadError(
+            f"'{path}' has no saved weights for {', '.join(missing)} (the method's own modules)",
+            "save the extended model with ropekit.save_pretrained or `ropekit extend --out`",
+        )
+    model.load_state_dict(found, strict=False)

@@ -1,0 +1,83 @@
+"""ropekit's methods as transformers rope types, and whether a model family's own config accepts a rope type.
+
+Every registered method becomes rope type ``ropekit_<name>`` in transformers' ``ROPE_INIT_FUNCTIONS``, so a
+model's rotary-embedding module computes its frequencies through the method (transformers' own
+``@dynamic_rope_update`` recomputes the length-dependent ones). Registration happens when this module is
+imported, which importing :mod:`ropekit.install` does.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from transformers import CONFIG_MAPPING
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
+
+from ..core.rope_info import RopeInfo
+from ..errors import InvalidParameterError
+from ..methods import Method, list_methods
+
+ROPE_TYPE_PREFIX = "ropekit_"
+
+
+def rope_type(method: Method) -> str:
+    """The transformers rope type under which ``method`` is registered: ``ropekit_<name>``."""
+    return ROPE_TYPE_PREFIX + method.name
+
+
+def _params_from_rope(method: Method, rope: dict[str, Any]) -> dict[str, Any]:
+    names = {p.name for p in method.params}
+    return {k: v for k, v in rope.items() if k in names}
+
+
+def _make_rope_init(method: Method):
+    def rope_init(config, device=None, seq_len=None, layer_type=None):
+        rope = config.rope_parameters if layer_type is None else config.rope_parameters[layer_type]
+        info = RopeInfo.from_config(config)
+        seq = None if seq_len is None else int(seq_len)
+        return method.inv_freq(info, _params_from_rope(method, rope), seq_len=seq, device=device)
+
+    rope_init.__name__ = f"compute_{method.name}_rope_parameters"
+    rope_init.__doc__ = f"ropekit's '{method.name}' frequencies (transformers rope-init contract)."
+    return rope_init
+
+
+def _make_validator(method: Method):
+    def validate(self, rope_parameters, ignore_keys=None):
+        known = {p.name for p in method.params} | {"rope_type", "rope_theta", "partial_rotary_factor"}
+        unknown = set(rope_parameters) - known - set(ignore_keys or ())
+        if unknown:
+            raise InvalidParameterError(
+                f"rope_parameters of type '{rope_type(method)}' has unknown keys {sorted(unknown)}",
+                "fix config.json or re-export the model with ropekit",
+            )
+
+    return validate
+
+
+def register_rope_types() -> None:
+    """Register every method with transformers (idempotent: registering again replaces the entries)."""
+    for method in list_methods():
+        ROPE_INIT_FUNCTIONS[rope_type(method)] = _make_rope_init(method)
+        # transformers looks up `_validate_<type>_rope_parameters` on the config mixin; without one it warns.
+        setattr(RotaryEmbeddingConfigMixin, f"_validate_{rope_type(method)}_rope_parameters", _make_validator(method))
+
+
+register_rope_types()
+
+
+def transformers_builds(data: dict[str, Any], rope: dict[str, Any]) -> bool:
+    """Whether this model family's own config class accepts ``rope`` unchanged.
+
+    Families validate rope types differently (Phi-3 accepts only ``default`` and ``longrope`` and renames
+    ``yarn``), so the only reliable test is to build the config the way plain transformers would.
+    """
+    trial = {k: v for k, v in data.items() if k != "ropekit"}
+    trial["rope_parameters"] = copy.deepcopy(rope)
+    try:
+        built = CONFIG_MAPPING[data["model_type"]].from_dict(trial)
+    except Exception:  # any refusal means plain transformers cannot build it
+        return False
+    got = built.rope_parameters or {}
+    return all(got.get(key) == value for key, value in rope.items())

@@ -1,0 +1,23 @@
+"""Process-level utilities every layer may use: CPU threads and determinism, the on-disk cache, progress
+display and quiet third-party output.
+
+Nothing here knows about RoPE, methods or models; it imports only the standard library (torch, rich and
+transformers only inside the functions that need them), so importing it is cheap.
+"""
+
+from .cache import cache_root, save_model_atomically, settings_key
+from .logs import quiet_transformers
+from .progress import ProgressTask, progress
+from .threads import default_threads, deterministic, torch_threads
+
+__all__ = [
+    "ProgressTask",
+    "cache_root",
+    "default_threads",
+    "deterministic",
+    "progress",
+    "quiet_transformers",
+    "save_model_atomically",
+    "settings_key",
+    "torch_threads",
+]

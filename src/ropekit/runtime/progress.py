@@ -1,0 +1,117 @@
+"""Progress of long work: a rich bar on a terminal, plain timestamped log lines otherwise.
+
+Every long job in ropekit (pre-training, training, an evaluation, a study) shows its progress through
+:func:`progress`. On a terminal it is a rich progress bar; when the output goes to a file or a CI log, a bar
+would print nothing readable (or thousands of carriage returns), so the same calls print one line at most
+every ``interval`` seconds, one when the total is reached, and every :meth:`ProgressTask.log` line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class ProgressTask:
+    """One job's progress: ``update`` it as work is done, ``log`` lines that should stay in the output."""
+
+    def __init__(self, description: str, total: int | None, completed: int, console, interval: float, rich: bool):
+        self.description, self.total, self.completed, self.info = description, total, completed, ""
+        self.console, self.interval = console, interval
+        self._started = self._printed = time.monotonic()
+        self._shown: tuple | None = None  # (completed, total) of the last plain line
+        self._bar = self._job = None
+        if rich:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                                 console=console, transient=False)
+
+    def __enter__(self) -> "ProgressTask":
+        if self._bar is not None:
+            self._bar.start()
+            self._job = self._bar.add_task(self.description, total=self.total, completed=self.completed, info="")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        elif exc[0] is None and self._shown != (self.completed, self.total):
+            self._line()  # the final state, unless it was the last line printed
+
+    def update(self, *, completed: int | None = None, advance: int = 0, total: int | None = None,
+               info: str | None = None, description: str | None = None) -> None:
+        """Set or advance the finished count, the total, the one-line status (``info``) or the description."""
+        if total is not None:
+            self.total = total
+        if completed is not None:
+            self.completed = completed
+        self.completed += advance
+        if info is not None:
+            self.info = info
+        if description is not None:
+            self.description = description
+        if self._bar is not None:
+            self._bar.update(self._job, completed=self.completed, total=self.total, info=self.info,
+                             description=self.description)
+            return
+        now = time.monotonic()
+        finished = self.total is not None and self.completed >= self.total
+        if now - self._printed >= self.interval or (finished and advance + (completed is not None) > 0):
+            self._line()
+
+    def log(self, line: str) -> None:
+        """A line that stays in the output (above the bar on a terminal)."""
+        if self._bar is not None:
+            self._bar.console.print(line, highlight=False)
+        else:
+            self._write(f"[{_clock(time.monotonic() - self._started)}] {line}")
+
+    def _line(self) -> None:
+        self._printed = time.monotonic()
+        self._shown = (self.completed, self.total)
+        count = f"{self.completed}/{self.total}" if self.total is not None else f"{self.completed}"
+        info = f"  {self.info}" if self.info else ""
+        self._write(f"[{_clock(self._printed - self._started)}] {self.description}: {count}{info}")
+
+    def _write(self, text: str) -> None:
+        if self.console is not None:
+            self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def progress(description: str, total: int | None = None, *, completed: int = 0, console=None,
+             interval: float = 30.0, enabled: bool = True) -> Iterator[ProgressTask]:
+    """Show the progress of one job for the duration of the ``with`` block.
+
+    ``console`` is a rich console (default: standard error); the display is a rich bar when it is a terminal,
+    else plain lines (at most one per ``interval`` seconds, plus the last). ``enabled=False`` shows nothing but
+    still returns a task, so callers need no second code path.
+    """
+    if console is None and enabled:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    rich = enabled and console is not None and console.is_terminal
+    task = ProgressTask(description, total, completed, console, interval, rich)
+    if not enabled:
+        task._write = lambda text: None
+    with task:
+        yield task

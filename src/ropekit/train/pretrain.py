@@ -1,0 +1,175 @@
+"""Pre-training small models from scratch, here, offline: the pieces every from-scratch run shares, and the
+built-in tiny Llama the demo and the ``tiny-pretrained`` training model start from.
+
+:func:`pretrain_tiny` trains the byte-level tiny Llama (:func:`ropekit.models.tiny.build_tiny_model`,
+64-token window) on the offline standard-library corpus (:mod:`ropekit.data.local_text`) at its window
+length, deterministically, and caches the weights under ``$ROPEKIT_CACHE`` (default ``~/.cache/ropekit``) so
+later runs load them in a second. The study's larger base model is :mod:`ropekit.train.builtin_base`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data.local_text import ByteTokenizer, corpus_digest, stdlib_documents
+from ..models.tiny import TINY_WINDOW, build_tiny_model
+from .. import runtime
+from ..runtime import cache_root, default_threads, deterministic, quiet_transformers, save_model_atomically, settings_key
+
+#: Bump when training changes in a way the settings below do not capture (invalidates old caches).
+CACHE_FORMAT = 1
+#: File in a cached model directory that records how it was trained.
+META_FILE = "ropekit_demo.json"
+
+#: The tiny model: a 3-layer byte-level Llama (≈0.56M parameters; head size 32). Three layers so that
+#: Entropy-ABF (which leaves layers 0 and 1 unscaled) changes something; MHA so that HARPE gets 4 bases.
+TINY_MODEL = {"hidden_size": 128, "num_layers": 3, "num_heads": 4, "num_kv_heads": 4, "rope_theta": 10000.0}
+#: Its training: 800 steps of 16 × 64 bytes (≈0.8M tokens), sized for about a minute on 2 CPU cores.
+TINY_TRAIN = {"steps": 800, "batch_size": 16, "lr": 3e-3, "train_bytes": 4_000_000}
+
+
+def warmup_cosine_lr(step: int, steps: int, peak: float) -> float:
+    """Linear warm-up over the first 5 % of ``steps``, then cosine decay to 10 % of ``peak``."""
+    warmup = max(1, steps // 20)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    fraction = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * fraction)))
+
+
+def pretrain_step(model, optimizer, ids: torch.Tensor, lr: float, *, attention_mask: torch.Tensor | None = None) -> float:
+    """One language-modelling step at learning rate ``lr`` (gradient norm clipped at 1); returns the loss."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss = model(input_ids=ids, attention_mask=attention_mask, labels=ids).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def load_cached_model(path: Path, settings: dict[str, Any], meta_file: str = META_FILE):
+    """The model cached at ``path`` if it is complete and was trained with ``settings``, else ``None``."""
+    meta_path = path / meta_file
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        if meta.get("settings") != settings:
+            return None
+        from transformers import AutoModelForCausalLM
+
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    except Exception:  # a damaged cache entry is retrained, never trusted
+        return None
+    model.eval()
+    model.ropekit_demo = {**meta, "cached": True, "path": str(path)}
+    return model
+
+
+def byte_stream(documents: list[bytes]) -> torch.Tensor:
+    """Documents joined as the byte tokenizer joins them, as one tensor of ids."""
+    data = ByteTokenizer().join(documents)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+
+
+def pretrain_tiny(
+    seed: int = 0,
+    steps: int = TINY_TRAIN["steps"],
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    batch_size: int = TINY_TRAIN["batch_size"],
+    lr: float = TINY_TRAIN["lr"],
+    train_bytes: int = TINY_TRAIN["train_bytes"],
+    threads: int | None = None,
+    hidden_size: int = TINY_MODEL["hidden_size"],
+    num_layers: int = TINY_MODEL["num_layers"],
+    num_heads: int = TINY_MODEL["num_heads"],
+    num_kv_heads: int = TINY_MODEL["num_kv_heads"],
+    rope_theta: float = TINY_MODEL["rope_theta"],
+    use_cache: bool = True,
+    progress: bool = True,
+):
+    """The built-in tiny Llama pre-trained from scratch on the offline stdlib corpus at its 64-token window.
+
+    Byte vocabulary (256), AdamW with warm-up and cosine decay, random 64-byte windows of the training
+    split; seeded, ``threads`` CPU threads (default :func:`~ropekit.runtime.default_threads`) and deterministic
+    kernels, so the same machine gives the same weights. The result is cached (safetensors) under
+    ``cache_root(cache_dir)/tiny-llama-<hash>``, the hash covering every setting and a fingerprint of the
+    corpus; a cached entry is loaded instead of training; when the cache cannot be written the model is
+    still returned (``cache_error`` says why). ``model.ropekit_demo`` records the settings, the training
+    losses and whether it came from the cache (``cached``).
+    """
+    model_kwargs = {
+        "vocab_size": ByteTokenizer.vocab_size,
+        "hidden_size": int(hidden_size),
+        "num_layers": int(num_layers),
+        "num_heads": int(num_heads),
+        "num_kv_heads": int(num_kv_heads),
+        "window": TINY_WINDOW,
+        "rope_theta": float(rope_theta),
+    }
+    documents = stdlib_documents(int(train_bytes), "train")
+    settings = {
+        "format": CACHE_FORMAT,
+        "family": "llama",
+        "model": model_kwargs,
+        "seed": int(seed),
+        "steps": int(steps),
+        "batch_size": int(batch_size),
+        "lr": float(lr),
+        # not the thread count: CPU kernels give the same bits with 1 or 2 threads (tests/test_demo.py)
+        "corpus": {"name": "python-stdlib", "bytes": sum(map(len, documents)), "digest": corpus_digest(documents)},
+    }
+    path = cache_root(cache_dir) / f"tiny-llama-{settings_key(settings)}"
+    if use_cache:
+        cached = load_cached_model(path, settings)
+        if cached is not None:
+            return cached
+
+    stream = byte_stream(documents)
+    window = TINY_WINDOW
+    threads = threads or default_threads()
+    started = time.perf_counter()
+    with deterministic(threads):
+        model = build_tiny_model("llama", seed=seed, **model_kwargs)
+        model.train()
+        gen = torch.Generator().manual_seed(seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+        offsets = torch.arange(window)
+        losses: list[float] = []
+        with runtime.progress("pre-training tiny llama", total=steps, enabled=progress) as bar:
+            for step in range(steps):
+                starts = torch.randint(0, len(stream) - window, (batch_size,), generator=gen)
+                ids = stream[starts[:, None] + offsets]
+                losses.append(pretrain_step(model, opt, ids, warmup_cosine_lr(step, steps, lr)))
+                recent = sum(losses[-20:]) / len(losses[-20:])
+                bar.update(advance=1, info=f"loss {recent:.3f}")
+        model.eval()
+    seconds = time.perf_counter() - started
+    tail = losses[-max(1, min(20, steps // 5)) :]
+    meta = {
+        "settings": settings,
+        "initial_loss": losses[0] if losses else None,
+        "final_loss": sum(tail) / len(tail) if tail else None,
+        "train_seconds": round(seconds, 2),
+        "threads": threads,
+        "corpus_note": "substitute corpus made on this machine from the Python standard library's .py sources",
+    }
+    saved, cache_error = None, None
+    if use_cache:
+        try:
+            saved = str(save_model_atomically(model, path, meta, meta_file=META_FILE))
+        except OSError as err:  # an unwritable or full cache must not cost the trained model
+            cache_error = f"could not cache the model in '{path.parent}': {err}"
+    model.ropekit_demo = {**meta, "cached": False, "path": saved, "cache_error": cache_error}
+    return model
