@@ -189,3 +189,103 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
         return x * cos + rotate_half(x) * sin
     x_rot, x_pass = x[..., :rot], x[..., rot:]
     return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
+
+
+# ---- composition on a model whose RoPE is already scaled ------------------------------------------------------
+# A pre-scaled model (Llama 3.1's llama3, Phi-3.5's longrope, …) has effective frequencies θ^eff_i that are not
+# b^(−2i/d). The rules below apply a method to θ^eff; on plain RoPE each reduces to the method's own formula.
+def pair_exponents(dim: int, device=None) -> torch.Tensor:
+    """``2i/d`` for every rotary pair ``i`` (float64): the exponent of the base in ``θ_i = b^(−2i/d)``."""
+    return torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(torch.float64) / dim
+
+
+def ntk_ratio(dim: int, factor: float, device=None) -> torch.Tensor:
+    """``θ'_i/θ_i = s^(−2i/(d−2))`` of NTK-aware scaling: the base change ``b → b·s^(d/(d−2))`` as a per-pair
+    ratio (LCEG Eq. 9), so that it applies to any frequencies."""
+    return torch.exp(-pair_exponents(dim, device) * ntk_exponent(dim) * math.log(factor))
+
+
+def base_change_ratio(dim: int, old_base: float, new_base: float, device=None) -> torch.Tensor:
+    """``θ'_i/θ_i = (b/b')^(2i/d)``: replacing the base ``b`` by ``b'`` (ABF) as a per-pair ratio."""
+    return torch.exp(pair_exponents(dim, device) * (math.log(old_base) - math.log(new_base)))
+
+
+def scale_pairs(inv_freq: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
+    """``inv_freq · ratio`` computed in float64 and returned in ``inv_freq``'s dtype."""
+    return (inv_freq.to(torch.float64) * ratio.to(inv_freq.device)).to(inv_freq.dtype)
+
+
+def _crossing_index(log_ratio: torch.Tensor, target: float) -> float:
+    """The fractional pair index where ``log r_i`` (decreasing in ``i``) equals ``log target``, linear in ``i``
+    between neighbouring pairs and along the end segments outside them. For plain RoPE ``log r_i`` is linear in
+    ``i``, so this is exactly YaRN's closed-form correction dimension."""
+    values = log_ratio.tolist()
+    goal = math.log(target)
+    n = len(values)
+    if n == 1:
+        return 0.0
+    k = 0
+    while k < n - 2 and values[k + 1] >= goal:
+        k += 1
+    left, right = values[k], values[k + 1]
+    if left == right:
+        return float(k)
+    return k + (left - goal) / (left - right)
+
+
+def keep_fraction_from_ratios(
+    ratios: torch.Tensor, beta_fast: float, beta_slow: float, ramp: Ramp = "dim", truncate: bool = True
+) -> torch.Tensor:
+    """γ_i for NTK-by-parts / YaRN on any frequencies, from ``r_i = C/λ_i`` (float64, decreasing in ``i``).
+
+    * ``ramp="ratio"``: ``γ(r) = clamp((r − β_slow)/(β_fast − β_slow), 0, 1)`` (YaRN Eq. 17–18).
+    * ``ramp="dim"``: linear in the pair index between the (fractional) pairs where ``r`` crosses β_fast and
+      β_slow, floored/ceiled with ``truncate`` and clipped to ``[0, d−1]`` like :func:`yarn_correction_range` —
+      which it equals on plain RoPE, where ``log r_i`` is linear in ``i``.
+    """
+    if ramp == "ratio":
+        return ((ratios - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0).to(torch.float32)
+    if ramp != "dim":
+        raise ValueError(f"unknown ramp '{ramp}'")
+    half = ratios.numel()
+    log_ratio = torch.log(ratios)
+    low, high = _crossing_index(log_ratio, beta_fast), _crossing_index(log_ratio, beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, 2 * half - 1)
+    if low == high:
+        high += 0.001  # the same guard as the plain ramp
+    linear = (torch.arange(half, dtype=torch.float32) - low) / (high - low)
+    return (1.0 - linear.clamp(0.0, 1.0)).to(device=ratios.device)
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                    original: int) -> torch.Tensor:
+    """Llama 3.1's frequency scaling (Meta's ``apply_scaling``; transformers' ``llama3`` rope type).
+
+    With ``λ_i = 2π/θ_i`` and ``L = original``: pairs with ``λ < L/high`` keep ``θ_i``; pairs with ``λ > L/low``
+    get ``θ_i/s``; in between ``θ' = (1 − κ)·θ/s + κ·θ`` with ``κ = (L/λ − low)/(high − low)``. Given any
+    frequencies (a pre-scaled model's θ^eff), the same rule applies to their wavelengths.
+    """
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen, high_wavelen = original / low_freq_factor, original / high_freq_factor
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def longrope_inv_freq(base: float, dim: int, rescale: list[float], device=None) -> torch.Tensor:
+    """LongRoPE (Ding et al. 2024, arXiv 2402.13753): ``θ'_i = 1/(λ_i·b^(2i/d))`` — one rescale factor
+    ``λ_i`` per rotary pair (``short_factor`` or ``long_factor``)."""
+    factors = torch.tensor(rescale, dtype=torch.float32, device=device)
+    shape = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
+    return 1.0 / (factors * base**shape)
+
+
+def longrope_attention_factor(factor: float, original: int) -> float:
+    """LongRoPE's default attention factor ``√(1 + ln s / ln C)`` (1 when s ≤ 1)."""
+    if factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(original))

@@ -3,7 +3,9 @@ needs to know about the model it works on, and nothing about the model object it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import UnsupportedModelError
 
@@ -22,10 +24,28 @@ class RopeInfo:
     num_heads: int
     num_kv_heads: int
     num_layers: int
+    #: The model's own ``rope_parameters`` (a copy): what its effective frequencies are computed from when its
+    #: RoPE is already scaled (``llama3``, ``yarn``, ``longrope``, …); ``None`` means plain RoPE.
+    rope_parameters: dict[str, Any] | None = field(default=None, compare=False)
+    #: ``config.max_position_embeddings`` when it differs from :attr:`window` (a scaled model whose config
+    #: under-declares its scaled window, e.g. Qwen with ``yarn`` added): transformers' rope functions read it.
+    config_window: int | None = None
 
     @property
     def kv_groups(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def is_scaled(self) -> bool:
+        """Whether the model's RoPE is already scaled (any rope type but plain ``default``)."""
+        return self.rope_type != "default"
+
+    @property
+    def original_window(self) -> int:
+        """The pretrained window before the model's own scaling (``original_max_position_embeddings``; for plain
+        RoPE, the window itself)."""
+        value = (self.rope_parameters or {}).get("original_max_position_embeddings")
+        return int(value) if value else self.window
 
     @classmethod
     def from_config(cls, config) -> "RopeInfo":
@@ -45,6 +65,8 @@ class RopeInfo:
         num_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         prf = float(rope.get("partial_rotary_factor", 1.0) or 1.0)
+        declared = int(config.max_position_embeddings)
+        window = effective_window(rope, declared)
         return cls(
             model_type=model_type,
             rope_type=rope.get("rope_type", "default"),
@@ -52,8 +74,26 @@ class RopeInfo:
             head_dim=int(head_dim),
             rotary_dim=int(head_dim * prf),
             partial_rotary_factor=prf,
-            window=int(config.max_position_embeddings),
+            window=window,
             num_heads=int(num_heads),
             num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),
             num_layers=int(config.num_hidden_layers),
+            rope_parameters=None if rope.get("rope_type", "default") == "default" else copy.deepcopy(dict(rope)),
+            config_window=None if window == declared else declared,
         )
+
+
+#: Rope types whose ``factor`` scales an ``original_max_position_embeddings`` into the window they serve.
+_SCALED_WINDOW_TYPES = ("yarn", "llama3", "longrope")
+
+
+def effective_window(rope: dict[str, Any], declared: int) -> int:
+    """The window a model's RoPE is built for: ``max_position_embeddings``, or for ``yarn``/``llama3``/``longrope``
+    the scaled window ``factor × original_max_position_embeddings`` when the config declares less (Qwen's docs
+    add ``yarn`` factor 4 over 32,768 tokens and keep ``max_position_embeddings`` at 40,960)."""
+    if rope.get("rope_type") not in _SCALED_WINDOW_TYPES:
+        return declared
+    factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
+    if not factor or not original:
+        return declared
+    return max(declared, int(round(float(factor) * int(original))))

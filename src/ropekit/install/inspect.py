@@ -23,7 +23,7 @@ def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
         why = m.not_applicable(info)
         exports = m.exports_to() if why is None else []
         if exports:  # the family's own config class must accept the exported rope type (Phi-3 does not)
-            native = m.transformers_rope(info, m.resolve(info, {"factor": 2.0}))
+            native = m.transformers_rope(info, m.resolve(info, m.example_params(info)))
             if native is None or not transformers_builds(base_dict, native):
                 exports = []
         methods.append({"name": m.name, "applies": why is None, "exports_to": exports, "why_not": why or ""})

@@ -25,9 +25,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
 from .. import __version__
 from ..attention import PerHeadRotation, QueryLogitScale, install_transforms
 from ..attention.interface import attention_modules, kernel_of
+from ..core.base_rope import length_dependence
 from ..core.rope_info import RopeInfo
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..methods import AttentionSpec, Method, get_method
@@ -149,11 +152,7 @@ def extend(
             f"model is already extended with '{record['method']}'", "load the base model and extend that instead"
         )
     m, info, resolved = resolve_params(model, method, factor=factor, target_length=target_length, **params)
-    if info.rope_type != "default":
-        raise UnsupportedModelError(
-            f"model already uses rope_type '{info.rope_type}'",
-            "ropekit extends models with plain RoPE (rope_type 'default'); start from the base model",
-        )
+    _check_composable(m, info)
     spec = m.attention(info, resolved)
     snapshot = _Snapshot(model)
     try:
@@ -163,6 +162,64 @@ def extend(
         snapshot.restore()
         raise
     return model
+
+
+def _check_composable(m: Method, info: RopeInfo) -> None:
+    """Refuse, in one line, a method that cannot be composed exactly with the model's own RoPE."""
+    kind, _ = length_dependence(info)
+    if kind == "static":
+        return
+    why = None
+    if "length_dependent" in m.changes:
+        why = "its frequencies follow the input length on a schedule of their own"
+    elif "frequencies_per_head" in m.changes:
+        why = "its per-head rotation is fixed at installation"
+    if why:
+        raise UnsupportedModelError(
+            f"{m.name} cannot be composed with this model's length-dependent RoPE ('{info.rope_type}': its "
+            f"frequencies change with the input length): {why}",
+            "use a method with static frequencies (pi, ntk, yarn, llama3, longrope, abf) or an attention-side method",
+        )
+
+
+class LengthSchedule:
+    """Forward pre-hook of a rotary-embedding module whose frequencies depend on the input length.
+
+    ``switch``: one set up to ``length`` tokens and another beyond (LongRoPE's rule, ``seq_len > length``);
+    ``continuous``: transformers' Dynamic-NTK schedule — recomputed whenever the input grows past the longest
+    length seen, back to the original set below ``length``. The frequencies come from the module's own rope-init
+    function at that length, so they equal what the model's own rope type computes.
+    """
+
+    def __init__(self, kind: str, length: int):
+        self.kind, self.length = kind, int(length)
+        self.longest = int(length)
+        self.long = False
+
+    def __call__(self, module, args, kwargs):
+        position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+        if position_ids is None:
+            return None
+        length = torch.max(position_ids) + 1  # a tensor, as transformers passes it (its rope math follows the type)
+        seq_len = int(length)
+        if self.kind == "switch":
+            long = seq_len > self.length
+            if long != self.long:
+                self.long = long
+                self._load(module, self.length + 1 if long else None)
+        elif seq_len > self.longest:
+            self.longest = seq_len
+            self._load(module, length)
+        elif seq_len < self.length < self.longest:
+            self.longest = self.length
+            self._load(module, None)
+        return None
+
+    @staticmethod
+    def _load(module, seq_len: int | None) -> None:
+        inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[module.rope_type](module.config, module.inv_freq.device, seq_len)
+        module.inv_freq.copy_(inv_freq.to(module.inv_freq.dtype))
+        module.attention_scaling = attention_factor
 
 
 def _install(model, config, m: Method, info: RopeInfo, resolved: dict[str, Any], spec: AttentionSpec | None) -> None:
@@ -181,8 +238,13 @@ def _install(model, config, m: Method, info: RopeInfo, resolved: dict[str, Any],
     config.rope_parameters = rope
     config.max_position_embeddings = m.max_position_embeddings(info, resolved)
     rebuild_rotary(model)
+    kind, length = m.length_dependence(info, resolved)
     for _, _, rotary in rotary_modules(model):
         m.attach(rotary, info, resolved)  # a method's own weights (CLEX's ODE) live on the rotary module
+        if kind != "static" and "length_dependent" not in m.changes:
+            # the frequencies change with the input length because of the model's own RoPE (LongRoPE's two sets,
+            # Dynamic NTK) or the method's switch; transformers recomputes only rope types named like its own
+            rotary.register_forward_pre_hook(LengthSchedule(kind, length), with_kwargs=True)
     if spec is not None and not spec.is_empty():
         _install_attention(model, info, spec)
 

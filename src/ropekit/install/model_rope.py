@@ -68,4 +68,9 @@ def base_info(config) -> RopeInfo:
     base = copy.copy(config)
     base.rope_parameters = record["base"]["rope_parameters"]
     base.max_position_embeddings = record["base"]["max_position_embeddings"]
-    return RopeInfo.from_config(base)
+    info = RopeInfo.from_config(base)
+    rotated = (config.rope_parameters or {}).get("partial_rotary_factor")
+    if rotated is not None and float(rotated) != info.partial_rotary_factor:
+        # extend recorded what the model really rotates (some families ignore the configured factor)
+        info = dataclasses.replace(info, partial_rotary_factor=float(rotated), rotary_dim=int(info.head_dim * float(rotated)))
+    return info

@@ -14,9 +14,9 @@ from typing import Any
 from transformers import CONFIG_MAPPING
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
 
-from ..core.rope_info import RopeInfo
 from ..errors import InvalidParameterError
 from ..methods import Method, list_methods
+from .model_rope import base_info
 
 ROPE_TYPE_PREFIX = "ropekit_"
 
@@ -34,8 +34,10 @@ def _params_from_rope(method: Method, rope: dict[str, Any]) -> dict[str, Any]:
 def _make_rope_init(method: Method):
     def rope_init(config, device=None, seq_len=None, layer_type=None):
         rope = config.rope_parameters if layer_type is None else config.rope_parameters[layer_type]
-        info = RopeInfo.from_config(config)
-        seq = None if seq_len is None else int(seq_len)
+        info = base_info(config)  # the model before the method: its own RoPE, scaled or plain
+        # a scaled base gets the length as transformers passed it (a tensor from its dynamic update): its own
+        # rope function then computes in the same precision as for the unextended model
+        seq = seq_len if info.is_scaled or seq_len is None else int(seq_len)
         return method.inv_freq(info, _params_from_rope(method, rope), seq_len=seq, device=device)
 
     rope_init.__name__ = f"compute_{method.name}_rope_parameters"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from ..core.rope import base_change_ratio, default_inv_freq, scale_pairs
 from ..errors import InvalidParameterError
 from .base import AttentionSpec, Method, Param, original_window, register
-from ..core.rope import default_inv_freq
 
 NEW_BASE = Param("rope_theta", float, 500000.0, "the new RoPE base b'", minimum=1.0, exclusive_minimum=True)
 DECLARED_FACTOR = Param(
@@ -17,6 +17,9 @@ class ABF(Method):
     """Adjusted base frequency (Xiong et al. 2023): replace ``b`` by a larger ``b'``; ``θ_i = b'^(−2i/d)``.
 
     Default ``b' = 500,000`` as in Entropy-ABF (paper 001, Table 1). Continual pre-training is expected.
+
+    Composition: the base change as a per-pair ratio on the effective frequencies,
+    ``θ'_i = θ^eff_i · (b/b')^(2i/d)``, the model's own attention factor kept.
     """
 
     name = "abf"
@@ -26,11 +29,20 @@ class ABF(Method):
     params = (NEW_BASE, DECLARED_FACTOR)
     needs_training = True
     uses_factor = False
+    composition = "θ'_i = θ^eff_i · (b/b')^(2i/d) (the base change as a per-pair ratio); the model's attention factor kept"
 
     def inv_freq(self, info, params, seq_len=None, device=None):
+        if info.is_scaled:
+            base, attention_factor = self.base(info, seq_len, device)
+            if params["rope_theta"] == info.rope_theta:
+                return base, attention_factor
+            ratio = base_change_ratio(info.rotary_dim, info.rope_theta, params["rope_theta"], device)
+            return scale_pairs(base, ratio), attention_factor
         return default_inv_freq(params["rope_theta"], info.rotary_dim, device), 1.0
 
     def transformers_rope(self, info, params):
+        if info.is_scaled:
+            return None
         return {"rope_type": "default", "rope_theta": params["rope_theta"]}
 
     def exports_to(self, params=None):
@@ -46,6 +58,8 @@ class EntropyABF(ABF):
     except ``skip_layers`` (default 0 and 1, where the paper observes near-uniform attention). This is the
     paper's rule; the released code applies the scale to every layer (notes §4). Plain transformers has no
     such scale, so the export is ropekit-only.
+
+    Composition: ABF's rule, and ``c`` defaults to the effective window.
     """
 
     name = "entropy_abf"
@@ -59,6 +73,7 @@ class EntropyABF(ABF):
         DECLARED_FACTOR,
     )
     changes = ("frequencies", "logit_scale_per_position")
+    composition = ABF.composition + "; logit scale with c = the effective window"
 
     def resolve(self, info, given):
         params = super().resolve(info, given)

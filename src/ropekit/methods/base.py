@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..core.base_rope import base_frequencies, length_dependence
 from ..core.rope_info import RopeInfo
 from ..errors import InvalidParameterError
 
@@ -193,6 +194,9 @@ class Method(abc.ABC):
     needs_training: ClassVar[bool] = False
     #: Whether ``factor`` drives the method's math (else it only declares the extended window).
     uses_factor: ClassVar[bool] = True
+    #: How the method applies to a model whose RoPE is already scaled (``llama3``, ``yarn``, ``longrope``, …):
+    #: the rule on the model's effective frequencies θ^eff and window (``ropekit methods`` shows it).
+    composition: ClassVar[str] = ""
 
     # ---- parameters -------------------------------------------------------------------------
     def param(self, name: str) -> Param:
@@ -214,6 +218,12 @@ class Method(abc.ABC):
         for p in self.params:
             value = p.coerce(self.name, given[p.name]) if given.get(p.name) is not None else p.default_for(info)
             out[p.name] = value
+        if info.is_scaled and any(p is ROPE_THETA for p in self.params) and out["rope_theta"] != info.rope_theta:
+            raise InvalidParameterError(
+                f"{self.name}: rope_theta cannot change on a model whose RoPE is already scaled "
+                f"('{info.rope_type}', base {info.rope_theta:g})",
+                "leave rope_theta out (the scaled frequencies are the starting point), or use abf to change the base",
+            )
         self.check(info, out)
         return out
 
@@ -253,6 +263,19 @@ class Method(abc.ABC):
         """Called by the trainer before each optimizer step (``generator`` is seeded by the run's seed and
         ``step``), e.g. to draw CLEX's scale for the step; default nothing."""
 
+    def length_dependence(self, info: RopeInfo, params: dict[str, Any]) -> tuple[str, int | None]:
+        """How the installed frequencies depend on the input length: ``("static", None)``, ``("switch", L)``
+        (one set up to ``L`` tokens, another beyond) or ``("continuous", L)`` (recomputed beyond ``L``).
+
+        Default: the model's own dependence (a LongRoPE or Dynamic-NTK base) — methods that depend on the
+        length themselves combine theirs with it (:func:`combine_length_dependence`).
+        """
+        return length_dependence(info)
+
+    def base(self, info: RopeInfo, seq_len: int | None = None, device=None) -> tuple[torch.Tensor, float]:
+        """``(θ^eff, attention factor)``: the model's own frequencies, the starting point of every rule."""
+        return base_frequencies(info, seq_len, device)
+
     def max_position_embeddings(self, info: RopeInfo, params: dict[str, Any]) -> int:
         """The window the extended model declares (``config.max_position_embeddings``)."""
         return int(round(info.window * params.get("factor", 1.0)))
@@ -279,6 +302,10 @@ class Method(abc.ABC):
         """The longest input the method is meant for, when it has a hard limit (else ``None``)."""
         return None
 
+    def example_params(self, info: RopeInfo) -> dict[str, Any]:
+        """Parameters that install the method at 2× the window (``inspect`` builds its export check from them)."""
+        return {"factor": 2.0} if any(p.name == "factor" for p in self.params) else {}
+
     def describe(self) -> dict[str, Any]:
         """A JSON-ready description (what ``ropekit methods --json`` prints)."""
         return {
@@ -297,6 +324,7 @@ class Method(abc.ABC):
                 for p in self.params
             },
             "changes": list(self.changes),
+            "composition": self.composition,
             "needs_training": self.needs_training,
             "exports_to": self.exports_to(),
         }
@@ -317,3 +345,15 @@ def registered() -> dict[str, Method]:
     return dict(_REGISTRY)
 
 
+
+
+def combine_length_dependence(*parts: tuple[str, int | None]) -> tuple[str, int | None]:
+    """The dependence of frequencies that depend on the length in several ways (the model's own RoPE and the
+    method's): continuous beats switch beats static, and recomputation starts at the shortest length."""
+    order = {"static": 0, "switch": 1, "continuous": 2}
+    kinds = [kind for kind, _ in parts]
+    lengths = [length for _, length in parts if length is not None]
+    kind = max(kinds, key=order.__getitem__)
+    if kind == "switch" and len({length for k, length in parts if k == "switch"}) > 1:
+        kind = "continuous"  # two switches at different lengths: three regimes, recomputed by length
+    return kind, (min(lengths) if lengths else None)

@@ -92,8 +92,12 @@ class CLEX(Method):
         if why is not None:
             raise InvalidParameterError(f"clex {why}", "use a model with a rotary dimension of at least 4")
 
+    composition = "the ODE starts from the effective frequencies, z(1) = log θ^eff, and t = n/C on the effective window"
+
     def inv_freq(self, info, params, seq_len=None, device=None):
-        """The frequencies at ``t = 1`` (plain RoPE): the rotary module's starting point ``z(1) = log θ``."""
+        """The frequencies at ``t = 1`` (the model's own): the rotary module's starting point ``z(1) = log θ``."""
+        if info.is_scaled:
+            return self.base(info, seq_len, device)
         return default_inv_freq(params["rope_theta"], info.rotary_dim, device), 1.0
 
     def max_position_embeddings(self, info, params):

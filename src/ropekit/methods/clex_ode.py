@@ -249,7 +249,8 @@ class CLEXFrequencies(nn.Module):
             return base_inv_freq.float() + anchor.float(), positions
         return torch.exp(self.log_inv_freq(float(t), base_inv_freq)).float(), positions
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, base_inv_freq: torch.Tensor):
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, base_inv_freq: torch.Tensor,
+                attention_scaling: float = 1.0):
         device = x.device
         with torch.autocast(device_type=device.type, enabled=False):
             length = int(position_ids.max()) + 1
@@ -261,7 +262,8 @@ class CLEXFrequencies(nn.Module):
                 inv_freq = self.inv_freq_for_length(length, base_inv_freq)
             freqs = positions[..., None] * inv_freq.to(device)
             emb = torch.cat((freqs, freqs), dim=-1)
-            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+            # the model's own attention factor (a YaRN or LongRoPE base) multiplies cos/sin as transformers does
+            return (emb.cos() * attention_scaling).to(x.dtype), (emb.sin() * attention_scaling).to(x.dtype)
 
 
 def clex_rotary_output(module: nn.Module, args: tuple, kwargs: dict, output):
@@ -271,7 +273,7 @@ def clex_rotary_output(module: nn.Module, args: tuple, kwargs: dict, output):
     """
     x = args[0] if args else kwargs["x"]
     position_ids = args[1] if len(args) > 1 else kwargs["position_ids"]
-    return module.clex(x, position_ids, module.inv_freq)
+    return module.clex(x, position_ids, module.inv_freq, getattr(module, "attention_scaling", 1.0))
 
 
 def attach_clex(rotary: nn.Module, frequencies: CLEXFrequencies) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..errors import InvalidParameterError
-from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Method, Param, register
-from ..core.rope import default_inv_freq, dynamic_ntk_base
+from ..core.rope import default_inv_freq, dynamic_ntk_alpha, dynamic_ntk_base, ntk_ratio, scale_pairs
+from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Method, Param, combine_length_dependence, register
 
 
 def _trained_default(info):
@@ -27,6 +27,9 @@ class DynamicNTK(Method):
     The model declares ``max_position_embeddings = C'`` because transformers' ``@dynamic_rope_update``
     recomputes frequencies only past it. Like transformers, keys already in the KV cache keep the rotation
     they were cached with when the base grows during generation (transformers #25104).
+
+    Composition: the ratio ``α(L)`` from the effective window, applied per pair to the effective frequencies
+    at the same length, ``θ'_i(L) = θ^eff_i(L) · α(L)^(−2i/(d−2))``.
     """
 
     name = "dynamic_ntk"
@@ -46,6 +49,7 @@ class DynamicNTK(Method):
         ROPE_THETA,
     )
     changes = ("frequencies", "length_dependent")
+    composition = "θ'_i(L) = θ^eff_i(L) · α(L)^(−2i/(d−2)), α(L) from the effective window"
 
     def check(self, info, params):
         if params["trained_length"] < params["original_max_position_embeddings"]:
@@ -55,11 +59,21 @@ class DynamicNTK(Method):
                 "pass trained_length ≥ the original window (or leave it unset for transformers' rule)",
             )
 
+    def length_dependence(self, info, params):
+        own = ("continuous", params["trained_length"]) if params["factor"] > 1.0 else ("static", None)
+        return combine_length_dependence(super().length_dependence(info, params), own)
+
     def inv_freq(self, info, params, seq_len=None, device=None):
-        if params["factor"] == 1.0:
-            return default_inv_freq(params["rope_theta"], info.rotary_dim, device), 1.0
         trained = params["trained_length"]
         length = trained if seq_len is None else max(int(seq_len), trained)
+        if info.is_scaled:
+            base, attention_factor = self.base(info, seq_len, device)
+            if params["factor"] == 1.0:
+                return base, attention_factor
+            alpha = dynamic_ntk_alpha(params["factor"], length, params["original_max_position_embeddings"], trained)
+            return scale_pairs(base, ntk_ratio(info.rotary_dim, alpha, device)), attention_factor
+        if params["factor"] == 1.0:
+            return default_inv_freq(params["rope_theta"], info.rotary_dim, device), 1.0
         base = dynamic_ntk_base(
             params["rope_theta"],
             info.rotary_dim,
@@ -77,7 +91,7 @@ class DynamicNTK(Method):
         return params["trained_length"] == params["original_max_position_embeddings"]
 
     def transformers_rope(self, info, params):
-        if not self._is_transformers_rule(params):
+        if info.is_scaled or not self._is_transformers_rule(params):
             return None
         return {"rope_type": "dynamic", "factor": params["factor"], "rope_theta": params["rope_theta"]}
 

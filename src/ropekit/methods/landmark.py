@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..attention.landmark import make_landmark
-from ..core.rope import default_inv_freq
 from .abf import DECLARED_FACTOR
 from .base import AttentionSpec, Method, Param, RopeInfo, register
 from .landmark_layout import (  # noqa: F401  (the layout's names are part of this method's API)
@@ -85,6 +84,7 @@ class Landmark(Method):
         DECLARED_FACTOR,
     )
     changes = ("attention_pattern", "weights")
+    composition = "frequencies kept (the model's scaled ones); blocks sized from the effective window"
     needs_training = True
     uses_factor = False
 
@@ -95,8 +95,8 @@ class Landmark(Method):
         return params
 
     def inv_freq(self, info, params, seq_len=None, device=None):
-        """Plain RoPE ``θ_i = b^(−2i/d)`` with the model's own base: Landmark changes tokens and attention."""
-        return default_inv_freq(info.rope_theta, info.rotary_dim, device), 1.0
+        """The model's own frequencies: Landmark changes tokens and attention."""
+        return self.base(info, seq_len, device)
 
     def attention(self, info, params):
         return AttentionSpec(

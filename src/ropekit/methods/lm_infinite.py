@@ -5,7 +5,6 @@ from __future__ import annotations
 from ..attention.lm_infinite import make_lm_infinite
 from .abf import DECLARED_FACTOR
 from .base import AttentionSpec, Method, Param, original_window, register
-from ..core.rope import default_inv_freq
 
 
 @register
@@ -39,10 +38,12 @@ class LMInfinite(Method):
     )
     changes = ("attention_pattern",)
     needs_training = False
+    composition = "frequencies kept (the model's scaled ones, which the attention rotates with); window = the effective window"
     uses_factor = False
 
     def inv_freq(self, info, params, seq_len=None, device=None):
-        return default_inv_freq(info.rope_theta, info.rotary_dim, device), 1.0
+        """The model's own frequencies: LM-Infinite changes only attention."""
+        return self.base(info, seq_len, device)
 
     def attention(self, info, params):
         return AttentionSpec(

@@ -57,7 +57,12 @@ class LongLoRA(Method):
     changes = ("frequencies", "attention_pattern")
     needs_training = True
 
+    composition = "PI's rule: θ'_i = θ^eff_i / s; the model's attention factor kept"
+
     def inv_freq(self, info, params, seq_len=None, device=None):
+        if info.is_scaled:
+            base, attention_factor = self.base(info, seq_len, device)
+            return (base if params["factor"] == 1.0 else base / params["factor"]), attention_factor
         if params["factor"] == 1.0:
             return default_inv_freq(params["rope_theta"], info.rotary_dim, device), 1.0
         return pi_inv_freq(params["rope_theta"], info.rotary_dim, params["factor"], device), 1.0
@@ -67,6 +72,8 @@ class LongLoRA(Method):
                              layer_attention_args={"group_size_ratio": float(params["group_size_ratio"])})
 
     def transformers_rope(self, info, params):
+        if info.is_scaled:
+            return None
         return {"rope_type": "linear", "factor": params["factor"], "rope_theta": params["rope_theta"]}
 
     def exports_to(self, params=None):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import FACTOR, ROPE_THETA, Method, register
-from ..core.rope import default_inv_freq, ntk_base
+from ..core.rope import default_inv_freq, ntk_base, ntk_ratio, scale_pairs
 
 
 @register
@@ -12,6 +12,9 @@ class NTKAware(Method):
 
     LCEG Eq. 9 (``κ = t^(d/(d−2))``) and PoSE §3.1 (``λ = α^(d/(d−2))``): the lowest frequency is scaled
     exactly like PI, the highest is unchanged. The exported config is a plain ``rope_theta`` change.
+
+    Composition: the base change as a per-pair ratio on the effective frequencies,
+    ``θ'_i = θ^eff_i · s^(−2i/(d−2))``, the model's own attention factor kept.
     """
 
     name = "ntk"
@@ -19,6 +22,7 @@ class NTKAware(Method):
     summary = "Raise the base to b·s^(d/(d−2)): low frequencies interpolated, high ones kept; works without training."
     reference = "bloc97 2023 (reddit r/LocalLLaMA); LCEG (paper 002) Eq. 9; PoSE (paper 003) §3.1"
     params = (FACTOR, ROPE_THETA)
+    composition = "θ'_i = θ^eff_i · s^(−2i/(d−2)) (the base change as a per-pair ratio); the model's attention factor kept"
 
     def new_base(self, info, params) -> float:
         if params["factor"] == 1.0:
@@ -26,9 +30,16 @@ class NTKAware(Method):
         return ntk_base(params["rope_theta"], info.rotary_dim, params["factor"])
 
     def inv_freq(self, info, params, seq_len=None, device=None):
+        if info.is_scaled:
+            base, attention_factor = self.base(info, seq_len, device)
+            if params["factor"] == 1.0:
+                return base, attention_factor
+            return scale_pairs(base, ntk_ratio(info.rotary_dim, params["factor"], device)), attention_factor
         return default_inv_freq(self.new_base(info, params), info.rotary_dim, device), 1.0
 
     def transformers_rope(self, info, params):
+        if info.is_scaled:
+            return None
         return {"rope_type": "default", "rope_theta": self.new_base(info, params)}
 
     def exports_to(self, params=None):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ..core.base_rope import wavelengths
+from ..core.rope import blend_inv_freq, default_inv_freq, keep_fraction, keep_fraction_from_ratios
 from ..errors import InvalidParameterError
 from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Method, Param, register
-from ..core.rope import blend_inv_freq, default_inv_freq, keep_fraction
 
 BETA_FAST = Param("beta_fast", float, 32.0, "β: pairs rotating more than β times in C keep their frequency", minimum=0, exclusive_minimum=True)
 BETA_SLOW = Param("beta_slow", float, 1.0, "α: pairs rotating fewer than α times in C are fully interpolated", minimum=0, exclusive_minimum=True)
@@ -23,7 +24,15 @@ def ramp_param(default: str) -> Param:
 
 
 class _ByParts(Method):
-    """Shared machinery of NTK-by-parts and YaRN: ``θ'_i`` from the keep-fraction ``γ_i``."""
+    """Shared machinery of NTK-by-parts and YaRN: ``θ'_i`` from the keep-fraction ``γ_i``.
+
+    Composition: γ from the effective wavelengths ``λ^eff_i = 2π/θ^eff_i`` against the effective window
+    (``r_i = C/λ^eff_i``; with ``ramp='dim'`` the ramp's end pairs are where ``r`` crosses β, which is YaRN's
+    closed form on plain RoPE), then ``θ' = (1 − γ)·θ^eff/s + γ·θ^eff``; attention factors multiply.
+    """
+
+    composition = ("γ from the effective wavelengths λ^eff = 2π/θ^eff against the effective window, "
+                   "θ' = (1 − γ)·θ^eff/s + γ·θ^eff; attention factors multiply")
 
     def check(self, info, params):
         if params["beta_slow"] >= params["beta_fast"]:
@@ -44,18 +53,28 @@ class _ByParts(Method):
             device=device,
         )
 
-    def scaled_inv_freq(self, info, params, device=None):
+    def scaled_inv_freq(self, info, params, seq_len=None, device=None):
+        """``(θ', the model's own attention factor)``: YaRN Eq. 17–18 on plain RoPE, the composition rule on a
+        scaled one."""
+        if info.is_scaled:
+            base, attention_factor = self.base(info, seq_len, device)
+            if params["factor"] == 1.0:
+                return base, attention_factor
+            ratios = params["original_max_position_embeddings"] / wavelengths(base)
+            gamma = keep_fraction_from_ratios(ratios, params["beta_fast"], params["beta_slow"], params["ramp"],
+                                              params["truncate"]).to(base.device)
+            return blend_inv_freq(base, params["factor"], gamma, params["blend"]), attention_factor
         base = default_inv_freq(params["rope_theta"], info.rotary_dim, device)
         if params["factor"] == 1.0:
-            return base
-        return blend_inv_freq(base, params["factor"], self.gamma(info, params, device), params["blend"])
+            return base, 1.0
+        return blend_inv_freq(base, params["factor"], self.gamma(info, params, device), params["blend"]), 1.0
 
     def _matches_transformers_yarn(self, params) -> bool:
         return params["ramp"] == "dim" and params["blend"] == "frequency"
 
-    def _transformers_yarn(self, params, attention_factor: float) -> dict | None:
+    def _transformers_yarn(self, info, params, attention_factor: float) -> dict | None:
         """transformers' ``yarn`` rope_parameters for this installation, when it is the same math."""
-        if not self._matches_transformers_yarn(params):
+        if info.is_scaled or not self._matches_transformers_yarn(params):
             return None
         return {
             "rope_type": "yarn",
@@ -86,10 +105,10 @@ class NTKByParts(_ByParts):
     params = (FACTOR, ORIGINAL_WINDOW, BETA_FAST, BETA_SLOW, ramp_param("ratio"), BLEND, TRUNCATE, ROPE_THETA)
 
     def inv_freq(self, info, params, seq_len=None, device=None):
-        return self.scaled_inv_freq(info, params, device), 1.0
+        return self.scaled_inv_freq(info, params, seq_len, device)
 
     def transformers_rope(self, info, params):
-        return self._transformers_yarn(params, attention_factor=1.0)
+        return self._transformers_yarn(info, params, attention_factor=1.0)
 
     def exports_to(self, params=None):
         if params is not None and self._matches_transformers_yarn(params):

@@ -12,6 +12,9 @@ class PositionInterpolation(Method):
 
     Equivalent to feeding position ``m/s``. transformers calls it ``linear``; the exported config is
     plain transformers and vLLM.
+
+    Composition (a model whose RoPE is already scaled): ``θ'_i = θ^eff_i / s`` on the effective frequencies,
+    the model's own attention factor kept.
     """
 
     name = "pi"
@@ -20,13 +23,19 @@ class PositionInterpolation(Method):
     reference = "Chen et al. 2023, arXiv 2306.15595; LCEG (paper 002) Eq. 8"
     params = (FACTOR, ROPE_THETA)
     needs_training = True
+    composition = "θ'_i = θ^eff_i / s; the model's attention factor kept"
 
     def inv_freq(self, info, params, seq_len=None, device=None):
+        if info.is_scaled:
+            base, attention_factor = self.base(info, seq_len, device)
+            return (base if params["factor"] == 1.0 else base / params["factor"]), attention_factor
         if params["factor"] == 1.0:
             return default_inv_freq(params["rope_theta"], info.rotary_dim, device), 1.0
         return pi_inv_freq(params["rope_theta"], info.rotary_dim, params["factor"], device), 1.0
 
     def transformers_rope(self, info, params):
+        if info.is_scaled:
+            return None
         return {"rope_type": "linear", "factor": params["factor"], "rope_theta": params["rope_theta"]}
 
     def exports_to(self, params=None):

@@ -12,7 +12,6 @@ import math
 from ..attention.self_extend import make_self_extend
 from ..errors import InvalidParameterError
 from .base import AttentionSpec, Method, Param, RopeInfo, register
-from ..core.rope import default_inv_freq
 
 #: Group size when neither ``group_size`` nor a target (``factor`` / ``target_length``) is given: the LongLM
 #: README's example (G = 32 with W = 1024 reaches 99,328 tokens on a 4k Llama-2).
@@ -57,6 +56,7 @@ class SelfExtend(Method):
     )
     changes = ("attention_pattern",)
     needs_training = False
+    composition = "frequencies kept (the model's scaled ones, which the attention rotates with); window = the effective window"
 
     def resolve(self, info, given):
         params = super().resolve(info, given)
@@ -99,8 +99,8 @@ class SelfExtend(Method):
         return self.reach(info, params)
 
     def inv_freq(self, info, params, seq_len=None, device=None):
-        """Plain RoPE ``θ_i = b^(−2i/d)`` with the model's own base: Self-Extend changes only attention."""
-        return default_inv_freq(info.rope_theta, info.rotary_dim, device), 1.0
+        """The model's own frequencies: Self-Extend changes only attention."""
+        return self.base(info, seq_len, device)
 
     def attention(self, info, params):
         return AttentionSpec(

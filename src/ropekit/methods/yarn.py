@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
+from ..core.rope import yarn_mscale
 from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Param, register
 from .ntk_by_parts import BETA_FAST, BETA_SLOW, BLEND, TRUNCATE, _ByParts, ramp_param
-from ..core.rope import yarn_mscale
+
+
+def deepseek_mscale(factor: float, mscale: float) -> float:
+    """DeepSeek-V2's ``0.1·m·ln s + 1`` (1 when s ≤ 1): YaRN's temperature with a multiplier ``m``."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 @register
@@ -17,6 +24,10 @@ class YaRN(_ByParts):
     Temperature: cos and sin are multiplied by ``attention_factor``, default ``0.1·ln s + 1`` (YaRN Eq. 22),
     so logits scale by its square. The ramp uses ``original_max_position_embeddings`` and the model's own
     ``rope_theta`` (the reference Llama code silently used 10000; see notes §2).
+
+    DeepSeek-V2/V3's keys: with ``mscale`` and ``mscale_all_dim`` both set (and no ``attention_factor``), the
+    attention factor is ``(0.1·mscale·ln s + 1)/(0.1·mscale_all_dim·ln s + 1)`` — transformers' rule.
+    ``truncate=false`` (gpt-oss) keeps the ramp's end dimensions fractional.
     """
 
     name = "yarn"
@@ -29,6 +40,9 @@ class YaRN(_ByParts):
         BETA_FAST,
         BETA_SLOW,
         Param("attention_factor", float, None, "cos/sin multiplier (logits × its square); default 0.1·ln s + 1", minimum=0, exclusive_minimum=True),
+        Param("mscale", float, None, "DeepSeek: temperature multiplier m in 0.1·m·ln s + 1 (with mscale_all_dim)", minimum=0),
+        Param("mscale_all_dim", float, None, "DeepSeek: the divisor's multiplier (attention factor = mscale term / this term)",
+              minimum=0),
         BLEND,
         ramp_param("dim"),
         TRUNCATE,
@@ -39,14 +53,22 @@ class YaRN(_ByParts):
     def resolve(self, info, given):
         params = super().resolve(info, given)
         if params["attention_factor"] is None:
-            params["attention_factor"] = yarn_mscale(params["factor"])
+            if params["mscale"] and params["mscale_all_dim"]:
+                params["attention_factor"] = (deepseek_mscale(params["factor"], params["mscale"])
+                                              / deepseek_mscale(params["factor"], params["mscale_all_dim"]))
+            else:
+                params["attention_factor"] = yarn_mscale(params["factor"])
         return params
 
     def inv_freq(self, info, params, seq_len=None, device=None):
-        return self.scaled_inv_freq(info, params, device), float(params["attention_factor"])
+        inv_freq, model_factor = self.scaled_inv_freq(info, params, seq_len, device)
+        return inv_freq, model_factor * float(params["attention_factor"])
 
     def transformers_rope(self, info, params):
-        return self._transformers_yarn(params, attention_factor=params["attention_factor"])
+        rope = self._transformers_yarn(info, params, attention_factor=params["attention_factor"])
+        if rope is not None:
+            rope.update({k: params[k] for k in ("mscale", "mscale_all_dim") if params[k] is not None})
+        return rope
 
     def exports_to(self, params=None):
         if params is None:

@@ -44,15 +44,17 @@ def tiny_config(
     window: int = TINY_WINDOW,
     rope_theta: float = 10000.0,
     partial_rotary_factor: float | None = None,
+    rope_scaling: dict | None = None,
 ):
     """A small config of ``family`` with RoPE base ``rope_theta`` and a ``window``-token context.
 
-    GPT-NeoX defaults to partial rotary (a quarter of each head, as the Pythia models) and always has
-    MHA, since it has no key/value-head setting.
+    ``rope_scaling`` makes the RoPE already scaled, as shipped checkpoints are (e.g. ``{"rope_type": "llama3",
+    "factor": 4, …}``): its keys go into ``rope_parameters``. GPT-NeoX defaults to partial rotary (a quarter of
+    each head, as the Pythia models) and always has MHA, since it has no key/value-head setting.
     """
     if family not in FAMILIES:
         raise RopekitError(f"unknown model family '{family}'", f"choose one of {', '.join(FAMILIES)}")
-    rope: dict = {"rope_type": "default", "rope_theta": float(rope_theta)}
+    rope: dict = {"rope_type": "default", "rope_theta": float(rope_theta), **(rope_scaling or {})}
     if family == "gpt_neox":
         rope["partial_rotary_factor"] = 0.25 if partial_rotary_factor is None else partial_rotary_factor
         return GPTNeoXConfig(

@@ -1,0 +1,227 @@
+"""Methods on models whose RoPE is already scaled (``linear``, ``dynamic``, ``yarn``, ``llama3``, ``longrope``).
+
+References: the pre-scaled model itself (an identity setting must give its logits bit for bit), and each
+method's composition rule computed by hand here from the model's effective frequencies — which come from
+transformers' own implementation of the model's rope type.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+import ropekit
+from ropekit import RopekitError
+from ropekit.models.tiny import build_tiny_model
+
+PAIRS = 8  # head size 16
+LONG = [1.0, 1.2, 1.6, 2.2, 3.0, 3.6, 4.0, 4.0]
+SHORT = [1.0, 1.0, 1.05, 1.1, 1.2, 1.25, 1.3, 1.3]
+#: name → (rope_scaling over base 1e4, max_position_embeddings). Original windows are 32 tokens.
+BASES = {
+    "linear": ({"rope_type": "linear", "factor": 2.0}, 128),
+    "dynamic": ({"rope_type": "dynamic", "factor": 2.0}, 64),
+    "yarn": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}, 128),
+    "yarn-underdeclared": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}, 40),
+    "yarn-gptoss": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "truncate": False}, 128),
+    "llama3": ({"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32}, 128),
+    "longrope-static": ({"rope_type": "longrope", "short_factor": LONG, "long_factor": LONG, "factor": 4.0,
+                         "original_max_position_embeddings": 32}, 128),
+    "longrope": ({"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG, "factor": 4.0,
+                  "original_max_position_embeddings": 32}, 128),
+}
+LENGTH_DEPENDENT = {"dynamic", "longrope"}
+
+
+def prescaled(name: str, family: str = "llama", layers: int = 2):
+    rope, window = BASES[name]
+    return build_tiny_model(family, window=window, rope_scaling=rope, num_layers=layers)
+
+
+def effective(model, seq_len=None):
+    """The pre-scaled model's frequencies and attention factor, from transformers' own rope function."""
+    config = model.config
+    return ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, None, seq_len=seq_len)
+
+
+#: method → identity parameters (on the 2-layer tiny Llama); ``theta`` means the model's own base.
+IDENTITY = {
+    "pi": {"factor": 1.0},
+    "ntk": {"factor": 1.0},
+    "dynamic_ntk": {"factor": 1.0},
+    "ntk_by_parts": {"factor": 1.0},
+    "yarn": {"factor": 1.0},
+    "llama3": {"factor": 1.0},
+    "longrope": {"long_factor": [1.0] * PAIRS, "attention_factor": 1.0},
+    "abf": {"rope_theta": "theta"},
+    "entropy_abf": {"rope_theta": "theta", "scale_context": 1000},
+    "self_extend": {"window_size": 120, "group_size": 2},
+    "lm_infinite": {"local_window": 1000},
+    "longlora": {"factor": 1.0},
+    "clex": {},
+    "landmark": {"mem_freq": 500},
+}
+
+
+def _cases():
+    for base in BASES:
+        for method in IDENTITY:
+            if base in LENGTH_DEPENDENT and method in ("dynamic_ntk", "clex"):
+                continue  # refused (test below)
+            yield base, method
+
+
+@pytest.mark.parametrize("base,method", list(_cases()))
+def test_identity_settings_give_the_prescaled_model_bit_for_bit(base, method, make_ids):
+    model = prescaled(base)
+    reference = prescaled(base)
+    params = {k: (10000.0 if v == "theta" else v) for k, v in IDENTITY[method].items()}
+    if method == "self_extend" and BASES[base][1] <= 120:
+        params["window_size"] = BASES[base][1] - 4
+    ropekit.extend(model, method, **params)
+    lengths = (20, 100, 30)  # longer, then shorter: a length-dependent base switches back
+    if method == "self_extend":  # degenerate only while every pair is closer than W (< the window)
+        lengths = tuple(min(n, params["window_size"]) for n in lengths)
+    for length in lengths:
+        ids = make_ids(length)
+        with torch.no_grad():
+            ours, ref = model(ids).logits, reference(ids).logits
+        assert torch.equal(ours[..., : ref.shape[-1]], ref), (base, method, length)
+
+
+@pytest.mark.parametrize("base", ["dynamic", "longrope"])
+@pytest.mark.parametrize("method", ["dynamic_ntk", "clex"])
+def test_length_dependent_methods_on_a_length_dependent_base_are_refused(base, method):
+    model = prescaled(base)
+    with pytest.raises(RopekitError) as err:
+        ropekit.extend(model, method, factor=2.0)
+    line = str(err.value)
+    assert "\n" not in line and method in line and "length" in line and "use a method" in line
+    assert ropekit.installed(model) is None
+
+
+def test_changing_rope_theta_under_a_scaled_rope_is_refused():
+    with pytest.raises(RopekitError, match="rope_theta cannot change.*llama3.*use abf"):
+        ropekit.extend(prescaled("llama3"), "pi", factor=2.0, rope_theta=5e4)
+
+
+# ---- each rule against a hand computation --------------------------------------------------------------------
+def _pairs() -> torch.Tensor:
+    return torch.arange(PAIRS, dtype=torch.float64)
+
+
+def _hand(method: str, params: dict, theta: torch.Tensor, factor_eff: float, window: int) -> tuple[torch.Tensor, float]:
+    """The composition rule written out: ``theta`` are the effective frequencies (float64), returns θ' and the
+    attention factor to multiply with the model's own."""
+    d = 2 * PAIRS
+    i = _pairs()
+    s = params.get("factor", 1.0)
+    if method in ("pi", "longlora"):
+        return theta / s, 1.0
+    if method == "ntk":
+        return theta * s ** (-2 * i / (d - 2)), 1.0
+    if method == "abf":
+        return theta * (1e4 / params["rope_theta"]) ** (2 * i / d), 1.0
+    if method in ("ntk_by_parts", "yarn"):
+        r = window / (2 * math.pi / theta)
+        if params.get("ramp", "ratio" if method == "ntk_by_parts" else "dim") == "ratio":
+            gamma = ((r - 1.0) / (32.0 - 1.0)).clamp(0, 1)
+        else:  # the pair index where log r crosses log β, linear between neighbours, floor/ceil, clipped
+            def cross(beta):
+                lr = torch.log(r)
+                for k in range(PAIRS - 1):
+                    if lr[k + 1] < math.log(beta) or k == PAIRS - 2:
+                        return k + (lr[k] - math.log(beta)).item() / (lr[k] - lr[k + 1]).item()
+            low, high = max(math.floor(cross(32.0)), 0), min(math.ceil(cross(1.0)), d - 1)
+            gamma = 1 - ((i - low) / (high - low)).clamp(0, 1)
+        out = (1 - gamma) * theta / s + gamma * theta
+        return out, (0.1 * math.log(s) + 1 if method == "yarn" else 1.0)
+    if method == "llama3":
+        lam = 2 * math.pi / theta
+        lo, hi = window / 1.0, window / 4.0
+        kappa = (window / lam - 1.0) / (4.0 - 1.0)
+        out = torch.where(lam > lo, theta / s, torch.where(lam < hi, theta, (1 - kappa) * theta / s + kappa * theta))
+        return out, 1.0
+    if method == "longrope":  # at installation (no input yet): the short set
+        return theta / torch.tensor(params["short_factor"], dtype=torch.float64), params["attention_factor"]
+    raise AssertionError(method)
+
+
+RULES = [
+    ("pi", {"factor": 2.0}),
+    ("ntk", {"factor": 4.0}),
+    ("abf", {"rope_theta": 2e5}),
+    ("ntk_by_parts", {"factor": 4.0}),
+    ("yarn", {"factor": 4.0}),
+    ("yarn", {"factor": 2.0, "ramp": "ratio"}),
+    ("llama3", {"factor": 4.0}),
+    ("longrope", {"long_factor": [1.0, 1.0, 1.5, 2.0, 2.0, 3.0, 4.0, 4.0], "short_factor": [1.0, 1.1, 1.1, 1.2, 1.2, 1.3, 1.3, 1.4],
+                  "attention_factor": 1.2}),
+    ("longlora", {"factor": 2.0}),
+]
+
+
+@pytest.mark.parametrize("base", ["linear", "yarn", "yarn-gptoss", "llama3", "longrope-static"])
+@pytest.mark.parametrize("method,params", RULES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(RULES)])
+def test_each_rule_equals_its_hand_computation(base, method, params):
+    model = prescaled(base)
+    theta, af = effective(model)
+    window = ropekit.rope_info(model).window
+    ropekit.extend(model, method, **params)
+    rotary = model.model.rotary_emb
+    want, own_factor = _hand(method, params, theta.double(), 1.0, window)
+    torch.testing.assert_close(rotary.inv_freq.double(), want, rtol=2e-6, atol=0)
+    assert math.isclose(rotary.attention_scaling, af * own_factor, rel_tol=1e-9)
+
+
+def test_effective_window_of_an_underdeclared_yarn_model():
+    # Qwen's documented recipe: yarn factor 4 over 32,768 tokens, max_position_embeddings left at 40,960
+    info = ropekit.rope_info(prescaled("yarn-underdeclared"))
+    assert info.window == 128 and info.original_window == 32
+
+
+def test_a_switching_base_keeps_switching_under_a_static_method(make_ids):
+    """PI on a LongRoPE model with different short and long factors: short set up to 32 tokens, long beyond —
+    in the order long, short, long, as transformers switches the pre-scaled model."""
+    model = prescaled("longrope")
+    ropekit.extend(model, "pi", factor=2.0)
+    rotary = model.model.rotary_emb
+    for length, seq_len in ((100, 33), (20, None), (33, 33), (32, None)):
+        with torch.no_grad():
+            model(make_ids(length))
+        theta, af = effective(prescaled("longrope"), seq_len=seq_len)
+        torch.testing.assert_close(rotary.inv_freq, theta / 2.0, rtol=0, atol=0)
+        assert rotary.attention_scaling == af
+
+
+def test_a_dynamic_base_recomputes_as_transformers_does(make_ids):
+    model, reference = prescaled("dynamic"), prescaled("dynamic")
+    ropekit.extend(model, "ntk", factor=2.0)
+    d = 2 * PAIRS
+    for length in (50, 90, 150, 40, 120):  # inside, growing past 64, shrinking back below it
+        ids = make_ids(length)
+        with torch.no_grad():
+            model(ids)
+            reference(ids)
+        want = reference.model.rotary_emb.inv_freq.double() * 2.0 ** (-2 * _pairs() / (d - 2))
+        torch.testing.assert_close(model.model.rotary_emb.inv_freq.double(), want, rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("base", ["llama3", "longrope"])
+@pytest.mark.parametrize("method,params", [("self_extend", {"window_size": 16, "group_size": 4}),
+                                           ("lm_infinite", {"local_window": 24})])
+def test_attention_side_methods_rotate_with_the_scaled_frequencies(base, method, params, make_ids):
+    """Beyond their degenerate setting the attention methods still see the model's scaled frequencies: the
+    rotary module of the extended model is the pre-scaled model's, at every length."""
+    model, reference = prescaled(base), prescaled(base)
+    ropekit.extend(model, method, **params)
+    for length in (20, 100, 25):
+        with torch.no_grad():
+            model(make_ids(length))
+            reference(make_ids(length))
+        assert torch.equal(model.model.rotary_emb.inv_freq, reference.model.rotary_emb.inv_freq)
+        assert model.model.rotary_emb.attention_scaling == reference.model.rotary_emb.attention_scaling
