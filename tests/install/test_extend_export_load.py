@@ -47,8 +47,10 @@ CASES = {
 #: Entropy-ABF leaves layers 0 and 1 alone: its models need more than two layers for the scale to act.
 LAYERS = {"entropy_abf": 4}
 NATIVE = ["pi", "ntk", "abf", "yarn", "dynamic_ntk", "ntk_by_parts_dim"]
-ROPEKIT_ONLY = ["entropy_abf", "harpe", "ntk_by_parts", "dynamic_ntk_trained"]
-assert set(NATIVE) | set(ROPEKIT_ONLY) == set(CASES)
+#: no transformers type of its own, but static frequencies: written exactly as transformers' longrope by default
+LONGROPE = ["ntk_by_parts"]
+ROPEKIT_ONLY = ["entropy_abf", "harpe", "dynamic_ntk_trained"]
+assert set(NATIVE) | set(LONGROPE) | set(ROPEKIT_ONLY) == set(CASES)
 
 
 def _extend(model, case: str):
@@ -253,7 +255,8 @@ def test_save_load_round_trip(family, case, tmp_path, make_ids):
     model = _extended(family, case)
     report = ropekit.save_pretrained(model, tmp_path)
     assert report["method"] == CASES[case][0]
-    assert report["transformers"] == (case in NATIVE)
+    assert report["transformers"] == (case in NATIVE or case in LONGROPE)
+    assert report["format"] == ("native" if case in NATIVE else "longrope" if case in LONGROPE else "ropekit")
     loaded = ropekit.load(tmp_path)
     assert ropekit.installed(loaded)["method"] == CASES[case][0]
     assert ropekit.installed(loaded)["params"] == ropekit.installed(model)["params"]

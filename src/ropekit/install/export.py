@@ -13,9 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import PreTrainedModel
 
 from ..core.jsonsafe import json_safe
+from ..core.rope import pair_exponents
+from ..errors import InvalidParameterError, UnsupportedModelError
 from ..methods import get_method
 from .model_rope import base_info, text_config
 from .rope_types import transformers_builds
@@ -44,64 +47,175 @@ def _with_base_rope(config, record):
     return _Swap()
 
 
-def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None) -> dict[str, Any]:
-    """Save ``model`` so that plain transformers rebuilds the same model wherever it has the method.
+#: ``rope_format`` values of :func:`save_pretrained`.
+ROPE_FORMATS = ("auto", "native", "longrope", "ropekit")
 
-    * Methods with an exact transformers equivalent (PI → ``linear``, NTK/ABF → ``rope_theta``, YaRN →
-      ``yarn``, Dynamic NTK with transformers' rule → ``dynamic``, NTK-by-parts with ``ramp='dim'`` →
-      ``yarn`` with attention factor 1) are written as that equivalent — when the model family's own
-      config accepts it (Phi-3's accepts only plain RoPE and LongRoPE).
-    * Otherwise the config keeps rope type ``ropekit_<name>``: plain transformers then refuses to build
-      the model (``KeyError: 'ropekit_<name>'``, or the family's own validation error) instead of
-      silently giving a different one. ``ropekit.load`` restores every method.
 
-    Returns a report: method, ``transformers`` (plain loading gives the same model), ``vllm``.
+def _native_rope(m, info, params, data: dict[str, Any], base_rope: dict[str, Any]) -> dict[str, Any] | None:
+    """transformers' own rope type for the method, when it is the same math and this family accepts it."""
+    native = m.transformers_rope(info, params)
+    if native is None:
+        return None
+    if "partial_rotary_factor" in base_rope:
+        native["partial_rotary_factor"] = base_rope["partial_rotary_factor"]
+    return native if transformers_builds(data, native) else None
+
+
+def _longrope_rope(model, m, info, params, data: dict[str, Any], freeze_length: int | None) -> tuple[dict | None, str]:
+    """The installed frequencies written as transformers' ``longrope`` (``λ_i = θ_i/θ'_i`` per pair with the
+    attention factor), or ``(None, why not)``.
+
+    Exact whenever the method changes only the frequencies at inference and they are static (one set) or switch
+    once (LongRoPE's short/long sets); a length-dependent method is written at ``freeze_length`` tokens when
+    one is given — its frequencies frozen there.
     """
+    if not m.frequencies_only:
+        return None, f"{m.name} changes attention, not only the frequencies"
+    kind, length = m.length_dependence(info, params)
+    rotary = next(module for module in model.modules() if hasattr(module, "inv_freq") and hasattr(module, "rope_type"))
+    config = text_config(model)
+    if freeze_length is not None:
+        short = long = m.frequencies_at(rotary, int(freeze_length))
+        switch = None
+    elif kind == "static":
+        short = long = m.frequencies_at(rotary, None)
+        switch = None
+    elif kind == "switch":
+        short, long = m.frequencies_at(rotary, None), m.frequencies_at(rotary, length + 1)
+        switch = length
+    else:
+        return None, f"{m.name}'s frequencies follow the input length (pass freeze_length to write them at one length)"
+    if abs(short[1] - long[1]) > 1e-12 * abs(short[1]):
+        return None, "the attention factor differs between the short and the long set"
+    shape = pair_exponents(info.rotary_dim).to(torch.float64)
+    theta = info.rope_theta
+
+    def rescale(inv_freq: torch.Tensor) -> list[float]:
+        # transformers' longrope computes 1/(λ_i·b^(2i/d)); so λ_i = 1/(θ'_i·b^(2i/d))
+        return [float(v) for v in 1.0 / (inv_freq.detach().to(torch.float64).cpu() * theta ** shape)]
+
+    window = int(config.max_position_embeddings)
+    original = switch if switch is not None else window
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": theta,
+        "short_factor": rescale(short[0]),
+        "long_factor": rescale(long[0]),
+        "original_max_position_embeddings": original,
+        "attention_factor": float(short[1]),
+        "factor": window / original,
+    }
+    if "partial_rotary_factor" in (info.rope_parameters or {}) or info.partial_rotary_factor != 1.0:
+        rope["partial_rotary_factor"] = info.partial_rotary_factor
+    if not transformers_builds(data, rope):
+        return None, f"model type '{info.model_type}' does not accept rope type longrope"
+    return rope, ""
+
+
+def _export_note(m, rope_format: str, rope: dict[str, Any], freeze_length: int | None) -> str:
+    if rope_format == "ropekit":
+        return (f"Plain transformers cannot build this model: it refuses rope type `ropekit_{m.name}` (a KeyError, or "
+                "the model family's own validation error) instead of silently giving another model. Load it with "
+                "`ropekit.load(path)`.")
+    if rope_format == "native":
+        return f"Plain transformers loads this directory to the same model (rope type `{rope['rope_type']}`)."
+    frozen = (f" The method's frequencies depend on the input length; they are written as they are at "
+              f"{freeze_length} tokens, frozen." if freeze_length is not None else "")
+    return (
+        "The frequencies are written as transformers' `longrope` type (one rescale factor per rotary pair, "
+        "`short_factor` up to `original_max_position_embeddings` tokens and `long_factor` beyond, with the "
+        "attention factor): plain transformers — and engines that read `longrope` — compute the same frequencies "
+        f"as ropekit.{frozen}\n\nTrade-off against rope type `ropekit_{m.name}`: `longrope` is portable but "
+        f"carries only the numbers; `ropekit.load(path)` restores the method itself (its parameters are under "
+        "`ropekit` in config.json), which is what further training or a different target length needs."
+    )
+
+
+def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None, *, rope_format: str = "auto",
+                    freeze_length: int | None = None) -> dict[str, Any]:
+    """Save ``model`` so that plain transformers rebuilds the same model wherever it can.
+
+    ``rope_format`` chooses how ``config.json`` writes the RoPE:
+
+    * ``native`` — transformers' own equivalent of the method (PI → ``linear``, NTK/ABF → ``rope_theta``,
+      YaRN → ``yarn``, Dynamic NTK with transformers' rule → ``dynamic``, NTK-by-parts with ``ramp='dim'`` →
+      ``yarn`` with attention factor 1, llama3, longrope), when the family's own config accepts it;
+    * ``longrope`` — any frequencies that are static (or switch once) written exactly as transformers'
+      ``longrope``: NTK-by-parts with its ratio ramp, frozen Dynamic NTK, compositions on pre-scaled models,
+      and — with ``freeze_length`` — CLEX or Dynamic NTK frozen at that length;
+    * ``ropekit`` — rope type ``ropekit_<name>``: plain transformers refuses to build the model (``KeyError``,
+      or the family's validation error) instead of silently giving a different one;
+    * ``auto`` (default) — the first of native, longrope, ropekit that is exact: the portable form whenever
+      it is the same model.
+
+    ``ropekit.load`` restores every method from any of them (the method and its parameters are recorded under
+    ``ropekit``). A format that cannot represent the model exactly is refused in one line before anything is
+    written. Returns a report: method, format, ``transformers`` (plain loading gives the same model), ``vllm``.
+    """
+    if rope_format not in ROPE_FORMATS:
+        raise InvalidParameterError(f"unknown rope format '{rope_format}'", f"choose one of {', '.join(ROPE_FORMATS)}")
+    if freeze_length is not None and (isinstance(freeze_length, bool) or not isinstance(freeze_length, int)
+                                      or freeze_length < 1):
+        raise InvalidParameterError(f"freeze_length must be a positive number of tokens, got {freeze_length!r}",
+                                    "pass e.g. freeze_length=16384")
     out = Path(out_dir)
     config = text_config(model)
     record = getattr(config, "ropekit", None)
-    out.mkdir(parents=True, exist_ok=True)
-    if tokenizer is not None:
-        if record:
-            get_method(record["method"]).prepare_tokenizer(tokenizer, record["params"])
-        tokenizer.save_pretrained(out)
     if not record:
+        out.mkdir(parents=True, exist_ok=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out)
         model.save_pretrained(out)
-        return {"method": None, "path": str(out), "transformers": True, "vllm": True}
-    with _with_base_rope(config, record):  # weights are unaffected; the config is rewritten below
-        model.save_pretrained(out)
+        return {"method": None, "path": str(out), "format": "native", "transformers": True, "vllm": True}
     m = get_method(record["method"])
     info = base_info(config)
-    native = m.transformers_rope(info, record["params"])
+    params = record["params"]
+    data = {k: v for k, v in config.to_dict().items() if k != "ropekit"}
+    data["rope_parameters"] = copy.deepcopy(record["base"]["rope_parameters"])
+    data["max_position_embeddings"] = record["base"]["max_position_embeddings"]
+    rope, chosen, why = None, "ropekit", ""
+    if rope_format in ("auto", "native") and freeze_length is None:
+        rope = _native_rope(m, info, params, data, record["base"]["rope_parameters"])
+        chosen = "native" if rope is not None else chosen
+    if rope is None and rope_format in ("auto", "longrope"):
+        rope, why = _longrope_rope(model, m, info, params, data, freeze_length)
+        chosen = "longrope" if rope is not None else chosen
+    if rope is None and rope_format in ("native", "longrope"):
+        what = "transformers' own rope types" if rope_format == "native" else "transformers' longrope"
+        raise UnsupportedModelError(f"{m.name} with these parameters cannot be written exactly as {what}"
+                                    + (f": {why}" if why else ""), "save with rope_format='auto' or 'ropekit'")
+    if freeze_length is not None and chosen != "longrope":
+        raise UnsupportedModelError(f"freeze_length applies to the longrope format, which cannot hold {m.name}: {why}",
+                                    "leave freeze_length out")
+
+    out.mkdir(parents=True, exist_ok=True)
+    if tokenizer is not None:
+        m.prepare_tokenizer(tokenizer, params)
+        tokenizer.save_pretrained(out)
+    with _with_base_rope(config, record):  # weights are unaffected; the config is rewritten below
+        model.save_pretrained(out)
     config_path = out / "config.json"
-    data = json.loads(config_path.read_text())
-    if native is not None:
-        base_rope = record["base"]["rope_parameters"]
-        if "partial_rotary_factor" in base_rope:
-            native["partial_rotary_factor"] = base_rope["partial_rotary_factor"]
-        if not transformers_builds(data, native):
-            native = None
-    if native is not None:
-        data["rope_parameters"] = native
+    saved = json.loads(config_path.read_text())
+    if rope is not None:
+        saved["rope_parameters"] = rope
         # transformers' `dynamic` reads max_position_embeddings as the original window
-        data["max_position_embeddings"] = info.window if native["rope_type"] == "dynamic" else config.max_position_embeddings
+        saved["max_position_embeddings"] = (info.window if rope["rope_type"] == "dynamic"
+                                            else config.max_position_embeddings)
     else:
-        data["rope_parameters"] = json_safe(dict(config.rope_parameters))
-        data["max_position_embeddings"] = config.max_position_embeddings
-    data["ropekit"] = json_safe(record)
-    config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    exports = m.exports_to(record["params"]) if native is not None else []
-    how = (
-        "Plain transformers loads this directory to the same model (rope type "
-        f"`{native['rope_type']}`)." if native is not None else
-        f"Plain transformers cannot build this model: it refuses rope type `ropekit_{m.name}` "
-        "(a KeyError, or the model family's own validation error). Load it with `ropekit.load(path)`."
-    )
-    (out / "ROPEKIT.md").write_text(_EXPORT_NOTE.format(method=m.name, how=how))
+        saved["rope_parameters"] = json_safe(dict(config.rope_parameters))
+        saved["max_position_embeddings"] = config.max_position_embeddings
+    saved["ropekit"] = json_safe({**record, "export": {"format": chosen, "freeze_length": freeze_length}})
+    config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    (out / "ROPEKIT.md").write_text(_EXPORT_NOTE.format(method=m.name, how=_export_note(m, chosen, rope or {}, freeze_length)))
+    if chosen == "native":
+        vllm = "vllm" in m.exports_to(params)
+    else:  # vLLM's longrope uses the long set at every length once the served window exceeds the original
+        vllm = chosen == "longrope" and rope["short_factor"] == rope["long_factor"]
     return {
         "method": m.name,
         "path": str(out),
-        "transformers": native is not None,
-        "vllm": "vllm" in exports,
-        "rope_parameters": native or data["rope_parameters"],
+        "format": chosen,
+        "transformers": chosen != "ropekit",
+        "vllm": vllm,
+        "rope_parameters": rope or saved["rope_parameters"],
     }

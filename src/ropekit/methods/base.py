@@ -272,6 +272,13 @@ class Method(abc.ABC):
         """
         return length_dependence(info)
 
+    def frequencies_at(self, rotary: torch.nn.Module, seq_len: int | None) -> tuple[torch.Tensor, float]:
+        """``(inv_freq, attention factor)`` an installed rotary module uses for an input of ``seq_len`` tokens
+        (``None``: the set it starts with). Default: its rope-init function at that length."""
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        return ROPE_INIT_FUNCTIONS[rotary.rope_type](rotary.config, None, seq_len)
+
     def base(self, info: RopeInfo, seq_len: int | None = None, device=None) -> tuple[torch.Tensor, float]:
         """``(θ^eff, attention factor)``: the model's own frequencies, the starting point of every rule."""
         return base_frequencies(info, seq_len, device)
@@ -301,6 +308,12 @@ class Method(abc.ABC):
     def reach(self, info: RopeInfo, params: dict[str, Any]) -> int | None:
         """The longest input the method is meant for, when it has a hard limit (else ``None``)."""
         return None
+
+    @property
+    def frequencies_only(self) -> bool:
+        """Whether, at inference, the method changes only the shared frequencies and the attention factor — so a
+        format with one rescale factor per rotary pair (transformers' ``longrope``, GGUF's ``rope_freqs``) holds it."""
+        return set(self.changes) <= {"frequencies", "length_dependent", "attention_factor", "weights"}
 
     def example_params(self, info: RopeInfo) -> dict[str, Any]:
         """Parameters that install the method at 2× the window (``inspect`` builds its export check from them)."""

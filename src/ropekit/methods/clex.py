@@ -8,7 +8,7 @@ import warnings
 import torch
 
 from ..errors import InvalidParameterError
-from .base import ROPE_THETA, Method, Param, original_window, register
+from .base import ROPE_THETA, Method, Param, combine_length_dependence, original_window, register
 from .clex_ode import CLEXFrequencies, attach_clex
 from ..core.rope import default_inv_freq
 
@@ -93,6 +93,18 @@ class CLEX(Method):
             raise InvalidParameterError(f"clex {why}", "use a model with a rotary dimension of at least 4")
 
     composition = "the ODE starts from the effective frequencies, z(1) = log θ^eff, and t = n/C on the effective window"
+
+    def length_dependence(self, info, params):
+        return combine_length_dependence(super().length_dependence(info, params),
+                                         ("continuous", params["original_max_position_embeddings"]))
+
+    def frequencies_at(self, rotary, seq_len):
+        """The ODE's frequencies for an input of ``seq_len`` tokens (``t = n/C``), with the model's attention factor."""
+        base = rotary.inv_freq
+        if seq_len is None:
+            return base.clone(), rotary.attention_scaling
+        with torch.no_grad():
+            return rotary.clex.inv_freq_for_length(int(seq_len), base), rotary.attention_scaling
 
     def inv_freq(self, info, params, seq_len=None, device=None):
         """The frequencies at ``t = 1`` (the model's own): the rotary module's starting point ``z(1) = log θ``."""

@@ -59,6 +59,10 @@ class LongLoRA(Method):
 
     composition = "PI's rule: θ'_i = θ^eff_i / s; the model's attention factor kept"
 
+    @property
+    def frequencies_only(self) -> bool:
+        return True  # S²-Attn runs in training only: at inference LongLoRA is its frequencies
+
     def inv_freq(self, info, params, seq_len=None, device=None):
         if info.is_scaled:
             base, attention_factor = self.base(info, seq_len, device)

@@ -1,0 +1,129 @@
+"""Static per-frequency results written as transformers' ``longrope`` (``save_pretrained(rope_format=…)``).
+
+The reference is plain transformers loading the directory (no ropekit in the loop): its logits must be the
+extended model's, inside the window and past it; and ``ropekit.load`` must still restore the method itself.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import ropekit
+from ropekit import RopekitError
+from ropekit.models.tiny import build_tiny_model
+
+LONG = [1.0, 1.2, 1.6, 2.2, 3.0, 3.6, 4.0, 4.0]
+SHORT = [1.0, 1.0, 1.05, 1.1, 1.2, 1.25, 1.3, 1.3]
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def _plain(path):
+    return AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
+
+
+def _same(a, b, make_ids, lengths):
+    for length in lengths:
+        ids = make_ids(length)
+        torch.testing.assert_close(_logits(a, ids), _logits(b, ids), rtol=2e-5, atol=2e-5)
+
+
+CASES = {
+    # name: (family, rope_scaling of the base or None, method, params, lengths)
+    "ntk_by_parts-ratio": ("llama", None, "ntk_by_parts", {"factor": 4.0}, (40, 200)),
+    "yarn-wavelength-blend": ("qwen3", None, "yarn", {"factor": 4.0, "blend": "wavelength"}, (40, 200)),
+    "pi-on-llama3": ("llama", {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 16}, "pi", {"factor": 2.0}, (40, 200)),
+    "yarn-on-yarn": ("qwen3", {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32},
+                     "yarn", {"factor": 2.0}, (40, 200)),
+    "ntk-on-switching-longrope": ("phi3", {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG,
+                                           "factor": 4.0, "original_max_position_embeddings": 16},
+                                  "ntk", {"factor": 2.0}, (12, 16, 17, 200, 12)),
+    "gpt_neox-partial-ntk_by_parts": ("gpt_neox", None, "ntk_by_parts", {"factor": 2.0}, (40, 150)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_auto_writes_static_results_as_longrope_that_plain_transformers_runs(case, tmp_path, make_ids):
+    family, scaling, method, params, lengths = CASES[case]
+    model = build_tiny_model(family, rope_scaling=scaling, **({"window": 64} if scaling is None else {"window": 64}))
+    ropekit.extend(model, method, **params)
+    report = ropekit.save_pretrained(model, tmp_path / "out")
+    assert report["format"] == "longrope" and report["transformers"], report
+    rope = json.loads((tmp_path / "out" / "config.json").read_text())["rope_parameters"]
+    assert rope["rope_type"] == "longrope" and len(rope["long_factor"]) == ropekit.rope_info(model).rotary_dim // 2
+    assert "longrope" in (tmp_path / "out" / "ROPEKIT.md").read_text()
+    _same(_plain(tmp_path / "out"), model, make_ids, lengths)
+    restored = ropekit.load(tmp_path / "out")  # ropekit restores the method itself, not the numbers
+    assert ropekit.installed(restored)["method"] == method
+    _same(restored, model, make_ids, lengths[:2])
+
+
+def test_only_static_single_sets_are_vllm_exact(tmp_path):
+    scaling = CASES["ntk-on-switching-longrope"][1]
+    switching = build_tiny_model("phi3", window=64, rope_scaling=scaling)
+    ropekit.extend(switching, "ntk", factor=2.0)
+    assert ropekit.save_pretrained(switching, tmp_path / "a")["vllm"] is False
+    static = build_tiny_model("llama")
+    ropekit.extend(static, "ntk_by_parts", factor=2.0)
+    assert ropekit.save_pretrained(static, tmp_path / "b")["vllm"] is True
+
+
+def test_frozen_dynamic_ntk_and_clex_at_a_length(tmp_path, make_ids):
+    model = build_tiny_model("llama")
+    ropekit.extend(model, "dynamic_ntk", factor=2.0, trained_length=128)
+    assert ropekit.save_pretrained(model, tmp_path / "auto")["format"] == "ropekit"  # continuous: not by default
+    ropekit.save_pretrained(model, tmp_path / "frozen", rope_format="longrope", freeze_length=128)
+    assert "frozen" in (tmp_path / "frozen" / "ROPEKIT.md").read_text()
+    _same(_plain(tmp_path / "frozen"), model, make_ids, (40, 128))  # the frozen base holds up to C' = 128
+
+    clex = build_tiny_model("llama")
+    ropekit.extend(clex, "clex", max_factor=4)
+    ropekit.save_pretrained(clex, tmp_path / "clex", rope_format="longrope", freeze_length=160)
+    _same(_plain(tmp_path / "clex"), clex, make_ids, (160,))  # t = 160/64 at exactly that length
+
+
+@pytest.mark.parametrize("method,params,fmt,needle", [
+    ("self_extend", {"group_size": 4, "window_size": 16}, "longrope", "changes attention"),
+    ("entropy_abf", {}, "longrope", "changes attention"),
+    ("ntk_by_parts", {"factor": 2.0}, "native", "transformers' own rope types"),
+    ("dynamic_ntk", {"factor": 2.0, "trained_length": 128}, "longrope", "freeze_length"),
+])
+def test_a_format_that_cannot_hold_the_model_is_refused_before_writing(method, params, fmt, needle, tmp_path):
+    model = build_tiny_model("llama", num_layers=3)
+    ropekit.extend(model, method, **params)
+    with pytest.raises(RopekitError) as err:
+        ropekit.save_pretrained(model, tmp_path / "out", rope_format=fmt)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_ropekit_format_still_refuses_loudly_in_plain_transformers(tmp_path):
+    model = build_tiny_model("llama")
+    ropekit.extend(model, "ntk_by_parts", factor=2.0)
+    report = ropekit.save_pretrained(model, tmp_path / "out", rope_format="ropekit")
+    assert report["format"] == "ropekit" and not report["transformers"]
+    with pytest.raises(KeyError, match="ropekit_ntk_by_parts"):
+        import ropekit.install.rope_types as types
+        saved = types.ROPE_INIT_FUNCTIONS.pop("ropekit_ntk_by_parts")  # what a process without ropekit sees
+        try:
+            _plain(tmp_path / "out")
+        finally:
+            types.ROPE_INIT_FUNCTIONS["ropekit_ntk_by_parts"] = saved
+
+
+def test_bad_format_arguments_are_one_line(tmp_path):
+    model = build_tiny_model("llama")
+    ropekit.extend(model, "pi", factor=2.0)
+    with pytest.raises(RopekitError, match="unknown rope format 'gguf'"):
+        ropekit.save_pretrained(model, tmp_path / "a", rope_format="gguf")
+    with pytest.raises(RopekitError, match="freeze_length must be a positive"):
+        ropekit.save_pretrained(model, tmp_path / "b", freeze_length=0)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
