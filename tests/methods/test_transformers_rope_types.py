@@ -65,7 +65,10 @@ def test_llama3_matches_transformers(family, head_dim, prf, settings, base, wind
     ours, ours_att = m.inv_freq(info, params)
     rope = {"rope_type": "llama3", "rope_theta": base, "original_max_position_embeddings": window, **settings}
     ref, ref_att = ROPE_INIT_FUNCTIONS["llama3"](_config(family, head_dim, prf, int(window * settings["factor"]), rope), None)
-    assert torch.equal(ours, ref) and ours_att == ref_att == 1.0
+    if settings["factor"] == 1.0:  # ropekit returns plain RoPE exactly; transformers' blend rounds the last bit
+        assert _rel(ours, ref) <= RTOL and ours_att == ref_att == 1.0
+    else:
+        assert torch.equal(ours, ref) and ours_att == ref_att == 1.0
     assert m.transformers_rope(info, params) == {**rope, "factor": settings["factor"]}
 
 

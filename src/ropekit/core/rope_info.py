@@ -30,6 +30,8 @@ class RopeInfo:
     #: ``config.max_position_embeddings`` when it differs from :attr:`window` (a scaled model whose config
     #: under-declares its scaled window, e.g. Qwen with ``yarn`` added): transformers' rope functions read it.
     config_window: int | None = None
+    #: For RoPE per layer type (Gemma 3): which layer type these facts describe.
+    layer_type: str | None = None
 
     @property
     def kv_groups(self) -> int:
@@ -48,19 +50,28 @@ class RopeInfo:
         return int(value) if value else self.window
 
     @classmethod
-    def from_config(cls, config) -> "RopeInfo":
-        """Read the RoPE facts of a transformers 5.x config; raise a one-line error when it has no RoPE."""
+    def from_config(cls, config, layer_type: str | None = None) -> "RopeInfo":
+        """Read the RoPE facts of a transformers 5.x config; raise a one-line error when it has no RoPE.
+
+        Models with RoPE per layer type (Gemma 3: ``sliding_attention`` and ``full_attention``) describe one
+        type: ``layer_type``, by default the full-attention one — the global layers that see the whole input.
+        """
         model_type = getattr(config, "model_type", "unknown")
         rope = getattr(config, "rope_parameters", None)
+        types = layer_rope_types(config)
+        if types:
+            chosen = layer_type or primary_layer_type(types)
+            if chosen not in types:
+                raise UnsupportedModelError(f"model type '{model_type}' has no RoPE for layer type '{chosen}'",
+                                            f"choose one of {', '.join(types)}")
+            rope, layer_type = rope[chosen], chosen
+        elif layer_type is not None:
+            raise UnsupportedModelError(f"model type '{model_type}' has one RoPE for every layer, not per layer type",
+                                        "leave layer_types out")
         if not rope or "rope_theta" not in rope or rope.get("rope_theta") is None:
             raise UnsupportedModelError(
                 f"model type '{model_type}' has no rotary position embedding (RoPE)",
                 "ropekit extends RoPE models such as Llama, Mistral, Qwen2/3, Phi-3 and GPT-NeoX",
-            )
-        if any(isinstance(v, dict) for v in rope.values()):
-            raise UnsupportedModelError(
-                f"model type '{model_type}' has per-layer-type RoPE settings, which ropekit does not extend yet",
-                "use a model with one rope_parameters dict (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX)",
             )
         num_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
@@ -80,7 +91,19 @@ class RopeInfo:
             num_layers=int(config.num_hidden_layers),
             rope_parameters=None if rope.get("rope_type", "default") == "default" else copy.deepcopy(dict(rope)),
             config_window=None if window == declared else declared,
+            layer_type=layer_type,
         )
+
+
+def layer_rope_types(config) -> tuple[str, ...]:
+    """The layer types that have RoPE settings of their own (Gemma 3), or ``()`` for one RoPE everywhere."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    return tuple(key for key, value in rope.items() if isinstance(value, dict))
+
+
+def primary_layer_type(types: tuple[str, ...]) -> str:
+    """The layer type ropekit extends by default: the full-attention (global) layers where there are any."""
+    return "full_attention" if "full_attention" in types else types[0]
 
 
 #: Rope types whose ``factor`` scales an ``original_max_position_embeddings`` into the window they serve.

@@ -20,7 +20,7 @@ from ..core.jsonsafe import json_safe
 from ..core.rope import pair_exponents
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..methods import get_method
-from .model_rope import base_info, text_config
+from .model_rope import base_info, rotary_modules, text_config
 from .rope_types import transformers_builds
 
 _EXPORT_NOTE = """# Extended with ropekit
@@ -51,17 +51,17 @@ def _with_base_rope(config, record):
 ROPE_FORMATS = ("auto", "native", "longrope", "ropekit")
 
 
-def _native_rope(m, info, params, data: dict[str, Any], base_rope: dict[str, Any]) -> dict[str, Any] | None:
-    """transformers' own rope type for the method, when it is the same math and this family accepts it."""
+def _native_rope(m, info, params, base_rope: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """transformers' own rope type for the method, when it is the same math."""
     native = m.transformers_rope(info, params)
     if native is None:
-        return None
+        return None, f"transformers has no rope type computing {m.name} with these parameters"
     if "partial_rotary_factor" in base_rope:
         native["partial_rotary_factor"] = base_rope["partial_rotary_factor"]
-    return native if transformers_builds(data, native) else None
+    return native, ""
 
 
-def _longrope_rope(model, m, info, params, data: dict[str, Any], freeze_length: int | None) -> tuple[dict | None, str]:
+def _longrope_rope(model, m, info, params, freeze_length: int | None) -> tuple[dict | None, str]:
     """The installed frequencies written as transformers' ``longrope`` (``λ_i = θ_i/θ'_i`` per pair with the
     attention factor), or ``(None, why not)``.
 
@@ -72,16 +72,17 @@ def _longrope_rope(model, m, info, params, data: dict[str, Any], freeze_length: 
     if not m.frequencies_only:
         return None, f"{m.name} changes attention, not only the frequencies"
     kind, length = m.length_dependence(info, params)
-    rotary = next(module for module in model.modules() if hasattr(module, "inv_freq") and hasattr(module, "rope_type"))
+    rotary = rotary_modules(model)[0][2]
     config = text_config(model)
+    at = info.layer_type
     if freeze_length is not None:
-        short = long = m.frequencies_at(rotary, int(freeze_length))
+        short = long = m.frequencies_at(rotary, int(freeze_length), at)
         switch = None
     elif kind == "static":
-        short = long = m.frequencies_at(rotary, None)
+        short = long = m.frequencies_at(rotary, None, at)
         switch = None
     elif kind == "switch":
-        short, long = m.frequencies_at(rotary, None), m.frequencies_at(rotary, length + 1)
+        short, long = m.frequencies_at(rotary, None, at), m.frequencies_at(rotary, length + 1, at)
         switch = length
     else:
         return None, f"{m.name}'s frequencies follow the input length (pass freeze_length to write them at one length)"
@@ -107,8 +108,29 @@ def _longrope_rope(model, m, info, params, data: dict[str, Any], freeze_length: 
     }
     if "partial_rotary_factor" in (info.rope_parameters or {}) or info.partial_rotary_factor != 1.0:
         rope["partial_rotary_factor"] = info.partial_rotary_factor
+    return rope, ""
+
+
+def _encode(model, m, record, data: dict[str, Any], rope_format: str, freeze_length: int | None):
+    """``(rope_parameters, "")`` writing the installation in ``rope_format`` (``native`` or ``longrope``), or
+    ``(None, why not)``. On a model with RoPE per layer type each extended type gets its own entry, the others
+    keep theirs; the family's own config class must accept the result unchanged."""
+    config = text_config(model)
+    base_rope = record["base"]["rope_parameters"]
+    layer_params = record.get("layer_params") or {None: record["params"]}
+    pieces = {}
+    for layer_type, params in layer_params.items():
+        info = base_info(config, layer_type)
+        if rope_format == "native":
+            piece, why = _native_rope(m, info, params, base_rope[layer_type] if layer_type else base_rope)
+        else:
+            piece, why = _longrope_rope(model, m, info, params, freeze_length)
+        if piece is None:
+            return None, why
+        pieces[layer_type] = piece
+    rope = pieces[None] if None in pieces else {**copy.deepcopy(base_rope), **pieces}
     if not transformers_builds(data, rope):
-        return None, f"model type '{info.model_type}' does not accept rope type longrope"
+        return None, f"model type '{data.get('model_type')}' does not accept that rope_parameters unchanged"
     return rope, ""
 
 
@@ -175,10 +197,10 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     data["max_position_embeddings"] = record["base"]["max_position_embeddings"]
     rope, chosen, why = None, "ropekit", ""
     if rope_format in ("auto", "native") and freeze_length is None:
-        rope = _native_rope(m, info, params, data, record["base"]["rope_parameters"])
+        rope, why = _encode(model, m, record, data, "native", None)
         chosen = "native" if rope is not None else chosen
     if rope is None and rope_format in ("auto", "longrope"):
-        rope, why = _longrope_rope(model, m, info, params, data, freeze_length)
+        rope, why = _encode(model, m, record, data, "longrope", freeze_length)
         chosen = "longrope" if rope is not None else chosen
     if rope is None and rope_format in ("native", "longrope"):
         what = "transformers' own rope types" if rope_format == "native" else "transformers' longrope"
@@ -199,7 +221,7 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     if rope is not None:
         saved["rope_parameters"] = rope
         # transformers' `dynamic` reads max_position_embeddings as the original window
-        saved["max_position_embeddings"] = (info.window if rope["rope_type"] == "dynamic"
+        saved["max_position_embeddings"] = (info.window if rope.get("rope_type") == "dynamic"
                                             else config.max_position_embeddings)
     else:
         saved["rope_parameters"] = json_safe(dict(config.rope_parameters))
@@ -210,7 +232,7 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     if chosen == "native":
         vllm = "vllm" in m.exports_to(params)
     else:  # vLLM's longrope uses the long set at every length once the served window exceeds the original
-        vllm = chosen == "longrope" and rope["short_factor"] == rope["long_factor"]
+        vllm = chosen == "longrope" and rope.get("short_factor") == rope.get("long_factor") is not None
     return {
         "method": m.name,
         "path": str(out),

@@ -7,6 +7,7 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from ..methods import get_method, list_methods
+from .capabilities import model_features, why_not
 from .model_rope import base_info, rope_info, text_config
 from .rope_types import transformers_builds
 
@@ -18,19 +19,28 @@ def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
     info = base_info(config)
     rope_info(model)  # raises when there is no rotary module
     base_dict = config.to_dict()
+    features = model_features(model) if not record else None
     methods = []
     for m in list_methods():
-        why = m.not_applicable(info)
+        refusal = why_not(m, info, features) if features is not None else ("already extended", "")
+        why = refusal[0] if refusal else None
         exports = m.exports_to() if why is None else []
         if exports:  # the family's own config class must accept the exported rope type (Phi-3 does not)
             native = m.transformers_rope(info, m.resolve(info, m.example_params(info)))
             if native is None or not transformers_builds(base_dict, native):
                 exports = []
-        methods.append({"name": m.name, "applies": why is None, "exports_to": exports, "why_not": why or ""})
+        methods.append({"name": m.name, "applies": why is None, "exports_to": exports,
+                        "why_not": f"{refusal[0]}; {refusal[1]}" if refusal and refusal[1] else (why or "")})
     return {
         "architecture": type(model).__name__,
         "model_type": info.model_type,
-        "rope_type": config.rope_parameters.get("rope_type", "default"),
+        "rope_type": (config.rope_parameters.get(info.layer_type) if info.layer_type else config.rope_parameters)
+        .get("rope_type", "default"),
+        "rope_scaling": info.rope_parameters,  # the scaling the checkpoint already carries (None: plain RoPE)
+        "effective_window": info.window,
+        "original_window": info.original_window,
+        "layer_type": info.layer_type,
+        "features": features.describe() if features is not None else None,
         "rope_theta": info.rope_theta,
         "window": info.window,
         "max_position_embeddings": int(config.max_position_embeddings),

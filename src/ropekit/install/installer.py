@@ -30,11 +30,11 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from .. import __version__
 from ..attention import PerHeadRotation, QueryLogitScale, install_transforms
 from ..attention.interface import attention_modules, kernel_of
-from ..core.base_rope import length_dependence
-from ..core.rope_info import RopeInfo
+from ..core.rope_info import RopeInfo, layer_rope_types, primary_layer_type
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..methods import AttentionSpec, Method, get_method
-from .model_rope import rebuild_rotary, rope_info, rotary_modules, text_config
+from .capabilities import model_features, why_not
+from .model_rope import rebuild_rotary, rope_info, rotary_inv_freq, rotary_modules, text_config
 from .rope_types import rope_type
 
 _MISSING = object()
@@ -64,9 +64,12 @@ def _factor_from(info: RopeInfo, factor: float | None, target_length: int | None
 def resolve_params(
     model: PreTrainedModel, method: str | Method, *, factor=None, target_length=None, **params
 ) -> tuple[Method, RopeInfo, dict[str, Any]]:
-    """Validate a method and its parameters against ``model`` without changing it."""
+    """Validate a method and its parameters against ``model`` without changing it (the capability check too)."""
     info = rope_info(model)
     m = get_method(method) if isinstance(method, str) else method
+    refusal = why_not(m, info, model_features(model))
+    if refusal is not None:
+        raise UnsupportedModelError(*refusal)
     f = _factor_from(info, factor, target_length)
     given = dict(params)
     if f is not None:
@@ -135,15 +138,19 @@ def extend(
     *,
     factor: float | None = None,
     target_length: int | None = None,
+    layer_types: list[str] | tuple[str, ...] | None = None,
     **params: Any,
 ) -> PreTrainedModel:
     """Install ``method`` into ``model`` in place and return it.
 
     ``factor`` is the scale ``s``; ``target_length`` sets it to ``target_length / window``. Other keyword
     arguments are the method's parameters (``ropekit methods`` lists them; names follow transformers'
-    ``rope_parameters`` keys). Weights are never touched: training, ``generate`` and the KV cache work as
-    before. Raises a one-line :class:`~ropekit.errors.RopekitError` for bad input. All or nothing: when any
-    step fails, the model is left exactly as it was.
+    ``rope_parameters`` keys). A model whose RoPE is already scaled is extended from its effective RoPE (each
+    method's composition rule); on a model with RoPE per layer type (Gemma 3) the method goes into the
+    full-attention layers' RoPE, and into other layer types' only when ``layer_types`` names them. Weights are
+    never touched: training, ``generate`` and the KV cache work as before. Raises a one-line
+    :class:`~ropekit.errors.RopekitError` for bad input or a model the method cannot handle exactly. All or
+    nothing: when any step fails, the model is left exactly as it was.
     """
     config = text_config(model)
     record = getattr(config, "ropekit", None)
@@ -151,35 +158,57 @@ def extend(
         raise UnsupportedModelError(
             f"model is already extended with '{record['method']}'", "load the base model and extend that instead"
         )
-    m, info, resolved = resolve_params(model, method, factor=factor, target_length=target_length, **params)
-    _check_composable(m, info)
-    spec = m.attention(info, resolved)
+    types = _chosen_layer_types(config, layer_types)
+    m = get_method(method) if isinstance(method, str) else method
+    given = {}
+    for layer_type in types:
+        info = rope_info(model, layer_type)
+        factor_given = _factor_from(info, factor, target_length)
+        given[layer_type] = {**params, **({"factor": factor_given} if factor_given is not None else {})}
+    return install_resolved(model, m, given)
+
+
+def _chosen_layer_types(config, layer_types) -> tuple[str | None, ...]:
+    """The layer types to extend: the full-attention type by default on a model with RoPE per layer type."""
+    available = layer_rope_types(config)
+    if not available:
+        if layer_types:
+            raise InvalidParameterError(f"layer_types {list(layer_types)} given, but this model has one RoPE for every "
+                                        "layer", "leave layer_types out")
+        return (None,)
+    if not layer_types:
+        return (primary_layer_type(available),)
+    unknown = [t for t in layer_types if t not in available]
+    if unknown:
+        raise InvalidParameterError(f"unknown layer type(s) {unknown} for this model", f"choose from {', '.join(available)}")
+    primary = primary_layer_type(available)
+    return tuple(sorted(set(layer_types), key=lambda t: (t != primary, t)))
+
+
+def install_resolved(model: PreTrainedModel, m: Method, given: dict[str | None, dict[str, Any]]) -> PreTrainedModel:
+    """Install ``m`` with parameters ``given[layer_type]`` for each layer type to extend (``None``: the model has
+    one RoPE). :func:`extend` and ``ropekit.load`` (with the recorded parameters) both come through here."""
+    config = text_config(model)
+    types = tuple(given)
+    resolved = {}
+    for layer_type in types:
+        info = rope_info(model, layer_type)
+        resolved[layer_type] = m.resolve(info, given[layer_type])
+    primary = types[0]
+    info = rope_info(model, primary)
+    features = model_features(model)
+    refusal = why_not(m, info, features, resolved[primary])
+    if refusal is not None:
+        raise UnsupportedModelError(*refusal)
+    spec = m.attention(info, resolved[primary])
     snapshot = _Snapshot(model)
     try:
-        _install(model, config, m, info, resolved, spec)
+        _install(model, config, m, info, resolved, spec, features)
     except BaseException:
-        m.uninstall_model(model, resolved)  # the method's own hooks; safe when none were registered
+        m.uninstall_model(model, resolved[primary])  # the method's own hooks; safe when none were registered
         snapshot.restore()
         raise
     return model
-
-
-def _check_composable(m: Method, info: RopeInfo) -> None:
-    """Refuse, in one line, a method that cannot be composed exactly with the model's own RoPE."""
-    kind, _ = length_dependence(info)
-    if kind == "static":
-        return
-    why = None
-    if "length_dependent" in m.changes:
-        why = "its frequencies follow the input length on a schedule of their own"
-    elif "frequencies_per_head" in m.changes:
-        why = "its per-head rotation is fixed at installation"
-    if why:
-        raise UnsupportedModelError(
-            f"{m.name} cannot be composed with this model's length-dependent RoPE ('{info.rope_type}': its "
-            f"frequencies change with the input length): {why}",
-            "use a method with static frequencies (pi, ntk, yarn, llama3, longrope, abf) or an attention-side method",
-        )
 
 
 class LengthSchedule:
@@ -222,39 +251,63 @@ class LengthSchedule:
         module.attention_scaling = attention_factor
 
 
-def _install(model, config, m: Method, info: RopeInfo, resolved: dict[str, Any], spec: AttentionSpec | None) -> None:
-    base_rope = copy.deepcopy(dict(config.rope_parameters))
-    resolved = m.install_model(model, info, resolved)
+def _rope_dict(m: Method, info: RopeInfo, resolved: dict[str, Any], base_rope: dict[str, Any]) -> dict[str, Any]:
+    """``rope_parameters`` of one RoPE under the method: its ropekit rope type and resolved parameters."""
     rope = {"rope_type": rope_type(m), "rope_theta": resolved.get("rope_theta", info.rope_theta)}
     if "partial_rotary_factor" in base_rope or info.partial_rotary_factor != 1.0:
         rope["partial_rotary_factor"] = info.partial_rotary_factor  # what the model really rotates
     rope.update({k: v for k, v in resolved.items() if v is not None})
-    config.ropekit = {
+    return rope
+
+
+def _install(model, config, m: Method, info: RopeInfo, resolved: dict[str | None, dict[str, Any]],
+             spec: AttentionSpec | None, features) -> None:
+    base_rope = copy.deepcopy(dict(config.rope_parameters))
+    primary = next(iter(resolved))
+    resolved[primary] = m.install_model(model, info, resolved[primary])
+    record = {
         "method": m.name,
-        "params": resolved,
+        "params": resolved[primary],
         "version": __version__,
-        "base": {"rope_parameters": base_rope, "max_position_embeddings": info.window},
+        "base": {"rope_parameters": base_rope, "max_position_embeddings": int(config.max_position_embeddings)},
     }
+    if primary is None:
+        rope = _rope_dict(m, info, resolved[primary], base_rope)
+    else:  # RoPE per layer type: only the chosen types change
+        rope = copy.deepcopy(base_rope)
+        for layer_type, params in resolved.items():
+            rope[layer_type] = _rope_dict(m, rope_info(model, layer_type), params, base_rope[layer_type])
+        record["layer_types"] = list(resolved)
+        record["layer_params"] = dict(resolved)
+    config.ropekit = record
     config.rope_parameters = rope
-    config.max_position_embeddings = m.max_position_embeddings(info, resolved)
+    config.max_position_embeddings = m.max_position_embeddings(info, resolved[primary])
     rebuild_rotary(model)
-    kind, length = m.length_dependence(info, resolved)
+    kind, length = m.length_dependence(info, resolved[primary])
     for _, _, rotary in rotary_modules(model):
-        m.attach(rotary, info, resolved)  # a method's own weights (CLEX's ODE) live on the rotary module
-        if kind != "static" and "length_dependent" not in m.changes:
+        m.attach(rotary, info, resolved[primary])  # a method's own weights (CLEX's ODE) live on the rotary module
+        if kind != "static" and not m.schedules_itself:
             # the frequencies change with the input length because of the model's own RoPE (LongRoPE's two sets,
             # Dynamic NTK) or the method's switch; transformers recomputes only rope types named like its own
             rotary.register_forward_pre_hook(LengthSchedule(kind, length), with_kwargs=True)
     if spec is not None and not spec.is_empty():
-        _install_attention(model, info, spec)
+        _install_attention(model, info, spec, features)
 
 
-def _install_attention(model, info: RopeInfo, spec: AttentionSpec) -> None:
+def _install_attention(model, info: RopeInfo, spec: AttentionSpec, features) -> None:
+    """Attach the method's transforms and layer attention to the attention modules. On models with sliding-window
+    layers, the logit scale and the layer attention go to the full-attention layers only: a sliding layer never
+    sees the distances they change, and keeps its own window."""
+    config = text_config(model)
+    sliding = set(features.sliding_layers)
+    layer_types = getattr(config, "layer_types", None) if features.layer_rope_types else None
+
     def make(layer_idx: int):
         transforms = []
         if spec.head_bases is not None:
             transforms.append(PerHeadRotation(spec.head_bases, info.rotary_dim))
-        if spec.logit_scale_context is not None and layer_idx not in spec.skip_layers:
+        if (spec.logit_scale_context is not None and layer_idx not in spec.skip_layers
+                and layer_idx not in sliding):
             transforms.append(QueryLogitScale(spec.logit_scale_context))
         return tuple(transforms)
 
@@ -264,7 +317,10 @@ def _install_attention(model, info: RopeInfo, spec: AttentionSpec) -> None:
         rotary = rotary_modules(model)[0][2]
 
         def make_attend(layer_idx: int):
-            return factory(info, lambda: rotary.inv_freq, layer_idx, **spec.layer_attention_args)
+            if layer_idx in sliding:
+                return None
+            layer_type = layer_types[layer_idx] if layer_types else None
+            return factory(info, lambda: rotary_inv_freq(rotary, layer_type), layer_idx, **spec.layer_attention_args)
 
     if install_transforms(model, make, make_attend) != info.num_layers:
         raise UnsupportedModelError(

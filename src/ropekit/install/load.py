@@ -15,13 +15,14 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from ..errors import ModelLoadError
 from ..methods import get_method
-from .installer import extend
+from .installer import install_resolved
 
-def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_implementation: str = "sdpa"):
+def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_implementation: str | None = None):
     """Load a model saved by :func:`save_pretrained` (or any transformers directory) with its method restored.
 
     The model is built with the base model's RoPE (recorded at export) and the method is installed again
-    with its recorded parameters, so a ropekit-only method comes back exactly.
+    with its recorded parameters, so a ropekit-only method comes back exactly. ``attn_implementation``
+    defaults to sdpa where the family supports it, else eager.
     """
     path = Path(path)
     config_path = path / "config.json"
@@ -37,7 +38,8 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
             data["rope_parameters"] = copy.deepcopy(record["base"]["rope_parameters"])
             data["max_position_embeddings"] = record["base"]["max_position_embeddings"]
             m = get_method(record["method"])
-            params = m.frozen_params(record["params"])
+            layer_params = record.get("layer_params") or {None: record["params"]}
+            given = {layer_type: m.frozen_params(params) for layer_type, params in layer_params.items()}
         except (KeyError, TypeError):
             raise ModelLoadError(f"the 'ropekit' record in '{config_path}' is incomplete", "re-export the model") from None
         if data.get("model_type") not in CONFIG_MAPPING:
@@ -45,7 +47,7 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
         config = CONFIG_MAPPING[data["model_type"]].from_dict(data)
     else:
         config = AutoConfig.from_pretrained(path)
-    kwargs: dict[str, Any] = {"config": config, "attn_implementation": attn_implementation}
+    kwargs: dict[str, Any] = {"config": config, "attn_implementation": attn_implementation or _default_attention(config)}
     if dtype is not None:
         kwargs["dtype"] = dtype
     adds_weights = bool(record) and "weights" in m.changes
@@ -53,10 +55,16 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if record:
         before = set(model.state_dict())
-        extend(model, m, **params)
+        install_resolved(model, m, given)
         _restore_added_weights(model, path, [k for k in model.state_dict() if k not in before])
     model.eval()
     return model
+
+
+def _default_attention(config) -> str:
+    """``sdpa`` where the family's model class supports it, else ``eager`` (Gemma 2, gpt-oss)."""
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    return "sdpa" if cls is None or getattr(cls, "_supports_sdpa", False) else "eager"
 
 
 #: Checkpoint keys of modules a method attaches to a rotary embedding (CLEX's ODE): the base model that

@@ -34,7 +34,7 @@ def _params_from_rope(method: Method, rope: dict[str, Any]) -> dict[str, Any]:
 def _make_rope_init(method: Method):
     def rope_init(config, device=None, seq_len=None, layer_type=None):
         rope = config.rope_parameters if layer_type is None else config.rope_parameters[layer_type]
-        info = base_info(config)  # the model before the method: its own RoPE, scaled or plain
+        info = base_info(config, layer_type)  # the model before the method: its own RoPE, scaled or plain
         # a scaled base gets the length as transformers passed it (a tensor from its dynamic update): its own
         # rope function then computes in the same precision as for the unextended model
         seq = seq_len if info.is_scaled or seq_len is None else int(seq_len)
@@ -81,5 +81,15 @@ def transformers_builds(data: dict[str, Any], rope: dict[str, Any]) -> bool:
         built = CONFIG_MAPPING[data["model_type"]].from_dict(trial)
     except Exception:  # any refusal means plain transformers cannot build it
         return False
-    got = built.rope_parameters or {}
-    return all(got.get(key) == value for key, value in rope.items())
+    return _holds(built.rope_parameters or {}, rope)
+
+
+def _holds(got: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Every key of ``wanted`` has its value in ``got`` (recursing into RoPE per layer type)."""
+    for key, value in wanted.items():
+        if isinstance(value, dict):
+            if not isinstance(got.get(key), dict) or not _holds(got[key], value):
+                return False
+        elif got.get(key) != value:
+            return False
+    return True

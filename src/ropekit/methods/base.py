@@ -197,6 +197,14 @@ class Method(abc.ABC):
     #: How the method applies to a model whose RoPE is already scaled (``llama3``, ``yarn``, ``longrope``, …):
     #: the rule on the model's effective frequencies θ^eff and window (``ropekit methods`` shows it).
     composition: ClassVar[str] = ""
+    #: What the method's attention-side part does with the attention computation, for the capability check:
+    #: ``rotates`` — re-rotates queries/keys in the model's rotary layout; ``logits`` — computes attention itself.
+    attention_access: ClassVar[tuple[str, ...]] = ()
+    #: Whether a length-dependent method recomputes its frequencies by its own means (Dynamic NTK through
+    #: transformers' dynamic update, CLEX through its module); others switch through ropekit's rotary hook.
+    schedules_itself: ClassVar[bool] = False
+    #: Whether the method computes the rotary module's cos/sin itself (CLEX), in the common half-split form.
+    replaces_rotary_output: ClassVar[bool] = False
 
     # ---- parameters -------------------------------------------------------------------------
     def param(self, name: str) -> Param:
@@ -272,12 +280,16 @@ class Method(abc.ABC):
         """
         return length_dependence(info)
 
-    def frequencies_at(self, rotary: torch.nn.Module, seq_len: int | None) -> tuple[torch.Tensor, float]:
+    def frequencies_at(self, rotary: torch.nn.Module, seq_len: int | None,
+                       layer_type: str | None = None) -> tuple[torch.Tensor, float]:
         """``(inv_freq, attention factor)`` an installed rotary module uses for an input of ``seq_len`` tokens
-        (``None``: the set it starts with). Default: its rope-init function at that length."""
+        (``None``: the set it starts with), for ``layer_type``'s layers on a model with RoPE per layer type.
+        Default: its rope-init function at that length."""
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-        return ROPE_INIT_FUNCTIONS[rotary.rope_type](rotary.config, None, seq_len)
+        if layer_type is None:
+            return ROPE_INIT_FUNCTIONS[rotary.rope_type](rotary.config, None, seq_len)
+        return ROPE_INIT_FUNCTIONS[rotary.rope_type[layer_type]](rotary.config, None, seq_len, layer_type=layer_type)
 
     def base(self, info: RopeInfo, seq_len: int | None = None, device=None) -> tuple[torch.Tensor, float]:
         """``(θ^eff, attention factor)``: the model's own frequencies, the starting point of every rule."""

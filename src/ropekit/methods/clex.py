@@ -66,6 +66,8 @@ class CLEX(Method):
     changes = ("frequencies", "length_dependent", "weights")
     needs_training = True
     uses_factor = False
+    schedules_itself = True
+    replaces_rotary_output = True
 
     def resolve(self, info, given):
         params = super().resolve(info, given)
@@ -98,7 +100,7 @@ class CLEX(Method):
         return combine_length_dependence(super().length_dependence(info, params),
                                          ("continuous", params["original_max_position_embeddings"]))
 
-    def frequencies_at(self, rotary, seq_len):
+    def frequencies_at(self, rotary, seq_len, layer_type=None):
         """The ODE's frequencies for an input of ``seq_len`` tokens (``t = n/C``), with the model's attention factor."""
         base = rotary.inv_freq
         if seq_len is None:

@@ -49,6 +49,7 @@ class DynamicNTK(Method):
         ROPE_THETA,
     )
     changes = ("frequencies", "length_dependent")
+    schedules_itself = True
     composition = "θ'_i(L) = θ^eff_i(L) · α(L)^(−2i/(d−2)), α(L) from the effective window"
 
     def check(self, info, params):

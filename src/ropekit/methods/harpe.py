@@ -44,6 +44,7 @@ class HARPE(Method):
         DECLARED_FACTOR,
     )
     changes = ("frequencies_per_head",)
+    attention_access = ("rotates",)
     needs_training = True
     uses_factor = False
 

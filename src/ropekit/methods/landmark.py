@@ -84,6 +84,7 @@ class Landmark(Method):
         DECLARED_FACTOR,
     )
     changes = ("attention_pattern", "weights")
+    attention_access = ("rotates", "logits")
     composition = "frequencies kept (the model's scaled ones); blocks sized from the effective window"
     needs_training = True
     uses_factor = False

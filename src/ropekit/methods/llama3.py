@@ -46,10 +46,10 @@ class Llama3(Method):
     def inv_freq(self, info, params, seq_len=None, device=None):
         if info.is_scaled:
             base, attention_factor = self.base(info, seq_len, device)
-            if params["factor"] == 1.0:  # the identity, exactly (the ramp would round the last bit)
-                return base, attention_factor
         else:
             base, attention_factor = default_inv_freq(params["rope_theta"], info.rotary_dim, device), 1.0
+        if params["factor"] == 1.0:  # the identity, exactly (the ramp's blend would round the last bit)
+            return base, attention_factor
         scaled = llama3_inv_freq(base, params["factor"], params["low_freq_factor"], params["high_freq_factor"],
                                  params["original_max_position_embeddings"])
         return scaled, attention_factor

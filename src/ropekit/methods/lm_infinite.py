@@ -37,6 +37,7 @@ class LMInfinite(Method):
         DECLARED_FACTOR,
     )
     changes = ("attention_pattern",)
+    attention_access = ("rotates", "logits")
     needs_training = False
     composition = "frequencies kept (the model's scaled ones, which the attention rotates with); window = the effective window"
     uses_factor = False

@@ -55,6 +55,7 @@ class LongLoRA(Method):
         ROPE_THETA,
     )
     changes = ("frequencies", "attention_pattern")
+    attention_access = ("logits",)
     needs_training = True
 
     composition = "PI's rule: θ'_i = θ^eff_i / s; the model's attention factor kept"

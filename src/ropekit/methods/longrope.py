@@ -39,6 +39,7 @@ class LongRoPE(Method):
         ORIGINAL_WINDOW,
         ROPE_THETA,
     )
+    changes = ("frequencies", "length_dependent", "attention_factor")
     needs_training = False
     composition = "θ'_i = θ^eff_i / λ_i (short set up to the original window, long beyond); attention factors multiply"
 

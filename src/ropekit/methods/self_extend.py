@@ -55,6 +55,7 @@ class SelfExtend(Method):
         Param("factor", float, None, "target length / window: picks group_size when it is not given", minimum=1.0),
     )
     changes = ("attention_pattern",)
+    attention_access = ("rotates", "logits")
     needs_training = False
     composition = "frequencies kept (the model's scaled ones, which the attention rotates with); window = the effective window"
 

@@ -1,0 +1,183 @@
+"""One capability check: which methods a model can take exactly, and why not otherwise.
+
+``inspect`` lists a method as applicable exactly when ``extend`` accepts it, because both ask
+:func:`why_not` here. A model's relevant features are read from the model itself (:func:`model_features`):
+the rotary layout its own code applies, where the rotated channels sit, an attention-logit softcap,
+attention sinks, sliding-window layers, RoPE per layer type, and the RoPE scaling it already carries. Every
+refusal is one line naming the family, the feature and what to use instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from ..core.base_rope import length_dependence
+from ..core.rope_info import RopeInfo, layer_rope_types
+from ..errors import RopekitError
+from ..methods import Method
+from .model_rope import rope_info, text_config
+
+#: What a method's attention-side part does with the attention computation (``Method.attention_access``):
+#: ``rotates`` — re-rotates queries/keys in the model's rotary layout; ``logits`` — computes attention itself.
+ACCESS = ("rotates", "logits")
+
+
+@dataclass(frozen=True)
+class ModelFeatures:
+    """What decides whether a method applies exactly to a model."""
+
+    family: str
+    rope_type: str
+    window: int
+    rotary_layout: str  # "half" (the two halves pair up) or "interleaved" (adjacent channels pair up)
+    rotary_position: str  # "leading" (the first d channels rotate) or "trailing" (MLA: a slice at the end)
+    rotary_output: str  # "standard" (cos/sin of the two halves' angles) or "other" (its own format)
+    softcap: float | None
+    sinks: bool
+    sliding_layers: tuple[int, ...]
+    full_layers: tuple[int, ...]
+    layer_rope_types: tuple[str, ...]
+    length_dependence: str
+
+    def describe(self) -> dict:
+        """JSON-ready facts for ``ropekit inspect``."""
+        return {
+            "rotary_layout": self.rotary_layout,
+            "rotary_position": self.rotary_position,
+            "rotary_output": self.rotary_output,
+            "attention_softcap": self.softcap,
+            "attention_sinks": self.sinks,
+            "sliding_window_layers": list(self.sliding_layers),
+            "rope_per_layer_type": list(self.layer_rope_types),
+            "rope_length_dependence": self.length_dependence,
+        }
+
+
+def _rotary_layout(model) -> str:
+    """Ask the model file's own ``rotate_half`` (the function its attention applies) which channels pair up."""
+    module = sys.modules.get(type(model).__module__)
+    rotate = getattr(module, "rotate_half", None)
+    if rotate is None:
+        return "half"
+    probe = rotate(torch.arange(4.0))
+    return "half" if torch.equal(probe, torch.tensor([-2.0, -3.0, 0.0, 1.0])) else "interleaved"
+
+
+def _rotary_output(model) -> str:
+    """Whether the rotary module returns ``(cos, sin)`` of ``[θ·m, θ·m]`` times its attention factor — the form a
+    method that computes cos/sin itself (CLEX) must reproduce — probed on four positions."""
+    modules = [m for m in model.modules() if hasattr(m, "rope_type") and hasattr(m, "inv_freq")]
+    if not modules:
+        return "other"
+    rotary = modules[0]
+    inv_freq = rotary.inv_freq.float()
+    positions = torch.arange(4)[None]
+    with torch.no_grad():
+        out = rotary(torch.zeros(1, 4, 2 * inv_freq.numel()), positions)
+    if not isinstance(out, tuple) or len(out) != 2 or out[0].shape[-1] != 2 * inv_freq.numel():
+        return "other"
+    angles = positions[..., None].float() * inv_freq
+    emb = torch.cat((angles, angles), dim=-1)
+    scale = getattr(rotary, "attention_scaling", 1.0)
+    standard = torch.allclose(out[0].float(), emb.cos() * scale, atol=1e-6) and torch.allclose(
+        out[1].float(), emb.sin() * scale, atol=1e-6)
+    return "standard" if standard else "other"
+
+
+def _layer_kinds(config) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(sliding, full)`` layer indices: from ``layer_types``, else every layer slides when a window is set."""
+    layers = int(config.num_hidden_layers)
+    types = getattr(config, "layer_types", None)
+    if types:
+        sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    elif getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        sliding = tuple(range(layers))
+    else:
+        sliding = ()
+    return sliding, tuple(i for i in range(layers) if i not in sliding)
+
+
+def model_features(model) -> ModelFeatures:
+    """The features of ``model`` that decide which methods apply (its RoPE facts raise when it has none)."""
+    config = text_config(model)
+    info: RopeInfo = rope_info(model)
+    sliding, full = _layer_kinds(config)
+    has_sinks = any(isinstance(getattr(m, "sinks", None), torch.nn.Parameter) for m in model.modules())
+    trailing = getattr(config, "qk_rope_head_dim", None) is not None and getattr(config, "qk_nope_head_dim", None)
+    return ModelFeatures(
+        family=info.model_type,
+        rope_type=info.rope_type,
+        window=info.window,
+        rotary_layout=_rotary_layout(model),
+        rotary_position="trailing" if trailing else "leading",
+        rotary_output=_rotary_output(model),
+        softcap=getattr(config, "attn_logit_softcapping", None),
+        sinks=has_sinks,
+        sliding_layers=sliding,
+        full_layers=full,
+        layer_rope_types=layer_rope_types(config),
+        length_dependence=length_dependence(info)[0],
+    )
+
+
+def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dict | None = None) -> tuple[str, str] | None:
+    """``(problem, fix)`` when ``method`` (with resolved ``params``, or its :meth:`~Method.example_params`) cannot
+    be installed exactly into a model with ``features``, else ``None``."""
+    family = features.family
+    generic = method.not_applicable(info)
+    if generic is not None:
+        return f"{method.name} on {family}: {generic}", "use another method"
+    if params is None:
+        try:
+            params = method.resolve(info, method.example_params(info))
+        except RopekitError:
+            params = None
+    access = set(method.attention_access)
+    frequency_alternative = "use a frequency method (pi, ntk, yarn, llama3, longrope, abf, dynamic_ntk)"
+    static_alternative = "use a method with static frequencies (pi, ntk, yarn, llama3, abf) or an attention-side method"
+    combined = method.length_dependence(info, params)[0] if params is not None else features.length_dependence
+    if features.length_dependence != "static":
+        if method.schedules_itself:
+            return (f"{method.name} on {family}: its frequencies follow the input length on a schedule of their own, "
+                    f"and this model's '{features.rope_type}' RoPE already changes with the length", static_alternative)
+        if combined != features.length_dependence:
+            return (f"{method.name} on {family}: its frequencies switch at another length than this model's "
+                    f"'{features.rope_type}' RoPE does", static_alternative)
+        if "frequencies_per_head" in method.changes:
+            return (f"{method.name} on {family}: its per-head rotation is fixed at installation, and this model's "
+                    f"'{features.rope_type}' RoPE changes with the input length", frequency_alternative)
+    if "frequencies_per_head" in method.changes and features.rope_type != "default":
+        return (f"{method.name} on {family}: its per-head bases replace plain RoPE, and this model's RoPE is already "
+                f"scaled ('{features.rope_type}')", frequency_alternative)
+    if features.layer_rope_types:
+        if "frequencies_per_head" in method.changes or "weights" in method.changes and "frequencies" in method.changes:
+            return (f"{method.name} on {family}: this model has RoPE per layer type "
+                    f"({', '.join(features.layer_rope_types)}), and {method.name} replaces one RoPE for all layers",
+                    frequency_alternative)
+        if combined != "static":
+            return (f"{method.name} on {family}: frequencies that change with the input length are not composed "
+                    f"with RoPE per layer type ({', '.join(features.layer_rope_types)})", static_alternative)
+    if method.replaces_rotary_output and features.rotary_output != "standard":
+        return (f"{method.name} on {family}: the rotary embedding returns cos/sin in a form of its own, which "
+                f"{method.name} (computing them itself) does not reproduce", frequency_alternative)
+    if "rotates" in access:
+        if features.rotary_position == "trailing":
+            return (f"{method.name} on {family}: multi-head latent attention puts RoPE on a separate slice at the end "
+                    f"of each query and key, which {method.name} does not re-rotate", frequency_alternative)
+        if features.rotary_layout != "half":
+            return (f"{method.name} on {family}: the interleaved rotary layout (adjacent channels pair up) is not "
+                    f"the half-split layout {method.name} re-rotates queries and keys in", frequency_alternative)
+    if "logits" in access:
+        if features.softcap:
+            return (f"{method.name} on {family}: the attention-logit softcap ({features.softcap:g}) is not applied "
+                    f"by {method.name}'s own attention", frequency_alternative)
+        if features.sinks:
+            return (f"{method.name} on {family}: attention sinks are not part of {method.name}'s own attention",
+                    frequency_alternative)
+        if not features.full_layers:
+            return (f"{method.name} on {family}: every layer attends within a sliding window, so no layer has the "
+                    "long-range attention it changes", frequency_alternative)
+    return None
