@@ -1,0 +1,94 @@
+"""The ``ropekit`` command line: the typer app, the registration of its commands, and :func:`main`.
+
+Each command lives in its own module (``ropekit.cli.methods``, ``…inspect``, ``…extend``, ``…eval``,
+``…train``, ``…pose_coverage``, ``…report``, ``…study``, ``…pretrain_base``, ``…demo``); what several share
+is in :mod:`ropekit.cli.common`. None of them imports torch, transformers or the heavy ropekit modules at
+module level — each command imports what it needs when it runs — so ``ropekit --help`` answers at once.
+
+Every user mistake ends as one line on stderr (``error: <problem>. <fix>.``) and exit code 2, before
+anything is written. ``--json`` prints machine-readable output on stdout.
+"""
+
+from __future__ import annotations
+
+import os
+
+import typer
+from typer.core import TyperGroup
+from typer.exceptions import TyperException
+
+from ..errors import RopekitError
+from .common import Command, err, parse_params
+from .demo import demo_cmd
+from .eval import eval_app
+from .extend import extend_cmd
+from .inspect import inspect_cmd
+from .methods import methods_cmd
+from .pose_coverage import pose_coverage_cmd
+from .pretrain_base import pretrain_base_cmd
+from .report import report_cmd
+from .study import study_cmd
+from .train import train_cmd
+
+__all__ = ["COMMANDS", "app", "main", "parse_params"]
+
+#: Every command, in the order ``ropekit --help`` lists them: its function, or a typer app for a group.
+COMMANDS = {
+    "methods": methods_cmd,
+    "inspect": inspect_cmd,
+    "extend": extend_cmd,
+    "eval": eval_app,
+    "train": train_cmd,
+    "pose-coverage": pose_coverage_cmd,
+    "report": report_cmd,
+    "study": study_cmd,
+    "pretrain-base": pretrain_base_cmd,
+    "demo": demo_cmd,
+}
+
+
+class _Root(TyperGroup):
+    """The top-level group: commands listed in :data:`COMMANDS` order (typer lists groups after commands)."""
+
+    def list_commands(self, ctx):
+        order = list(COMMANDS)
+        return sorted(super().list_commands(ctx), key=lambda name: order.index(name) if name in order else len(order))
+
+
+app = typer.Typer(
+    cls=_Root,
+    add_completion=False,
+    no_args_is_help=True,
+    help="Extend, train and measure the context window of RoPE language models.",
+    rich_markup_mode="rich",
+)
+for _name, _target in COMMANDS.items():
+    if isinstance(_target, typer.Typer):
+        app.add_typer(_target, name=_name)
+    else:
+        app.command(_name, cls=Command)(_target)
+
+
+def main() -> None:
+    """Entry point: run the app, turning user errors into one line and exit code 2."""
+    try:
+        app(standalone_mode=False)
+    except RopekitError as e:
+        err.print(f"[bold red]error:[/] {e.one_line()}", highlight=False, soft_wrap=True)
+        raise SystemExit(e.exit_code) from None
+    except typer.Exit as e:
+        raise SystemExit(e.exit_code) from None
+    except typer.Abort:
+        err.print("aborted")
+        raise SystemExit(130) from None
+    except Exception as e:  # click usage errors and anything unexpected
+        if isinstance(e, TyperException) or hasattr(e, "format_message"):  # typer's vendored click errors
+            message = e.format_message().strip()
+            if message:  # empty when help was already printed (no arguments)
+                err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+            raise SystemExit(getattr(e, "exit_code", 2) or 2) from None
+        if os.environ.get("ROPEKIT_DEBUG"):
+            raise
+        err.print(f"[bold red]internal error:[/] {type(e).__name__}: {e} (set ROPEKIT_DEBUG=1 for the traceback)",
+                  highlight=False, soft_wrap=True)
+        raise SystemExit(1) from None

@@ -1,0 +1,117 @@
+"""What several commands share: the two consoles, JSON and table printing, loading the MODEL argument,
+the progress sink of the evaluations, parsing of list options, and the command class every command uses.
+
+Only typer, rich and the standard library are imported here; anything heavier is imported inside the
+function that needs it, so that ``ropekit --help`` never loads torch or transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.table import Table
+from typer.core import TyperCommand
+
+from ..errors import InvalidParameterError, RopekitError
+
+#: Results (tables, JSON) go to stdout; progress, notes and errors to stderr, so ``--json`` output pipes cleanly.
+out = Console()
+err = Console(stderr=True)
+
+#: The MODEL argument's help, the same for every command that takes one.
+MODEL_HELP = "Local transformers directory, .gguf file, hub id, or a built-in name (tiny)."
+
+
+class Command(TyperCommand):
+    """A typer command that quiets transformers just before its body runs.
+
+    Doing it here rather than in ``main()`` keeps ``--help`` and usage errors free of the transformers
+    import (about half a second), while every command that does run sees the same quiet transformers.
+    """
+
+    def invoke(self, ctx):
+        from ..runtime.logs import silence_transformers
+
+        silence_transformers()  # transformers' bars and warnings would bury ropekit's one-line messages
+        return super().invoke(ctx)
+
+
+def print_json(data: Any) -> None:
+    """``data`` as indented JSON on stdout (paths, dates and other objects as their ``str``)."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def print_rows(rows: list[dict[str, Any]], title: str) -> None:
+    """A summary table whose columns are the rows' keys (numbers right-aligned, floats to 4 significant digits)."""
+    table = Table(title=title)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    for col in columns:
+        numeric = all(isinstance(r.get(col), (int, float)) or r.get(col) is None for r in rows)
+        table.add_column(col, justify="right" if numeric else "left")
+    for r in rows:
+        table.add_row(*("—" if r.get(c) is None else f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in columns))
+    out.print(table)
+
+
+def load_model(model: str):
+    """The MODEL argument loaded (:func:`ropekit.models.loading.load_model`), with a spinner on stderr."""
+    from ..models.loading import load_model as load
+
+    with err.status(f"loading {model}…"):
+        return load(model)
+
+
+class RichProgress:
+    """A rich progress bar as :class:`ropekit.eval.common.ProgressSink`."""
+
+    def __init__(self, bar, job):
+        self.bar, self.job = bar, job
+
+    def set_total(self, total: int) -> None:
+        self.bar.update(self.job, total=total)
+
+    def advance(self, n: int = 1, description: str | None = None) -> None:
+        self.bar.update(self.job, advance=n, **({"description": description} if description else {}))
+
+
+def parse_params(items: list[str] | None) -> dict[str, str]:
+    """``["key=value", ...]`` → dict; values stay strings (each method's Param converts and validates them)."""
+    params: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key or not value.strip():
+            raise InvalidParameterError(f"--param '{item}' is not of the form key=value", "pass e.g. --param beta_fast=32")
+        if key in params:
+            raise InvalidParameterError(f"--param '{key}' given twice", "pass each parameter once")
+        params[key] = value.strip()
+    return params
+
+
+def split_list(text: Optional[str]) -> Optional[list[str]]:
+    """``"a, b,,c"`` → ``["a", "b", "c"]``; None stays None (the option was not given)."""
+    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
+
+
+def float_list(text: Optional[str], flag: str) -> Optional[list[float]]:
+    """A comma-separated list of numbers; a one-line error naming ``flag`` otherwise."""
+    items = split_list(text)
+    if items is None:
+        return None
+    try:
+        return [float(t) for t in items]
+    except ValueError:
+        raise RopekitError(f"{flag} '{text}' is not a comma-separated list of numbers", f"pass e.g. {flag} 0.1,0.5,0.9") from None
+
+
+def int_list(text: Optional[str], flag: str, minimum: int = 1) -> Optional[list[int]]:
+    """A comma-separated list of whole numbers ≥ ``minimum``; a one-line error naming ``flag`` otherwise."""
+    values = float_list(text, flag)
+    if values is None:
+        return None
+    if any(v != int(v) or v < minimum for v in values):
+        raise RopekitError(f"{flag} '{text}' must be whole numbers ≥ {minimum}", f"pass e.g. {flag} {minimum},2,4,8")
+    return [int(v) for v in values]

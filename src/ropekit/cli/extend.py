@@ -1,0 +1,52 @@
+"""``ropekit extend MODEL --method NAME --out DIR``: install a method and save the model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import RopekitError
+from .common import MODEL_HELP, load_model, out, parse_params, print_json
+
+
+def _check_out_dir(path: Path, overwrite: bool) -> None:
+    if path.exists() and not path.is_dir():
+        raise RopekitError(f"--out '{path}' exists and is a file", "pass a directory path")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise RopekitError(f"--out '{path}' exists and is not empty", "pass a new directory, or --overwrite")
+
+
+def extend_cmd(
+    model: str = typer.Argument(..., help=MODEL_HELP),
+    method: str = typer.Option(..., "--method", "-m", help="Method name (see `ropekit methods`)."),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="Directory to write the extended model to."),
+    factor: Optional[float] = typer.Option(None, "--factor", "-f", help="Scale factor s (target = s × window)."),
+    target_length: Optional[int] = typer.Option(None, "--target-length", "-t", help="Target context length in tokens."),
+    param: Optional[list[str]] = typer.Option(None, "--param", "-p", help="Method parameter key=value (repeatable)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Allow writing into a non-empty --out directory."),
+    json_out: bool = typer.Option(False, "--json", help="Print the export report as JSON."),
+):
+    """Install a method into a model and save it (plain-transformers loadable wherever possible)."""
+    from ..install import extend, resolve_params, save_pretrained
+
+    params = parse_params(param)
+    _check_out_dir(out_dir, overwrite)
+    loaded = load_model(model)
+    # every parameter is validated before anything is written, so a mistake leaves no half-written --out
+    resolve_params(loaded.model, method, factor=factor, target_length=target_length, **params)
+    extend(loaded.model, method, factor=factor, target_length=target_length, **params)
+    report = save_pretrained(loaded.model, out_dir, tokenizer=loaded.tokenizer)
+    report["source"] = {"kind": loaded.source, "path": str(loaded.path)}
+    report["params"] = loaded.model.config.ropekit["params"]
+    if json_out:
+        print_json(report)
+        return
+    out.print(f"[green]wrote[/] {out_dir} — {report['method']} {json.dumps(report['params'])}")
+    if report["transformers"]:
+        out.print(f"plain transformers loads it as rope_type '{report['rope_parameters']['rope_type']}'"
+                  + (" and vLLM can serve it" if report["vllm"] else " (vLLM: not the same model)"))
+    else:
+        out.print("ropekit-only method: load it with [bold]ropekit.load(path)[/] (plain transformers refuses it loudly)")

@@ -1,0 +1,48 @@
+"""``ropekit inspect MODEL``: a model's architecture, RoPE settings, and which methods apply to it."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.table import Table
+
+from .common import MODEL_HELP, load_model, out, print_json
+
+#: The facts shown in the table, in this order (``--json`` prints every fact).
+_FACTS = ("architecture", "model_type", "rope_type", "rope_theta", "window", "head_dim", "rotary_dim",
+          "num_layers", "num_heads", "num_kv_heads", "parameters", "attn_implementation")
+
+
+def inspect_cmd(
+    model: str = typer.Argument(..., help=MODEL_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the facts as JSON."),
+):
+    """Show a model's architecture, RoPE settings and which methods apply."""
+    from ..install import inspect_model
+
+    loaded = load_model(model)
+    facts = inspect_model(loaded.model)
+    facts["source"] = {"kind": loaded.source, "path": str(loaded.path)}
+    if json_out:
+        print_json(facts)
+        return
+    table = Table(title=f"{model}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for key in _FACTS:
+        value = facts[key]
+        table.add_row(key, f"{value:,}" if isinstance(value, int) and key == "parameters" else str(value))
+    if facts["extended_with"]:
+        ext = facts["extended_with"]
+        table.add_row("extended with", f"{ext['method']} {json.dumps(ext['params'])}")
+        if ext.get("reach"):
+            table.add_row("reach", f"{ext['reach']:,} tokens (inputs past it are outside what the method covers)")
+    out.print(table)
+    methods = Table(title="methods")
+    methods.add_column("method", style="cyan")
+    methods.add_column("applies")
+    methods.add_column("exports to")
+    for m in facts["methods"]:
+        methods.add_row(m["name"], "yes" if m["applies"] else f"no: {m['why_not']}", ", ".join(m["exports_to"]) or "ropekit only")
+    out.print(methods)

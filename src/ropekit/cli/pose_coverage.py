@@ -1,0 +1,75 @@
+"""``ropekit pose-coverage``: the PoSE paper's coverage of relative distances (Appendix B, Fig. 5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..errors import RopekitError
+from .common import err, int_list, out, print_json
+
+#: --scheme → (PoSE curves, RandPos curve)
+_SCHEMES = {"pose": (True, False), "randpos": (False, True), "both": (True, True)}
+#: --exact → the ``exact`` argument of :func:`ropekit.data.pose.pose_coverage_report`
+_EXACT = {"auto": "auto", "always": True, "never": False}
+
+
+def pose_coverage_cmd(
+    window: int = typer.Option(2048, "--window", "-w", help="Training window L_c in tokens (the paper's Fig. 5: 2048)."),
+    target: int = typer.Option(16384, "--target", "-t", help="Target length L_t in tokens (the paper's Fig. 5: 16384)."),
+    chunks: str = typer.Option("2,3", "--chunks", "-n", help="PoSE chunk counts, comma-separated."),
+    scheme: str = typer.Option("both", "--scheme", help="pose | randpos | both (RandPos is PoSE's baseline)."),
+    steps: int = typer.Option(10_000, "--steps", help="Sampled training examples per curve."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampler (example k is the dataset's item k of epoch 0)."),
+    exact: str = typer.Option("auto", "--exact", help="Exact curves: auto (where cheap enough) | always | never."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the figure (PNG) here, as the paper's Fig. 5."),
+    json_out: bool = typer.Option(False, "--json", help="Print the whole report (every curve) as JSON."),
+):
+    """How often each relative distance occurs in one training example: original window, PoSE, RandPos.
+
+    The PoSE paper's Appendix B, Fig. 5: the original window, PoSE with N chunks, and RandPos. Sampled with
+    the training sampler itself, and exact where the enumeration is cheap (always for 2 chunks). Content
+    offsets (uniform / zero / aligned) choose the text inside each chunk, not its positions, so they do not
+    change coverage."""
+    from ..data.pose import plot_coverage, pose_coverage_report
+
+    if scheme not in _SCHEMES:
+        raise RopekitError(f"--scheme '{scheme}' is not pose, randpos or both", "pass e.g. --scheme both")
+    if exact not in _EXACT:
+        raise RopekitError(f"--exact '{exact}' is not auto, always or never", "pass e.g. --exact auto")
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise RopekitError(f"--plot '{plot}' is not a .png file", "pass a path ending in .png")
+    with_pose, with_randpos = _SCHEMES[scheme]
+    chunk_list = int_list(chunks, "--chunks") if with_pose else []
+    with err.status("computing coverage…"):
+        report = pose_coverage_report(window, target, chunks=chunk_list, steps=steps, seed=seed,
+                                      randpos=with_randpos, exact=_EXACT[exact], pose=with_pose)
+    if plot is not None:
+        report["plot"] = plot_coverage(report, plot)
+    if json_out:
+        print_json(report)
+        return
+    from rich import box
+
+    table = Table(title=f"Coverage of relative distances per training example, {window} → {target} "
+                        f"({steps:,} sampled examples, seed {seed})", box=box.SIMPLE_HEAD)
+    for col in ("curve", "from", "in", "beyond", "min", "last", "never", "err"):
+        table.add_column(col, justify="left" if col in ("curve", "from") else "right", no_wrap=True)
+    for curve in report["curves"]:
+        s = curve["summary"]
+        values = curve["exact"] if curve["exact"] is not None else curve["empirical"]
+        table.add_row(curve["name"], "exact" if curve["exact"] is not None else "sampled",
+                      *("—" if v is None else f"{v:.4f}" for v in (s["mean_within_train"], s["mean_beyond_train"],
+                                                                  s["min_beyond_train"], values[target - 1])),
+                      str(s["never_covered"]),
+                      "—" if curve["max_abs_error"] is None else f"{curve['max_abs_error']:.4f}")
+    table.caption = (f"P(d) = probability that some pair of tokens of one example is d apart. in: mean P(d) "
+                     f"over 1 ≤ d < {window}; beyond: mean over d ≥ {window}; min: smallest P(d), d ≥ {window}; "
+                     f"last: P({target - 1}); never: distances in [1, {target}) never covered; "
+                     "err: largest |sampled − exact|")
+    out.print(table)
+    if plot is not None:
+        err.print(f"figure: {report['plot']}")

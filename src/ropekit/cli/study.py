@@ -1,0 +1,100 @@
+"""``ropekit study``: run a controlled study (resumable) and write its report; ``ropekit study status DIR``
+shows how far a study has come."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..errors import RopekitError
+from .common import err, out, print_json
+
+#: Colour of each piece status in the `status` table.
+_COLORS = {"done": "green", "running": "cyan", "failed": "red", "pending": "dim"}
+
+
+def _status(study_dir: Path, json_out: bool) -> None:
+    from ..study.store import DB_NAME, open_study
+
+    if not (study_dir / DB_NAME).is_file():
+        raise RopekitError(f"no study in '{study_dir}' (no {DB_NAME})", "pass the --out directory of a `ropekit study` run")
+    with open_study(study_dir) as store:
+        status = store.status()
+        pieces = store.pieces()
+        name = store.get_manifest("name")
+    if json_out:
+        print_json({"study": name, **status, "pieces_detail": pieces})
+        return
+    by = status["by_status"]
+    out.print(f"[bold]study {name}[/] in {study_dir}: {by['done']}/{status['pieces']} pieces done, "
+              f"{by['running']} running, {by['failed']} failed, {by['pending']} pending; "
+              f"{status['samples']} samples, {status['train_steps']} training steps, {status['seconds'] / 60:.1f} min of compute")
+    table = Table()
+    for col in ("piece", "status", "seconds", "note"):
+        table.add_column(col, justify="right" if col == "seconds" else "left")
+    for p in pieces:
+        note = p["error"] or (p["worker"] if p["status"] == "running" else "")
+        table.add_row(p["id"], f"[{_COLORS[p['status']]}]{p['status']}[/]",
+                      f"{p['seconds']:.1f}" if p["seconds"] is not None else "—", note or "")
+    out.print(table)
+
+
+def study_cmd(
+    config: Optional[str] = typer.Argument(None, help="A study YAML file — or `status` followed by a study directory."),
+    status_dir: Optional[Path] = typer.Argument(None, help="With `status`: the study directory."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="A built-in study: quick, smollm2, lceg-llama2-7b."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Study directory (default: study-NAME); holds study.sqlite."),
+    workers: int = typer.Option(1, "--workers", "-w", help="Worker processes sharing the pieces (threads split between them)."),
+    show: bool = typer.Option(False, "--show", help="Print the config (a preset's YAML) and exit."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Write the report when the study finishes."),
+    json_out: bool = typer.Option(False, "--json", help="Print the final status (or `status`) as JSON."),
+):
+    """Run a controlled study (resumable: run it again to continue), then write its report.
+
+    `ropekit study status DIR` shows the progress of a study.
+    """
+    if config == "status":
+        target = status_dir or out_dir
+        if target is None:
+            raise RopekitError("`ropekit study status` needs the study directory", "run `ropekit study status DIR`")
+        _status(target, json_out)
+        return
+    if status_dir is not None:
+        raise RopekitError(f"unexpected argument '{status_dir}'", "give one study config (or `status DIR`)")
+    from ..study.config import BUILTIN_BASE, load_study_config, preset_text
+
+    if show:
+        if preset is None:
+            raise RopekitError("--show prints a preset", "add --preset NAME (e.g. --preset quick)")
+        typer.echo(preset_text(preset), nl=False)  # raw: rich would wrap long lines and break the YAML
+        return
+    cfg = load_study_config(config, preset=preset)
+    from ..study.runner import run_study
+
+    if cfg.model != BUILTIN_BASE:
+        from ..models.loading import resolve_model
+
+        resolve_model(cfg.model)  # a missing path fails here, in one line, before a study directory exists
+
+    study_dir = out_dir or Path(f"study-{cfg.name}")
+    err.print(f"study [bold]{cfg.name}[/]: {len(cfg.variants)} variants × {len(cfg.evals)} evaluations → {study_dir}/study.sqlite")
+    status = run_study(cfg, study_dir, workers=workers)
+    paths = None
+    if report:
+        from ..study import write_report
+
+        paths = write_report(study_dir)
+    if json_out:
+        print_json({"study": cfg.name, "dir": str(study_dir), **status, "report": paths})
+    else:
+        by = status["by_status"]
+        out.print(f"[bold]study {cfg.name}[/]: {by['done']}/{status['pieces']} pieces done, {by['failed']} failed")
+        for f in status["failed"]:
+            out.print(f"  [red]failed[/] {f['piece']}: {f['error']}")
+        if paths:
+            out.print(f"report: {paths['html']}")
+    if status["by_status"]["failed"]:
+        raise typer.Exit(1)

@@ -1,0 +1,99 @@
+"""``ropekit eval``: one command per task, and the command line of the single command it replaced — options
+before the task name, another task's flag refused in one line, the registry's error for an unknown task."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+import typer
+
+from ropekit import cli
+from ropekit.eval import TASKS, get_task
+
+#: Options every task command takes (the runner, not the task's run(), consumes them).
+COMMON = {"model", "lengths", "method", "param", "seed", "out_file", "resume", "json_out"}
+
+EVAL = typer.main.get_command(cli.app).commands["eval"]
+
+
+#: The options each task took when ``eval`` was one command with every flag (beyond COMMON); none is lost.
+OPTIONS_BEFORE_THE_SPLIT = {
+    "ppl": {"data", "samples", "stride", "score_mode", "weighting", "add_bos", "plot"},
+    "passkey": {"depths", "trials", "plot"},
+    "niah": {"depths", "trials", "chat", "plot"},
+    "ruler": {"tasks", "samples", "data", "chat"},
+    "longbench": {"tasks", "samples", "data", "chat"},
+    "manyshot": {"shots", "samples", "data"},
+    "entropy": {"samples", "plot"},
+    "short": {"tasks", "data", "samples", "chat"},
+    "speed": {"methods", "decode_tokens", "repeats"},
+}
+
+
+@pytest.mark.parametrize("task", sorted(OPTIONS_BEFORE_THE_SPLIT))
+def test_every_task_keeps_its_options(task):
+    assert {p.name for p in EVAL.commands[task].params} == COMMON | OPTIONS_BEFORE_THE_SPLIT[task]
+
+
+@pytest.mark.parametrize("task", sorted(set(TASKS) - {"speed"}))
+def test_a_task_command_offers_only_what_its_run_takes(task):
+    offered = {p.name for p in EVAL.commands[task].params} - COMMON
+    assert offered <= set(inspect.signature(get_task(task).run).parameters), offered
+
+
+def test_speed_offers_what_run_speed_takes():
+    from ropekit.eval.speed import run_speed
+
+    offered = {p.name for p in EVAL.commands["speed"].params} - COMMON
+    assert offered <= set(inspect.signature(run_speed).parameters)
+
+
+def _one_line_error(run_cli, *args) -> str:
+    code, out, err = run_cli(*args)
+    assert code == 2, (code, out, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
+    return lines[0]
+
+
+@pytest.mark.parametrize(("args", "owners"), [
+    (["passkey", "tiny", "--stride", "4"], "ppl"),
+    (["passkey", "tiny", "--stride=4"], "ppl"),
+    (["ppl", "tiny", "--trials", "0"], "passkey, niah"),
+    (["ppl", "tiny", "--no-chat"], "niah, ruler, longbench, short"),
+    (["niah", "tiny", "--methods", "yarn"], "speed"),
+    (["speed", "tiny", "--lengths", "64", "--depths", "0.5"], "passkey, niah"),
+])
+def test_another_tasks_flag_is_one_line_exit_2(run_cli, args, owners):
+    line = _one_line_error(run_cli, "eval", *args)
+    flag = next(a for a in args if a.startswith("--") and a != "--lengths").split("=")[0]
+    assert f"{flag} does not apply to the '{args[0]}' evaluation (only to {owners})" in line, line
+
+
+def test_clicks_own_messages_stay_for_other_mistakes(run_cli):
+    assert "No such option: --strid" in _one_line_error(run_cli, "eval", "ppl", "tiny", "--strid", "4")
+    assert "'--lengths' requires an argument" in _one_line_error(run_cli, "eval", "ppl", "tiny", "--lengths")
+
+
+def test_unknown_and_missing_task(run_cli):
+    assert "unknown evaluation task 'pll'" in _one_line_error(run_cli, "eval", "pll", "tiny")
+    assert "unknown evaluation task 'pll'" in _one_line_error(run_cli, "eval", "--json", "pll", "tiny")
+    assert "no evaluation task given" in _one_line_error(run_cli, "eval", "--lengths", "64")
+    assert "Missing argument" in _one_line_error(run_cli, "eval", "ppl")
+
+
+def test_options_may_come_before_the_task(run_cli, tmp_path):
+    data = tmp_path / "doc.txt"
+    data.write_text("The quick brown fox jumps over the lazy dog. " * 20)
+    options = ["--lengths", "64", "--data", str(data), "--json"]
+    code, first, err = run_cli("eval", *options, "ppl", "tiny")
+    assert code == 0, err
+    code, last, err = run_cli("eval", "ppl", "tiny", *options)
+    assert code == 0, err
+    rows = json.loads(first)
+    assert rows == json.loads(last) and [r["length"] for r in rows] == [64]
+    # the task name is found past an option's value, and short options with attached values are one token
+    line = _one_line_error(run_cli, "eval", "-l64", "--seed", "3", "passkey", "tiny", "--stride", "4")
+    assert "'passkey' evaluation" in line
