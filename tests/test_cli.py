@@ -137,18 +137,32 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_inspect_and_export_respect_the_family(run_cli, tmp_path):
-    """Phi-3's config accepts only plain RoPE and LongRoPE: PI/YaRN/Dynamic NTK cannot be exported natively there."""
+def test_inspect_and_export_respect_the_family(run_cli, tmp_path, make_ids):
+    """Phi-3's config accepts only plain RoPE and LongRoPE: PI/YaRN cannot be exported natively there, so their
+    static frequencies are written as longrope (which Phi-3 accepts); Dynamic NTK follows the length: ropekit only."""
     code, out, _ = run_cli("inspect", "tiny-phi3", "--json")
     assert code == 0
     exports = {m["name"]: m["exports_to"] for m in json.loads(out)["methods"]}
-    assert exports["pi"] == [] and exports["yarn"] == [] and exports["dynamic_ntk"] == []
+    assert exports["pi"] == exports["yarn"] == ["transformers (longrope)", "vllm (longrope)"]
+    assert exports["dynamic_ntk"] == []
     assert exports["ntk"] == ["transformers", "vllm"] and exports["abf"] == ["transformers", "vllm"]
     code, out, err = run_cli("extend", "tiny-phi3", "--method", "pi", "--factor", "2", "--out", str(tmp_path / "p"), "--json")
     assert code == 0, err
     report = json.loads(out)
-    assert report["transformers"] is False and report["vllm"] is False
-    assert json.loads((tmp_path / "p" / "config.json").read_text())["rope_parameters"]["rope_type"] == "ropekit_pi"
+    assert report["transformers"] is True and report["format"] == "longrope" and report["vllm"] is True
+    assert json.loads((tmp_path / "p" / "config.json").read_text())["rope_parameters"]["rope_type"] == "longrope"
+    from transformers import AutoModelForCausalLM
+
+    import ropekit
+
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "p").eval()
+    ours = ropekit.load(tmp_path / "p")
+    ids = make_ids(100)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids).logits, ours(ids).logits, rtol=2e-5, atol=2e-5)
+    code, _, err = run_cli("extend", "tiny-phi3", "--method", "pi", "--factor", "2", "--rope-format", "native",
+                           "--out", str(tmp_path / "n"))
+    assert code == 2 and "cannot be written exactly as transformers' own rope types" in err and not (tmp_path / "n").exists()
 
 
 def test_inspect_reports_self_extend_reach(run_cli, tmp_path):

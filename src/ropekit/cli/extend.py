@@ -26,19 +26,29 @@ def extend_cmd(
     factor: Optional[float] = typer.Option(None, "--factor", "-f", help="Scale factor s (target = s × window)."),
     target_length: Optional[int] = typer.Option(None, "--target-length", "-t", help="Target context length in tokens."),
     param: Optional[list[str]] = typer.Option(None, "--param", "-p", help="Method parameter key=value (repeatable)."),
+    rope_format: str = typer.Option("auto", "--rope-format", help="How config.json writes the RoPE: auto (the first "
+                                    "exact one of native, longrope, ropekit), native, longrope or ropekit."),
+    freeze_length: Optional[int] = typer.Option(None, "--freeze-length", min=1, help="Write a length-dependent "
+                                                "method's frequencies as they are at this many tokens (longrope)."),
+    layer_types: Optional[str] = typer.Option(None, "--layer-types", help="Models with RoPE per layer type "
+                                              "(Gemma 3): the layer types to extend, comma-separated (default: the "
+                                              "full-attention layers)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Allow writing into a non-empty --out directory."),
     json_out: bool = typer.Option(False, "--json", help="Print the export report as JSON."),
 ):
     """Install a method into a model and save it (plain-transformers loadable wherever possible)."""
-    from ..install import extend, resolve_params, save_pretrained
+    from ..install import ROPE_FORMATS, extend, save_pretrained
 
     params = parse_params(param)
+    if rope_format not in ROPE_FORMATS:
+        raise RopekitError(f"--rope-format {rope_format!r} is not one of {', '.join(ROPE_FORMATS)}", "pass e.g. --rope-format auto")
+    types = [t.strip() for t in layer_types.split(",") if t.strip()] if layer_types else None
     _check_out_dir(out_dir, overwrite)
     loaded = load_model(model)
-    # every parameter is validated before anything is written, so a mistake leaves no half-written --out
-    resolve_params(loaded.model, method, factor=factor, target_length=target_length, **params)
-    extend(loaded.model, method, factor=factor, target_length=target_length, **params)
-    report = save_pretrained(loaded.model, out_dir, tokenizer=loaded.tokenizer)
+    # extend is all or nothing and save_pretrained refuses a format before writing: a mistake leaves no --out
+    extend(loaded.model, method, factor=factor, target_length=target_length, layer_types=types, **params)
+    report = save_pretrained(loaded.model, out_dir, tokenizer=loaded.tokenizer, rope_format=rope_format,
+                             freeze_length=freeze_length)
     report["source"] = {"kind": loaded.source, "path": str(loaded.path)}
     report["params"] = loaded.model.config.ropekit["params"]
     if json_out:
@@ -46,7 +56,8 @@ def extend_cmd(
         return
     out.print(f"[green]wrote[/] {out_dir} — {report['method']} {json.dumps(report['params'])}")
     if report["transformers"]:
-        out.print(f"plain transformers loads it as rope_type '{report['rope_parameters']['rope_type']}'"
+        kind = report["rope_parameters"].get("rope_type", "per layer type")
+        out.print(f"plain transformers loads it as rope_type '{kind}' ({report['format']})"
                   + (" and vLLM can serve it" if report["vllm"] else " (vLLM: not the same model)"))
     else:
         out.print("ropekit-only method: load it with [bold]ropekit.load(path)[/] (plain transformers refuses it loudly)")

@@ -10,8 +10,8 @@ from rich.table import Table
 from .common import MODEL_HELP, load_model, out, print_json
 
 #: The facts shown in the table, in this order (``--json`` prints every fact).
-_FACTS = ("architecture", "model_type", "rope_type", "rope_theta", "window", "head_dim", "rotary_dim",
-          "num_layers", "num_heads", "num_kv_heads", "parameters", "attn_implementation")
+_FACTS = ("architecture", "model_type", "rope_type", "rope_theta", "window", "original_window", "head_dim",
+          "rotary_dim", "num_layers", "num_heads", "num_kv_heads", "parameters", "attn_implementation")
 
 
 def inspect_cmd(
@@ -33,6 +33,20 @@ def inspect_cmd(
     for key in _FACTS:
         value = facts[key]
         table.add_row(key, f"{value:,}" if isinstance(value, int) and key == "parameters" else str(value))
+    if facts.get("rope_scaling"):
+        scaling = {k: v for k, v in facts["rope_scaling"].items() if not isinstance(v, list)}
+        table.add_row("existing scaling", json.dumps(scaling))
+        table.add_row("effective window", f"{facts['effective_window']:,} tokens (methods extend from here)")
+    if facts.get("layer_type"):
+        table.add_row("RoPE per layer type", f"extends the '{facts['layer_type']}' layers by default")
+    features = facts.get("features") or {}
+    notable = {"attention_softcap": features.get("attention_softcap"), "attention_sinks": features.get("attention_sinks"),
+               "sliding_window_layers": features.get("sliding_window_layers"),
+               "rotary_layout": features.get("rotary_layout") if features.get("rotary_layout") != "half" else None,
+               "rotary_position": features.get("rotary_position") if features.get("rotary_position") != "leading" else None}
+    for key, value in notable.items():
+        if value:
+            table.add_row(key.replace("_", " "), str(value))
     if facts["extended_with"]:
         ext = facts["extended_with"]
         table.add_row("extended with", f"{ext['method']} {json.dumps(ext['params'])}")

@@ -3,7 +3,7 @@
 Importing this package registers every method as a transformers rope type (:mod:`.rope_types`).
 """
 
-from .export import save_pretrained
+from .export import ROPE_FORMATS, save_pretrained
 from .installer import extend, resolve_params, uninstall
 from .inspect import inspect_model
 from .load import load
@@ -11,6 +11,7 @@ from .model_rope import installed, rope_info, rotary_modules, text_config
 from .rope_types import ROPE_TYPE_PREFIX, register_rope_types, transformers_builds
 
 __all__ = [
+    "ROPE_FORMATS",
     "ROPE_TYPE_PREFIX",
     "extend",
     "inspect_model",

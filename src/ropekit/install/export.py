@@ -96,7 +96,8 @@ def _longrope_rope(model, m, info, params, freeze_length: int | None) -> tuple[d
         return [float(v) for v in 1.0 / (inv_freq.detach().to(torch.float64).cpu() * theta ** shape)]
 
     window = int(config.max_position_embeddings)
-    original = switch if switch is not None else window
+    # one set: the switch length does not matter; the model's own original window keeps families that check it happy
+    original = switch if switch is not None else info.original_window
     rope = {
         "rope_type": "longrope",
         "rope_theta": theta,

@@ -12,6 +12,19 @@ from .model_rope import base_info, rope_info, text_config
 from .rope_types import transformers_builds
 
 
+def _exports(m, info, base_dict) -> list[str]:
+    """Where the method's export runs without ropekit: its native rope type when transformers has one (and the
+    family accepts it: Phi-3 does not take yarn), else transformers' longrope when the frequencies fit it."""
+    params = m.resolve(info, m.example_params(info))
+    native = m.transformers_rope(info, params)
+    if native is not None and transformers_builds(base_dict, native):
+        return m.exports_to(params)
+    kind = m.length_dependence(info, params)[0]
+    if m.frequencies_only and kind in ("static", "switch"):
+        return ["transformers (longrope)"] + (["vllm (longrope)"] if kind == "static" else [])
+    return []
+
+
 def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
     """Architecture, RoPE settings and applicable methods of ``model`` (what ``ropekit inspect`` shows)."""
     config = text_config(model)
@@ -24,11 +37,7 @@ def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
     for m in list_methods():
         refusal = why_not(m, info, features) if features is not None else ("already extended", "")
         why = refusal[0] if refusal else None
-        exports = m.exports_to() if why is None else []
-        if exports:  # the family's own config class must accept the exported rope type (Phi-3 does not)
-            native = m.transformers_rope(info, m.resolve(info, m.example_params(info)))
-            if native is None or not transformers_builds(base_dict, native):
-                exports = []
+        exports = _exports(m, info, base_dict) if why is None else []
         methods.append({"name": m.name, "applies": why is None, "exports_to": exports,
                         "why_not": f"{refusal[0]}; {refusal[1]}" if refusal and refusal[1] else (why or "")})
     return {

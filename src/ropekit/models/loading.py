@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 import torch
 
 from ..errors import InvalidParameterError, ModelLoadError, RopekitError, UnsupportedModelError
-from .tiny import FAMILIES
+from .tiny import FAMILIES, SHIPPED
 
 __all__ = [
     "GGUFInfo",
@@ -140,12 +140,12 @@ def _tiny_family(spec: str) -> str | None:
         return "llama"
     if spec.startswith("tiny-"):
         name = spec[len("tiny-") :]
-        for family in FAMILIES:
+        for family in list(FAMILIES) + list(SHIPPED):
             if name in (family, family.replace("_", "-"), family.replace("_", "")):
                 return family
         raise ModelLoadError(
             f"unknown built-in model '{spec}'",
-            "use 'tiny' or one of " + ", ".join(f"tiny-{f}" for f in FAMILIES),
+            "use 'tiny' or one of " + ", ".join(f"tiny-{f}" for f in list(FAMILIES) + list(SHIPPED)),
         )
     return None
 
@@ -453,7 +453,7 @@ def _load_tiny(family: str, attn_implementation: str, dtype):
     from .tiny import build_tiny_model
 
     model = build_tiny_model(family)
-    if attn_implementation != "sdpa":
+    if attn_implementation != model.config._attn_implementation:
         try:
             model.set_attn_implementation(attn_implementation)
         except Exception as e:
