@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -83,7 +84,8 @@ def _rotary_output(model) -> str:
     emb = torch.cat((angles, angles), dim=-1)
     scale = getattr(rotary, "attention_scaling", 1.0)
     standard = torch.allclose(out[0].float(), emb.cos() * scale, atol=1e-6) and torch.allclose(
-        out[1].float(), emb.sin() * scale, atol=1e-6)
+        out[1].float(), emb.sin() * scale, atol=1e-6
+    )
     return "standard" if standard else "other"
 
 
@@ -123,13 +125,21 @@ def model_features(model) -> ModelFeatures:
     )
 
 
-def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dict | None = None) -> tuple[str, str] | None:
-    """``(problem, fix)`` when ``method`` (with resolved ``params``, or its :meth:`~Method.example_params`) cannot
+class Refusal(NamedTuple):
+    """Why a method cannot be installed exactly: one line (``problem``, ``fix``) and the feature in a word or two."""
+
+    problem: str
+    fix: str
+    feature: str
+
+
+def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dict | None = None) -> Refusal | None:
+    """A :class:`Refusal` when ``method`` (with resolved ``params``, or its :meth:`~Method.example_params`) cannot
     be installed exactly into a model with ``features``, else ``None``."""
     family = features.family
     generic = method.not_applicable(info)
     if generic is not None:
-        return f"{method.name} on {family}: {generic}", "use another method"
+        return Refusal(f"{method.name} on {family}: {generic}", "use another method", "rotary dimension")
     if params is None:
         try:
             params = method.resolve(info, method.example_params(info))
@@ -141,43 +151,89 @@ def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dic
     combined = method.length_dependence(info, params)[0] if params is not None else features.length_dependence
     if features.length_dependence != "static":
         if method.schedules_itself:
-            return (f"{method.name} on {family}: its frequencies follow the input length on a schedule of their own, "
-                    f"and this model's '{features.rope_type}' RoPE already changes with the length", static_alternative)
+            return Refusal(
+                f"{method.name} on {family}: its frequencies follow the input length on a schedule of their own, "
+                f"and this model's '{features.rope_type}' RoPE already changes with the length",
+                static_alternative,
+                "own length schedule",
+            )
         if combined != features.length_dependence:
-            return (f"{method.name} on {family}: its frequencies switch at another length than this model's "
-                    f"'{features.rope_type}' RoPE does", static_alternative)
+            return Refusal(
+                f"{method.name} on {family}: its frequencies switch at another length than this model's "
+                f"'{features.rope_type}' RoPE does",
+                static_alternative,
+                "other switch length",
+            )
         if "frequencies_per_head" in method.changes:
-            return (f"{method.name} on {family}: its per-head rotation is fixed at installation, and this model's "
-                    f"'{features.rope_type}' RoPE changes with the input length", frequency_alternative)
+            return Refusal(
+                f"{method.name} on {family}: its per-head rotation is fixed at installation, and this model's "
+                f"'{features.rope_type}' RoPE changes with the input length",
+                frequency_alternative,
+                "length-dependent RoPE",
+            )
     if "frequencies_per_head" in method.changes and features.rope_type != "default":
-        return (f"{method.name} on {family}: its per-head bases replace plain RoPE, and this model's RoPE is already "
-                f"scaled ('{features.rope_type}')", frequency_alternative)
+        return Refusal(
+            f"{method.name} on {family}: its per-head bases replace plain RoPE, and this model's RoPE is already "
+            f"scaled ('{features.rope_type}')",
+            frequency_alternative,
+            "already scaled",
+        )
     if features.layer_rope_types:
         if "frequencies_per_head" in method.changes or "weights" in method.changes and "frequencies" in method.changes:
-            return (f"{method.name} on {family}: this model has RoPE per layer type "
-                    f"({', '.join(features.layer_rope_types)}), and {method.name} replaces one RoPE for all layers",
-                    frequency_alternative)
+            return Refusal(
+                f"{method.name} on {family}: this model has RoPE per layer type "
+                f"({', '.join(features.layer_rope_types)}), and {method.name} replaces one RoPE for all layers",
+                frequency_alternative,
+                "RoPE per layer type",
+            )
         if combined != "static":
-            return (f"{method.name} on {family}: frequencies that change with the input length are not composed "
-                    f"with RoPE per layer type ({', '.join(features.layer_rope_types)})", static_alternative)
+            return Refusal(
+                f"{method.name} on {family}: frequencies that change with the input length are not composed "
+                f"with RoPE per layer type ({', '.join(features.layer_rope_types)})",
+                static_alternative,
+                "RoPE per layer type",
+            )
     if method.replaces_rotary_output and features.rotary_output != "standard":
-        return (f"{method.name} on {family}: the rotary embedding returns cos/sin in a form of its own, which "
-                f"{method.name} (computing them itself) does not reproduce", frequency_alternative)
+        return Refusal(
+            f"{method.name} on {family}: the rotary embedding returns cos/sin in a form of its own, which "
+            f"{method.name} (computing them itself) does not reproduce",
+            frequency_alternative,
+            "rotary output form",
+        )
     if "rotates" in access:
         if features.rotary_position == "trailing":
-            return (f"{method.name} on {family}: multi-head latent attention puts RoPE on a separate slice at the end "
-                    f"of each query and key, which {method.name} does not re-rotate", frequency_alternative)
+            return Refusal(
+                f"{method.name} on {family}: multi-head latent attention puts RoPE on a separate slice at the end "
+                f"of each query and key, which {method.name} does not re-rotate",
+                frequency_alternative,
+                "MLA slice",
+            )
         if features.rotary_layout != "half":
-            return (f"{method.name} on {family}: the interleaved rotary layout (adjacent channels pair up) is not "
-                    f"the half-split layout {method.name} re-rotates queries and keys in", frequency_alternative)
+            return Refusal(
+                f"{method.name} on {family}: the interleaved rotary layout (adjacent channels pair up) is not "
+                f"the half-split layout {method.name} re-rotates queries and keys in",
+                frequency_alternative,
+                "interleaved layout",
+            )
     if "logits" in access:
         if features.softcap:
-            return (f"{method.name} on {family}: the attention-logit softcap ({features.softcap:g}) is not applied "
-                    f"by {method.name}'s own attention", frequency_alternative)
+            return Refusal(
+                f"{method.name} on {family}: the attention-logit softcap ({features.softcap:g}) is not applied "
+                f"by {method.name}'s own attention",
+                frequency_alternative,
+                "softcap",
+            )
         if features.sinks:
-            return (f"{method.name} on {family}: attention sinks are not part of {method.name}'s own attention",
-                    frequency_alternative)
+            return Refusal(
+                f"{method.name} on {family}: attention sinks are not part of {method.name}'s own attention",
+                frequency_alternative,
+                "sinks",
+            )
         if not features.full_layers:
-            return (f"{method.name} on {family}: every layer attends within a sliding window, so no layer has the "
-                    "long-range attention it changes", frequency_alternative)
+            return Refusal(
+                f"{method.name} on {family}: every layer attends within a sliding window, so no layer has the "
+                "long-range attention it changes",
+                frequency_alternative,
+                "all layers sliding",
+            )
     return None

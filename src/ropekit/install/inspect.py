@@ -35,11 +35,12 @@ def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
     features = model_features(model) if not record else None
     methods = []
     for m in list_methods():
-        refusal = why_not(m, info, features) if features is not None else ("already extended", "")
-        why = refusal[0] if refusal else None
+        refusal = why_not(m, info, features) if features is not None else None
+        why = refusal.problem if refusal else ("already extended" if features is None else None)
         exports = _exports(m, info, base_dict) if why is None else []
         methods.append({"name": m.name, "applies": why is None, "exports_to": exports,
-                        "why_not": f"{refusal[0]}; {refusal[1]}" if refusal and refusal[1] else (why or "")})
+                        "why_not": f"{refusal.problem}; {refusal.fix}" if refusal else (why or ""),
+                        "feature": refusal.feature if refusal else ""})
     return {
         "architecture": type(model).__name__,
         "model_type": info.model_type,

@@ -69,7 +69,7 @@ def resolve_params(
     m = get_method(method) if isinstance(method, str) else method
     refusal = why_not(m, info, model_features(model))
     if refusal is not None:
-        raise UnsupportedModelError(*refusal)
+        raise UnsupportedModelError(refusal.problem, refusal.fix)
     f = _factor_from(info, factor, target_length)
     given = dict(params)
     if f is not None:
@@ -199,7 +199,7 @@ def install_resolved(model: PreTrainedModel, m: Method, given: dict[str | None, 
     features = model_features(model)
     refusal = why_not(m, info, features, resolved[primary])
     if refusal is not None:
-        raise UnsupportedModelError(*refusal)
+        raise UnsupportedModelError(refusal.problem, refusal.fix)
     spec = m.attention(info, resolved[primary])
     snapshot = _Snapshot(model)
     try:
