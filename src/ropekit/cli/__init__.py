@@ -27,8 +27,10 @@ from .methods import methods_cmd
 from .pose_coverage import pose_coverage_cmd
 from .pretrain_base import pretrain_base_cmd
 from .report import report_cmd
+from .export import export_cmd
 from .study import study_cmd
 from .train import train_cmd
+from .verify import verify_cmd
 
 __all__ = ["COMMANDS", "app", "main", "parse_params"]
 
@@ -37,6 +39,8 @@ COMMANDS = {
     "methods": methods_cmd,
     "inspect": inspect_cmd,
     "extend": extend_cmd,
+    "export": export_cmd,
+    "verify": verify_cmd,
     "eval": eval_app,
     "train": train_cmd,
     "pose-coverage": pose_coverage_cmd,

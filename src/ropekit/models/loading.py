@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 import torch
 
 from ..errors import InvalidParameterError, ModelLoadError, RopekitError, UnsupportedModelError
+from ..install import load as ropekit_load
 from .tiny import FAMILIES, SHIPPED
 
 __all__ = [
@@ -514,13 +515,17 @@ def _load_dir(directory: str, *, dtype, attn_implementation: str, with_tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(directory)
-    _read_config_json(path, directory)
-    kwargs: dict[str, Any] = dict(
-        local_files_only=True, adapter_kwargs=_adapter_kwargs(True), attn_implementation=attn_implementation
-    )
-    if dtype is not None:
-        kwargs["dtype"] = dtype
-    model = _from_pretrained(f"model directory '{directory}'", AutoModelForCausalLM, directory, **kwargs)
+    config = _read_config_json(path, directory)
+    if config.get("ropekit"):
+        # an export of ropekit's: the method itself comes back (weights it added, hooks), not only its numbers
+        model = ropekit_load(path, dtype=dtype, attn_implementation=attn_implementation)
+    else:
+        kwargs: dict[str, Any] = dict(
+            local_files_only=True, adapter_kwargs=_adapter_kwargs(True), attn_implementation=attn_implementation
+        )
+        if dtype is not None:
+            kwargs["dtype"] = dtype
+        model = _from_pretrained(f"model directory '{directory}'", AutoModelForCausalLM, directory, **kwargs)
     tokenizer = None
     if with_tokenizer and _has_tokenizer_files(path):
         tokenizer = _from_pretrained(f"tokenizer of '{directory}'", AutoTokenizer, directory, local_files_only=True)

@@ -1,0 +1,38 @@
+"""``ropekit verify DIR --engine vllm|llamacpp|transformers``: run an export in an engine and compare with ropekit."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from .common import out, print_json
+
+
+def verify_cmd(
+    directory: str = typer.Argument(..., help="A directory written by `ropekit extend` (or save_pretrained)."),
+    engine: str = typer.Option(..., "--engine", "-e", help="vllm, llamacpp or transformers (plain, without ropekit)."),
+    length: Optional[int] = typer.Option(None, "--length", min=2, help="Tokens of text to compare (default: 1.5× "
+                                         "the original window, capped at the extended one)."),
+    tolerance: Optional[float] = typer.Option(None, "--tolerance", min=0.0, help="Largest max |Δ log p| that passes "
+                                              "(default per engine: transformers 1e-4, vLLM 1e-3, llama.cpp 1e-2)."),
+    python: Optional[str] = typer.Option(None, "--python", help="The engine environment's python (default: the one "
+                                         "scripts/engines.sh made under .engines/ or $ROPEKIT_ENGINES)."),
+    threads: int = typer.Option(2, "--threads", min=1, help="CPU threads for the engine."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+):
+    """Run an exported model in an engine and compare its per-token log-probabilities with ropekit's own."""
+    from ..engines import verify
+
+    report = verify(directory, engine, length=length, tolerance=tolerance, python=python, threads=threads)
+    if json_out:
+        print_json(report.as_dict())
+    else:
+        verdict = "[green]PASS[/]" if report.passed else "[red]FAIL[/]"
+        out.print(f"{verdict} {report.engine_version}: {report.tokens} tokens (original window {report.original_window}); "
+                  f"max |Δ log p| {report.max_abs_diff:.2e}, mean {report.mean_abs_diff:.2e}, tolerance {report.tolerance:.0e}"
+                  f" — {report.engine_seconds:.1f} s in the engine")
+        if report.details.get("command"):
+            out.print(f"serve it with: {report.details['command']}", soft_wrap=True, highlight=False)
+    if not report.passed:
+        raise typer.Exit(1)

@@ -1,0 +1,132 @@
+"""``ropekit verify DIR --engine vllm|llamacpp|transformers``: does the engine compute what ropekit computes?
+
+The exported model runs in the engine (its own environment, :mod:`.environments`) and in ropekit
+(``ropekit.load``, float32) on the same token ids — a text from the built-in held-out corpus, longer than the
+model's original window so that the extension is what is compared — and the per-token log-probabilities of the
+text are compared: max and mean ``|Δ log p|`` against a stated tolerance.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data.corpora import iter_documents
+from ..errors import RopekitError
+from ..install.model_rope import installed, rope_info
+from ..install.vllm import vllm_serving
+from ..models.byte_tokenizer import byte_tokenizer
+from ..models.loading import load_model
+from .environments import get_engine, run_engine
+
+#: Largest max |Δ log p| counted as the same model, per engine (float32 weights and compute everywhere). transformers
+#: runs the same kernels on the same numbers; vLLM and llama.cpp have their own kernels and summation orders.
+TOLERANCES = {"transformers": 1e-4, "vllm": 1e-3, "llamacpp": 1e-2}
+
+
+@dataclass
+class VerifyReport:
+    """What ``ropekit verify`` measured; ``passed`` when ``max_abs_diff <= tolerance``."""
+
+    engine: str
+    engine_version: str
+    directory: str
+    tokens: int
+    original_window: int
+    max_abs_diff: float
+    mean_abs_diff: float
+    tolerance: float
+    passed: bool
+    engine_seconds: float
+    ropekit_seconds: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def text_ids(tokenizer, vocab_size: int, length: int) -> list[int]:
+    """``length`` token ids of the built-in held-out corpus (documents joined), deterministic. Without a tokenizer
+    (the byte-level tiny models) the bytes themselves are the ids."""
+    ids: list[int] = []
+    for document in iter_documents(None, tokenizer or byte_tokenizer()):
+        ids.extend(document.ids)
+        if len(ids) >= length:
+            break
+    if len(ids) < length:
+        raise RopekitError(f"the built-in corpus holds only {len(ids)} tokens for this tokenizer", f"pass --length ≤ {len(ids)}")
+    return [i for i in ids[:length] if i < vocab_size] if tokenizer is None else ids[:length]
+
+
+def ropekit_logprobs(model, ids: list[int]) -> list[float | None]:
+    """``[None, log p(t_1 | t_0), …]`` from ropekit's own model (float32 logits, float64 log-softmax)."""
+    tokens = torch.tensor([ids])
+    with torch.no_grad():
+        log = torch.log_softmax(model(tokens).logits[0].double(), dim=-1)
+    return [None] + log[:-1].gather(-1, tokens[0, 1:, None])[:, 0].tolist()
+
+
+def _engine_request(engine, directory: Path, loaded, ids: list[int], threads: int, workdir: Path) -> tuple[dict, dict]:
+    """The runner request for ``engine`` and what the report should say about how the model was given to it."""
+    if engine.name == "vllm":
+        serving = vllm_serving(directory)
+        if not serving.exact:
+            raise RopekitError(f"vLLM would not serve this export as ropekit computes it: {serving.why}",
+                               "verify with --engine transformers, or export a method vLLM computes exactly")
+        n_ctx = max(serving.max_model_len, len(ids) + 1)
+        return ({"model": str(directory), "token_ids": [ids], "n_ctx": n_ctx, "threads": threads,
+                 "hf_overrides": serving.hf_overrides, "dtype": "float32"}, {"command": serving.command})
+    if engine.name == "llamacpp":
+        from ..install.gguf import write_gguf
+
+        model_file = workdir / "model-f32.gguf"
+        write_gguf(loaded.model, loaded.tokenizer, model_file, dtype="f32")
+        return ({"model": str(model_file), "token_ids": [ids], "n_ctx": len(ids) + 8, "threads": threads},
+                {"gguf": str(model_file)})
+    return {"model": str(directory), "token_ids": [ids], "n_ctx": len(ids), "threads": threads}, {}
+
+
+def verify(directory: str | Path, engine: str, *, length: int | None = None, tolerance: float | None = None,
+           python: str | None = None, threads: int = 2) -> VerifyReport:
+    """Run the export in ``directory`` in ``engine`` and in ropekit on the same text; compare per-token log p.
+
+    ``length`` defaults to 1.5× the original window (capped at the extended window), so that the positions past
+    the original window — where the method acts — are part of the comparison.
+    """
+    chosen = get_engine(engine)
+    directory = Path(directory)
+    loaded = load_model(str(directory), dtype="float32")
+    model = loaded.model
+    record = installed(model)
+    original = record["base"]["max_position_embeddings"] if record else rope_info(model).window
+    extended = int(model.config.max_position_embeddings)
+    if length is None:
+        length = min(extended, int(original * 1.5))
+    if length < 2:
+        raise RopekitError(f"--length {length} leaves nothing to compare", "pass --length of at least 2 tokens")
+    ids = text_ids(loaded.tokenizer, model.config.vocab_size, length)
+    started = time.perf_counter()
+    ours = ropekit_logprobs(model, ids)
+    ropekit_seconds = time.perf_counter() - started
+    with tempfile.TemporaryDirectory(prefix="ropekit-verify-") as tmp:
+        request, details = _engine_request(chosen, directory, loaded, ids, threads, Path(tmp))
+        response = run_engine(chosen, request, python=python)
+    theirs = response["logprobs"][0]
+    diffs = [abs(a - b) for a, b in zip(ours[1:], theirs[1:]) if a is not None and b is not None]
+    if len(diffs) != len(ids) - 1:
+        raise RopekitError(f"{chosen.title} returned {len(theirs)} log-probabilities for {len(ids)} tokens",
+                           "check the engine's log")
+    limit = TOLERANCES[chosen.name] if tolerance is None else float(tolerance)
+    past = [d for position, d in enumerate(diffs, start=1) if position >= original]
+    details.update(max_abs_diff_past_window=max(past) if past else None, positions_past_window=len(past))
+    return VerifyReport(
+        engine=chosen.name, engine_version=response.get("engine", ""), directory=str(directory), tokens=len(ids),
+        original_window=int(original), max_abs_diff=max(diffs), mean_abs_diff=sum(diffs) / len(diffs),
+        tolerance=limit, passed=max(diffs) <= limit, engine_seconds=float(response.get("seconds", 0.0)),
+        ropekit_seconds=ropekit_seconds, details=details,
+    )
