@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,15 @@ def engine_python(engine: Engine, python: str | os.PathLike | None = None) -> Pa
     return path
 
 
+def _end_group(proc: subprocess.Popen) -> None:
+    """Kill what is left of the runner's process group (worker processes an engine did not take down)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
 def run_engine(engine: Engine, request: dict[str, Any], *, python: str | os.PathLike | None = None,
                timeout: float = 1800.0) -> dict[str, Any]:
     """Run ``engine``'s runner on ``request`` under its own Python; returns the runner's response. A failure is one
@@ -80,12 +90,16 @@ def run_engine(engine: Engine, request: dict[str, Any], *, python: str | os.Path
         request_path.write_text(json.dumps(request))
         log = Path(tempfile.gettempdir()) / f"ropekit-{engine.name}.log"
         with open(log, "w") as out:
+            # its own process group: an engine's worker processes (vLLM's) go with it, however the runner ends
+            proc = subprocess.Popen([str(interpreter), str(RUNNERS / engine.runner), str(request_path), str(response_path)],
+                                    stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True)
             try:
-                proc = subprocess.run([str(interpreter), str(RUNNERS / engine.runner), str(request_path), str(response_path)],
-                                      stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout, cwd=tmp)
+                proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 raise RopekitError(f"{engine.title} did not finish within {timeout:.0f} s (log: {log})",
                                    "use a shorter text (--length) or a longer timeout") from None
+            finally:
+                _end_group(proc)
         if not response_path.is_file():  # runners write the response last, in one rename: present means done
             lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
             last = next((line for line in reversed(lines) if "Error" in line or "error" in line), lines[-1] if lines else "")
