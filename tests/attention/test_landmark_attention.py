@@ -9,10 +9,10 @@ import torch
 
 from ropekit.attention.landmark import (
     aligned_layout,
-    allowed_keys,
     grouped_attention,
     retrieval_attention,
 )
+from ropekit.attention.masks import AttentionMask
 from ropekit.core.rope import default_inv_freq
 
 
@@ -140,16 +140,22 @@ def aligned(k_len, block, batch=2):
     return (torch.arange(k_len) % block == block - 1)[None].expand(batch, -1)
 
 
+def mask_of(attention_mask, q_len, k_len):
+    """The mask the attention reads and, for the naive references, its (B|1, 1, Lq, Lk) booleans."""
+    mask = AttentionMask(attention_mask, q_len, k_len)
+    return mask, mask.block(0, q_len, 0, k_len)
+
+
 # ---- grouped softmax -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("q_len", [23, 7, 1])
 def test_grouped_softmax_equals_the_paper_definition(q_len):
     """Irregular blocks per row, GQA, queries at the end of the keys (a cache), every chunk size."""
     q, k, v, gen = random_inputs(0, q_len=q_len, k_len=23)
     is_landmark = torch.rand(2, 23, generator=gen) < 0.25
-    allowed = allowed_keys(None, q_len, 23, "cpu")
+    mask, allowed = mask_of(None, q_len, 23)
     ref = naive_grouped(q, k, v, is_landmark, allowed, 0.35)
     for chunk in (None, 3):
-        got = grouped_attention(q, k, v, is_landmark, allowed, 0.35, chunk=chunk)
+        got = grouped_attention(q, k, v, is_landmark, mask, 0.35, chunk=chunk)
         torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-10)
 
 
@@ -160,8 +166,8 @@ def test_grouped_softmax_with_padding_and_landmark_queries():
     is_landmark = aligned(18, 4).clone()
     padding = torch.ones(2, 18, dtype=torch.long)
     padding[1, :6] = 0
-    allowed = allowed_keys(padding, 18, 18, "cpu")
-    got = grouped_attention(q, k, v, is_landmark, allowed, 0.5)
+    mask, allowed = mask_of(padding, 18, 18)
+    got = grouped_attention(q, k, v, is_landmark, mask, 0.5)
     ref = naive_grouped(q, k, v, is_landmark, allowed, 0.5)
     real = padding[:, None, :, None].bool().expand_as(got)
     torch.testing.assert_close(got[real], ref[real], atol=1e-10, rtol=1e-10)
@@ -170,10 +176,10 @@ def test_grouped_softmax_with_padding_and_landmark_queries():
 def test_grouped_softmax_gradients_match_the_reference():
     q, k, v, gen = random_inputs(2, q_len=15, k_len=15)
     is_landmark = aligned(15, 5)
-    allowed = allowed_keys(None, 15, 15, "cpu")
+    mask, allowed = mask_of(None, 15, 15)
     weight = torch.randn(2, 4, 15, 8, generator=gen, dtype=torch.float64)
     grads = []
-    for fn in (lambda *a: grouped_attention(*a, is_landmark, allowed, 0.4),
+    for fn in (lambda *a: grouped_attention(*a, is_landmark, mask, 0.4),
                lambda *a: naive_grouped(*a, is_landmark, allowed, 0.4)):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         (fn(*leaves) * weight).sum().backward()
@@ -184,8 +190,8 @@ def test_grouped_softmax_gradients_match_the_reference():
 
 def test_without_landmarks_the_grouped_softmax_is_plain_attention():
     q, k, v, _ = random_inputs(3, q_len=12, k_len=12, kv_heads=4)
-    allowed = allowed_keys(None, 12, 12, "cpu")
-    got = grouped_attention(q, k, v, torch.zeros(2, 12, dtype=torch.bool), allowed, 0.3)
+    mask, _ = mask_of(None, 12, 12)
+    got = grouped_attention(q, k, v, torch.zeros(2, 12, dtype=torch.bool), mask, 0.3)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
     torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-10)
 
@@ -201,10 +207,10 @@ def test_retrieval_covering_every_block_equals_full_attention(q_len):
     pos = torch.arange(k_len)[None].expand(2, -1) + torch.tensor([[0], [7]])  # the second row starts at 7
     q_rot, k_rot = rope(q, pos[:, None, -q_len:], inv_freq), rope(k, pos[:, None], inv_freq)
     is_landmark = aligned(k_len, block)
-    allowed = allowed_keys(None, q_len, k_len, "cpu")
-    full = grouped_attention(q_rot, k_rot, v, is_landmark, allowed, 0.35)
+    mask, _ = mask_of(None, q_len, k_len)
+    full = grouped_attention(q_rot, k_rot, v, is_landmark, mask, 0.35)
     for local_blocks in (0, 2):
-        got = retrieval_attention(q_rot, k_rot, v, allowed, pos[:, -q_len:], pos, block=block, top_k=k_len // block,
+        got = retrieval_attention(q_rot, k_rot, v, mask, pos[:, -q_len:], pos, block=block, top_k=k_len // block,
                                   local_blocks=local_blocks, inv_freq=inv_freq, scaling=0.35, chunk=4)
         torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)
 
@@ -219,9 +225,9 @@ def test_top_k_retrieval_equals_the_naive_definition(top_k, local_blocks):
     pos = torch.arange(k_len)[None].expand(2, -1) - torch.tensor([[0], [5]])  # row 1: 5 padding keys first
     padding = torch.ones(2, k_len, dtype=torch.long)
     padding[1, :5] = 0
-    allowed = allowed_keys(padding, q_len, k_len, "cpu")
+    mask, allowed = mask_of(padding, q_len, k_len)
     q_rot, k_rot = rope(q, pos[:, None, -q_len:], inv_freq), rope(k, pos[:, None], inv_freq)
-    got = retrieval_attention(q_rot, k_rot, v, allowed, pos[:, -q_len:], pos, block=block, top_k=top_k,
+    got = retrieval_attention(q_rot, k_rot, v, mask, pos[:, -q_len:], pos, block=block, top_k=top_k,
                               local_blocks=local_blocks, inv_freq=inv_freq, scaling=0.4, chunk=7)
     ref = naive_retrieval(q, k, v, allowed, pos[:, -q_len:], pos, block=block, top_k=top_k,
                           local_blocks=local_blocks, inv_freq=inv_freq, scale=0.4)
@@ -236,9 +242,9 @@ def test_identical_landmark_keys_keep_the_newest_blocks():
     k[:, :, block - 1::block] = k[:, :, block - 1:block]  # one landmark vector before rotation
     inv_freq = default_inv_freq(100.0, 8)
     pos = torch.arange(k_len)[None].expand(2, -1)
-    allowed = allowed_keys(None, q_len, k_len, "cpu")
+    mask, allowed = mask_of(None, q_len, k_len)
     q_rot, k_rot = rope(q, pos[:, None, -q_len:], inv_freq), rope(k, pos[:, None], inv_freq)
-    got = retrieval_attention(q_rot, k_rot, v, allowed, pos[:, -q_len:], pos, block=block, top_k=2, local_blocks=1,
+    got = retrieval_attention(q_rot, k_rot, v, mask, pos[:, -q_len:], pos, block=block, top_k=2, local_blocks=1,
                               inv_freq=inv_freq, scaling=0.4, identical_landmarks=True)
     ref = naive_retrieval(q, k, v, allowed, pos[:, -q_len:], pos, block=block, top_k=2, local_blocks=1,
                           inv_freq=inv_freq, scale=0.4, newest=True)
@@ -251,9 +257,9 @@ def test_retrieval_differs_from_full_attention_when_blocks_are_dropped():
     q, k, v, _ = random_inputs(9, q_len=k_len, k_len=k_len)
     inv_freq = default_inv_freq(10000.0, 8)
     pos = torch.arange(k_len)[None]
-    allowed = allowed_keys(None, k_len, k_len, "cpu")
-    full = grouped_attention(q, k, v, aligned(k_len, block), allowed, 0.4)
-    got = retrieval_attention(q, k, v, allowed, pos, pos, block=block, top_k=1, local_blocks=0, inv_freq=inv_freq,
+    mask, _ = mask_of(None, k_len, k_len)
+    full = grouped_attention(q, k, v, aligned(k_len, block), mask, 0.4)
+    got = retrieval_attention(q, k, v, mask, pos, pos, block=block, top_k=1, local_blocks=0, inv_freq=inv_freq,
                               scaling=0.4)
     assert (got - full).abs().max() > 1e-2
     torch.testing.assert_close(got[:, :, :block], full[:, :, :block])  # no older block yet: identical
@@ -263,16 +269,3 @@ def test_aligned_layout():
     assert aligned_layout(aligned(12, 4), 4)
     shifted = torch.roll(aligned(12, 4), 1, dims=1)
     assert not aligned_layout(shifted, 4)
-
-
-def test_allowed_keys_reads_every_mask_form():
-    """None (causal), 2-D padding, sdpa's bool 4-D and eager's additive float 4-D give the same boolean mask."""
-    padding = torch.tensor([[0, 1, 1, 1, 1]])
-    from_2d = allowed_keys(padding, 3, 5, "cpu")
-    causal = allowed_keys(None, 3, 5, "cpu")
-    assert causal[0, 0].tolist() == [[True, True, True, False, False], [True, True, True, True, False],
-                                     [True, True, True, True, True]]
-    assert torch.equal(from_2d, causal & padding[:, None, None].bool())
-    additive = torch.zeros(1, 1, 3, 5).masked_fill(~from_2d, torch.finfo(torch.float32).min)
-    assert torch.equal(allowed_keys(additive, 3, 5, "cpu"), from_2d)
-    assert torch.equal(allowed_keys(from_2d, 3, 5, "cpu"), from_2d)

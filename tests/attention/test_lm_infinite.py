@@ -360,3 +360,57 @@ def test_save_load_round_trip(tmp_path, make_ids):
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
     assert ropekit.installed(loaded)["params"]["local_window"] == L_LOCAL
+
+
+# ================================================================ the rule itself (pair_logits)
+def _turn(x: list[float], p: float, theta: list[float]) -> list[float]:
+    """RoPE of one vector at position ``p`` (half-split layout), with Python floats."""
+    half = len(theta)
+    out = list(x)
+    for f, t in enumerate(theta):
+        c, s = math.cos(p * t), math.sin(p * t)
+        out[f], out[f + half] = x[f] * c - x[f + half] * s, x[f + half] * c + x[f] * s
+    return out
+
+
+def test_rule_is_the_lambda_rule_pair_by_pair():
+    """``pair_logits`` against the Λ rule written out with Python ints: ⟨R_i q, R_j k⟩ when i − j < L, else
+    ⟨R_L q, k⟩ (the distance clamped to L) when j < G, else not kept; a left-padded row included."""
+    from ropekit.attention.lm_infinite import LambdaAttention
+
+    L, n_global, D, n, scale = 7, 3, 8, 30, 0.45
+    theta = [10000.0 ** (-2 * f / D) for f in range(D // 2)]
+    gen = torch.Generator().manual_seed(22)
+    q_raw = torch.randn(2, 2, n, D, generator=gen, dtype=torch.float64)
+    k_raw = torch.randn(2, 1, n, D, generator=gen, dtype=torch.float64)
+    real = [[1] * n, [0] * 4 + [1] * (n - 4)]
+    pos = [list(range(n)), [t - 4 if t >= 4 else 1 for t in range(n)]]
+    q = torch.tensor([[[_turn(q_raw[b, h, t].tolist(), pos[b][t], theta) for t in range(n)] for h in range(2)]
+                      for b in range(2)], dtype=torch.float64)
+    k = torch.tensor([[[_turn(k_raw[b, 0, t].tolist(), pos[b][t], theta) for t in range(n)]] for b in range(2)],
+                     dtype=torch.float64)
+    attend = LambdaAttention(L, n_global, lambda: torch.tensor(theta))
+    rows = torch.tensor([n - 1, 3, 12, 20])
+    got = attend.pair_logits(torch.nn.Module(), q, k, torch.tensor(real), scaling=scale, rows=rows,
+                             position_ids=torch.tensor(pos))
+    kept = got.kept.expand(2, 2, len(rows), n)
+    clamped = 0
+    for b in range(2):
+        for h in range(2):
+            for r, i in enumerate(rows.tolist()):
+                for j in range(n):
+                    pi, pj = pos[b][i], pos[b][j]
+                    near = j <= i and real[b][j] == 1 and pi - pj < L
+                    far = j <= i and real[b][j] == 1 and pi - pj >= L and pj < n_global
+                    assert bool(kept[b, h, r, j]) == (near or far), (b, h, i, j)
+                    if near:
+                        want = scale * sum(x * y for x, y in zip(_turn(q_raw[b, h, i].tolist(), pi, theta),
+                                                                 _turn(k_raw[b, 0, j].tolist(), pj, theta)))
+                    elif far:
+                        clamped += 1
+                        want = scale * sum(x * y for x, y in zip(_turn(q_raw[b, h, i].tolist(), L, theta),
+                                                                 k_raw[b, 0, j].tolist()))
+                    else:
+                        continue
+                    assert abs(float(got.logits[b, h, r, j]) - want) < 1e-4, (b, h, i, j)
+    assert clamped > 10 and got.log_normaliser is None

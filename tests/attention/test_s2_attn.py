@@ -314,3 +314,30 @@ def test_export_is_a_plain_pi_model(tmp_path, make_ids):
     loaded.train()
     with torch.no_grad():
         assert not torch.allclose(loaded(ids).logits, want)  # S²-Attn is back for training
+
+
+# ================================================================ the rule itself (pair_logits)
+def test_rule_keeps_exactly_the_group_pairs():
+    """``pair_logits`` in training mode keeps the pairs of ``_allowed_pairs`` (written out above) per head —
+    unshifted groups for the first half of the heads, shifted ones for the rest — among the real keys; the
+    logits are plain ``scale · q·k``. In eval mode it is plain causal attention."""
+    gen = torch.Generator().manual_seed(23)
+    B, H, KV, n, d = 2, 4, 2, 30, 8
+    q = torch.randn(B, H, n, d, generator=gen)
+    k = torch.randn(B, KV, n, d, generator=gen)
+    real = torch.ones(B, n, dtype=torch.long)
+    real[1, -5:] = 0
+    attn = ShiftedSparseAttention(0.25)
+    rows = torch.arange(n)
+    got = attn.pair_logits(_Module().train(), q, k, real, scaling=0.3, rows=rows)
+    g = math.ceil(n / 4)
+    plain = torch.einsum("bhqd,bhkd->bhqk", q.double(), k.double().repeat_interleave(H // KV, dim=1)) * 0.3
+    kept = got.kept.expand(B, H, n, n)
+    for b in range(B):
+        for h in range(H):
+            want = _allowed_pairs(n, g, shifted=h >= H // 2) & real[b].bool()[None, :]
+            assert torch.equal(kept[b, h], want), (b, h)
+    torch.testing.assert_close(got.logits.double()[kept], plain[kept], rtol=0, atol=1e-5)
+    evaluated = attn.pair_logits(_Module().eval(), q, k, real, scaling=0.3, rows=rows)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & real.bool()[:, None, None, :]
+    assert torch.equal(evaluated.kept.expand(B, H, n, n), causal.expand(B, H, n, n))

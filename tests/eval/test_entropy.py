@@ -164,6 +164,24 @@ def test_replaced_attention_entropy_equals_the_method_own_distribution(method, p
     assert float((got["entropy"][:, :, 64:] - plain[:, :, 64:]).abs().max()) > 1e-2
 
 
+def test_s2_attn_in_training_mode_is_measured_with_its_groups(make_ids):
+    """LongLoRA in training mode: the entropy of S²-Attn's own distribution (group-local, half the heads
+    shifted), which differs from the full attention measured in eval mode."""
+    model = sharpened("llama")
+    extend(model, "longlora", factor=2.0)
+    model.train()
+    ids = make_ids(N, seed=6)
+    got = task.attention_entropy(model, ids, positions=list(range(N)), chunk=17)
+    probs = attend_probabilities(model, ids)
+    ref = entropy_of(probs)
+    assert torch.allclose(got["entropy"], ref, atol=2e-4), (got["entropy"] - ref).abs().max()
+    g = N // 4  # group size ⌈n/4⌉; head 0 is unshifted: query i sees the keys ⌊i/g⌋·g … i
+    assert got["keys"][0].tolist() == [i % g + 1 for i in range(N)]
+    assert int((probs[0, 0, -1] > 0).sum()) == g
+    full = task.attention_entropy(model.eval(), ids, positions=list(range(N)))["entropy"]
+    assert float((got["entropy"][:, :, g:] - full[:, :, g:]).abs().max()) > 1e-2
+
+
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_chunk_size_and_kernel_do_not_change_the_result(implementation, make_ids):
     model = sharpened("llama")
@@ -234,11 +252,6 @@ def test_unsupported_attention_and_missing_tokenizer_raise_one_line(make_ids):
     with pytest.raises(RopekitError, match="not available for"):
         task.attention_entropy(model, make_ids(32))
     assert model.config._attn_implementation == "ropekit_sdpa"  # restored after the error
-    trained = build_tiny_model("llama")
-    extend(trained, "longlora", factor=2.0)
-    trained.train()
-    with pytest.raises(RopekitError, match="S²-Attn"):
-        task.attention_entropy(trained, make_ids(32))
     ctx = make_context("entropy", build_tiny_model("llama"), None, method=None, params=None, lengths=[32],
                        key_fields=task.KEY_FIELDS)
     with pytest.raises(RopekitError, match="needs a tokenizer"):

@@ -9,12 +9,15 @@ registers ``ropekit_<kernel>`` in ``AttentionInterface`` *and* the kernel's own 
 from __future__ import annotations
 
 import sys
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .kernels import pair_scores
+from .masks import AttentionMask
 
 PREFIX = "ropekit_"
 KERNELS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
@@ -26,6 +29,42 @@ class LayerAttention(Protocol):
     function it replaces, for the parts where plain attention is right."""
 
     def __call__(self, module, query, key, value, attention_mask, *, scaling, dropout, kernel, **kwargs): ...
+
+
+class PairLogits(NamedTuple):
+    """What a layer attention does to each (query, key) pair of a block of query rows.
+
+    ``logits`` (B, H, R, Lk): the logits it uses, in float32 (float64 for float64 inputs), scale included.
+    ``kept`` bool, broadcastable to ``logits``: the keys that take part. The attention weights are
+    ``exp(logits − log_normaliser)`` over the kept keys (0 elsewhere); ``log_normaliser`` (B, H, R) is ``None``
+    when it is the log-sum-exp of the kept logits — the weights are then ``softmax`` over the kept keys.
+    A row with no kept key has no weight at all.
+    """
+
+    logits: torch.Tensor
+    kept: torch.Tensor
+    log_normaliser: torch.Tensor | None = None
+
+
+@runtime_checkable
+class PairRule(Protocol):
+    """A layer attention that can state its rule pair by pair (naive, O(rows × Lk), exact).
+
+    Same arguments as :class:`LayerAttention` less ``value``/``dropout``/``kernel``, plus ``rows`` (int64
+    indices into the ``Lq`` queries); ``attention_mask`` may be the kernel's raw mask or an
+    :class:`~ropekit.attention.masks.AttentionMask` built for this call. Attention dropout is not part of
+    the rule.
+    """
+
+    def pair_logits(self, module, query, key, attention_mask, *, scaling, rows, **kwargs) -> PairLogits: ...
+
+
+def plain_pair_logits(query: torch.Tensor, key: torch.Tensor, attention_mask, *, scaling, rows: torch.Tensor,
+                      **kwargs) -> PairLogits:
+    """The rule of plain attention: ``scaling · q_i·k_j`` over the keys the mask allows."""
+    mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    return PairLogits(pair_scores(query[:, :, rows], key) * scale, mask.rows(rows))
 
 
 class QueryKeyTransform(Protocol):

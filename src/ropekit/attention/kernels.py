@@ -23,6 +23,16 @@ def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
+def pair_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """``query (B, H, R, D) · key (B, H_kv, Lk, D)ᵀ`` → ``(B, H, R, Lk)`` in float32 (float64 inputs stay float64),
+    without copying the keys per query head: query head ``h`` uses KV head ``h // (H / H_kv)``, as ``repeat_kv``."""
+    b, heads, rows, dim = query.shape
+    kv = key.shape[1]
+    wide = torch.promote_types(query.dtype, torch.float32)
+    q = query.to(wide).reshape(b, kv, (heads // kv) * rows, dim)
+    return torch.matmul(q, key.to(wide).transpose(-1, -2)).reshape(b, heads, rows, key.shape[2])
+
+
 def _explicit_attention(query, key, value, bias, scale):
     """Reference path: this block's logits in float32, then softmax and its log-sum-exp."""
     logits = torch.matmul(query, key.transpose(-1, -2)).float() * scale

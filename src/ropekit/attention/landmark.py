@@ -36,7 +36,14 @@ produces: key ``j`` is a landmark exactly when ``j % (mem_freq + 1) == mem_freq`
 
 The queries and keys arrive rotated at their true positions; moving a block is one more rotation of the
 query (``q·R(δ)k = (R(−δ)q)·k``), and scoring at a fixed position rotates the landmark keys back to 0
-(:func:`~ropekit.attention.kernels.rotate_by`). Queries go in chunks, so memory is O(chunk × keys).
+(:func:`~ropekit.attention.kernels.rotate_by`). Queries go in chunks, so memory is O(chunk × keys). Which
+pairs exist (causality, padding) comes from :class:`~ropekit.attention.masks.AttentionMask`, in any mask
+format transformers passes.
+
+**Per pair.** Both computations are one grouped softmax over a set of kept keys with logits at some
+positions: the weights are ``exp(A − Z)`` of :func:`grouped_logits`, where for retrieval the kept keys are
+the local window and the kept blocks and the logits of a kept block are taken at its moved position.
+:meth:`LandmarkAttention.pair_logits` states exactly that, per (query, key) pair.
 """
 
 from __future__ import annotations
@@ -49,8 +56,9 @@ import torch
 from ..errors import RopekitError
 from ..core.rope_info import RopeInfo
 from ..core.rope import rotate
-from .kernels import expand_kv
-from .per_head_rope import key_positions
+from .interface import PairLogits, plain_pair_logits
+from .kernels import expand_kv, pair_scores
+from .masks import AttentionMask, query_key_positions
 
 #: Keyword argument through which the model-side hooks hand each layer the landmark layout of its keys.
 LANDMARKS_KWARG = "ropekit_landmarks"
@@ -70,28 +78,6 @@ class LandmarkInputs:
 
     is_landmark: torch.Tensor
     output_index: torch.Tensor | None = None
-
-
-# ---- masks ----------------------------------------------------------------------------------------------
-def allowed_keys(attention_mask, q_len: int, k_len: int, device) -> torch.Tensor:
-    """transformers' attention mask as bool ``(B or 1, 1, Lq, Lk)``, True = may attend, causality included.
-
-    Takes sdpa's bool 4D mask, eager's additive float 4D mask, flash's 2D padding mask, or ``None``
-    (plain causal, the queries being the last ``Lq`` keys).
-    """
-    q_index = torch.arange(k_len - q_len, k_len, device=device)
-    causal = (torch.arange(k_len, device=device)[None, :] <= q_index[:, None])[None, None]
-    if attention_mask is None:
-        return causal
-    if not isinstance(attention_mask, torch.Tensor):
-        raise RopekitError(f"landmark attention got a {type(attention_mask).__name__} attention mask",
-                           "use the sdpa or eager attention implementation")
-    if attention_mask.dim() == 2:
-        return causal & attention_mask[:, None, None, :k_len].bool()
-    mask = attention_mask[:, :, :, :k_len]
-    if mask.dtype != torch.bool:
-        mask = mask > torch.finfo(mask.dtype).min / 2
-    return mask[:, :1]
 
 
 # ---- the grouped softmax (§3.1) -------------------------------------------------------------------------------
@@ -170,12 +156,12 @@ def _chunk_rows(elements_per_row: int, limit: int = CHUNK_ELEMENTS) -> int:
 
 
 def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_landmark: torch.Tensor,
-                      allowed: torch.Tensor, scaling: float, *, dropout: float = 0.0, training: bool = False,
+                      mask: AttentionMask, scaling: float, *, dropout: float = 0.0, training: bool = False,
                       chunk: int | None = None) -> torch.Tensor:
     """Landmark attention with the grouped softmax over every block (§3.1; the training computation).
 
     ``query`` (B, H, Lq, D), ``key``/``value`` (B, H_kv, Lk, D) rotated, the queries being the last ``Lq``
-    keys; ``is_landmark`` (B, Lk); ``allowed`` bool (B or 1, 1, Lq, Lk). Returns (B, H, Lq, D).
+    keys; ``is_landmark`` (B, Lk); ``mask`` the pairs that exist. Returns (B, H, Lq, D).
     """
     batch, heads, q_len, _ = query.shape
     k_len = key.shape[2]
@@ -187,7 +173,7 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         b = min(a + rows, q_len)
         hi = b + offset  # causal: no row of the chunk attends past key hi − 1
         scores = torch.matmul(query[:, :, a:b], key[:, :, :hi].transpose(-1, -2)).to(_score_dtype(query.dtype))
-        adjusted, main = grouped_logits(scores * scaling, is_landmark[:, :hi], allowed[:, :, a:b, :hi],
+        adjusted, main = grouped_logits(scores * scaling, is_landmark[:, :hi], mask.block(a, b, 0, hi),
                                         torch.arange(a, b, device=query.device) + offset)
         probs = _weights(adjusted, main)
         if training and dropout > 0.0:
@@ -212,7 +198,7 @@ def _rotate_per_head(x: torch.Tensor, offsets: torch.Tensor, inv_freq: torch.Ten
     return rotate(x, emb.cos().to(x.dtype), emb.sin().to(x.dtype))
 
 
-def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: AttentionMask,
                         q_pos: torch.Tensor, k_pos: torch.Tensor, *, block: int, top_k: int, local_blocks: int,
                         inv_freq: torch.Tensor, scaling: float, chunk: int | None = None,
                         identical_landmarks: bool = False) -> torch.Tensor:
@@ -234,13 +220,9 @@ def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     landmark_index = torch.arange(full_blocks, device=device) * block + block - 1
     kv_of_head = torch.arange(heads, device=device) // (heads // kv_heads)
     rows_b = torch.arange(batch, device=device)[:, None, None, None]
-    allowed = allowed.expand(batch, 1, q_len, k_len)
     q_pos = q_pos.expand(batch, q_len)
     k_pos = k_pos.expand(batch, k_len)
-    # landmark keys rotated back to position 0, so that a query can score all of them at one distance; in
-    # float64, so that the ranking is decided by the keys and not by the rounding of this computation
-    raw_landmarks = _rotate_per_head(key[:, :, landmark_index].double(), -k_pos[:, None, landmark_index], inv_freq)
-    raw_landmarks = expand_kv(raw_landmarks, heads)  # (B, H, blocks, D)
+    raw_landmarks = _raw_landmarks(key, k_pos, landmark_index, heads, inv_freq)
     key_blocks = key[:, :, :full_blocks * block].reshape(batch, kv_heads, full_blocks, block, dim)
     value_blocks = value[:, :, :full_blocks * block].reshape(batch, kv_heads, full_blocks, block, dim)
     key_h, value_h = expand_kv(key, heads), expand_kv(value, heads)
@@ -252,13 +234,14 @@ def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     for a in range(0, q_len, rows):
         b = min(a + rows, q_len)
         q = query[:, :, a:b]  # (B, H, c, D)
+        allowed = mask.block(a, b, 0, k_len).expand(batch, 1, b - a, k_len)
         q_index = torch.arange(a, b, device=device) + offset  # key index of each query
         first_local = torch.clamp(q_index // block - local_blocks, min=0)  # first block of the local window
         lo, hi = int(first_local.min()) * block, b + offset
 
         # the local window: own block and `local_blocks` before it, at true positions
         in_window = torch.arange(lo, hi, device=device)[None, :] >= (first_local * block)[:, None]
-        local_ok = allowed[:, :, a:b, lo:hi] & in_window[None, None]
+        local_ok = allowed[..., lo:hi] & in_window[None, None]
         local_scores = torch.matmul(q, key_h[:, :, lo:hi].transpose(-1, -2)).to(_score_dtype(q.dtype)) * scaling
         local_landmark = (torch.arange(lo, hi, device=device) % block == block - 1)[None]
         local_adjusted, main = grouped_logits(local_scores, local_landmark, local_ok, q_index - lo)
@@ -267,7 +250,7 @@ def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         older = int(first_local.max())  # most older blocks any query of the chunk has
         if top_k > 0 and older > 0:
             mem_logits, mem_gates, mem_values = _retrieved_blocks(
-                q, q_index, first_local, allowed[:, :, a:b], q_pos[:, a:b], k_pos, raw_landmarks, key_blocks,
+                q, q_index, first_local, allowed, q_pos[:, a:b], k_pos, raw_landmarks, key_blocks,
                 value_blocks, landmark_index[:older], kv_of_head, rows_b, block=block, top_k=top_k,
                 inv_freq=inv_freq, scaling=scaling, identical_landmarks=identical_landmarks)
             parts.insert(0, mem_logits)
@@ -285,11 +268,23 @@ def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
-def _retrieved_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landmarks, key_blocks, value_blocks,
-                      landmark_index, kv_of_head, rows_b, *, block, top_k, inv_freq, scaling, identical_landmarks):
-    """Adjusted logits (B, H, c, k, block − 1), gate logits (B, H, c, k) and values (B, H, c, k, block − 1, D)
-    of the kept older blocks of one query chunk (§3.2), in the grouped-softmax form of :func:`grouped_logits`."""
-    batch, heads, rows, dim = q.shape
+def _raw_landmarks(key, k_pos, landmark_index, heads, inv_freq) -> torch.Tensor:
+    """Landmark keys rotated back to position 0, expanded to the query heads: (B, H, blocks, D) float64.
+
+    At position 0 a query can score all of them at one distance; float64, so that the ranking is decided by
+    the keys and not by the rounding of this computation."""
+    raw = _rotate_per_head(key[:, :, landmark_index].double(), -k_pos[:, None, landmark_index], inv_freq)
+    return expand_kv(raw, heads)
+
+
+def _select_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landmarks, landmark_index, *, block, top_k,
+                   inv_freq, identical_landmarks):
+    """The §3.2 choice for a block of query rows: ``picked`` block indices, ``kept`` flags and the ``shift``
+    that moves each kept block next to the local window, each (B, H, c, k) with ``k = min(top_k, older)``.
+
+    ``allowed`` (B, 1, c, Lk) the rows' mask, ``q_pos`` (B, c) their positions, ``landmark_index`` the
+    landmarks of the ``older`` blocks that may lie before some row's window."""
+    batch, heads, rows, _ = q.shape
     older = landmark_index.numel()
     device = q.device
     # candidates: blocks before the local window whose landmark the query may see (padding)
@@ -323,6 +318,19 @@ def _retrieved_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landma
     landmark_pos = k_pos[:, landmark_index]  # (B, older)
     current = landmark_pos.gather(1, picked.flatten(1)).view_as(picked)  # (B, H, c, k)
     shift = torch.where(kept, target - current, torch.zeros_like(current))
+    return picked, kept, shift
+
+
+def _retrieved_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landmarks, key_blocks, value_blocks,
+                      landmark_index, kv_of_head, rows_b, *, block, top_k, inv_freq, scaling, identical_landmarks):
+    """Adjusted logits (B, H, c, k, block − 1), gate logits (B, H, c, k) and values (B, H, c, k, block − 1, D)
+    of the kept older blocks of one query chunk (§3.2), in the grouped-softmax form of :func:`grouped_logits`."""
+    batch, heads, rows, dim = q.shape
+    device = q.device
+    picked, kept, shift = _select_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landmarks, landmark_index,
+                                         block=block, top_k=top_k, inv_freq=inv_freq,
+                                         identical_landmarks=identical_landmarks)
+    picks = picked.shape[-1]
     q_moved = _rotate_per_head(q[:, :, :, None, :].expand(batch, heads, rows, picks, dim), -shift, inv_freq)
 
     kv = kv_of_head[None, :, None, None]
@@ -338,6 +346,43 @@ def _retrieved_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landma
     lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     adjusted = torch.where(visible[..., :-1], regular + gate[..., None] - lse, torch.full_like(regular, NEG_INF))
     return adjusted, gate, vals[..., :-1, :]
+
+
+def retrieval_pair_logits(query: torch.Tensor, key: torch.Tensor, is_landmark: torch.Tensor, mask: AttentionMask,
+                          rows: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, *, block: int, top_k: int,
+                          local_blocks: int, inv_freq: torch.Tensor, scaling: float,
+                          identical_landmarks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """§3.2 pair by pair for the query ``rows``: ``(A, Z)`` of :func:`grouped_logits` over the keys a query keeps
+    — its local window (own block and ``local_blocks`` before it) at true positions, and the blocks
+    :func:`_select_blocks` keeps, every logit of such a block taken with the query moved by ``−shift``
+    (``(R(−δ)q)·k``). Naive: (B, H, rows, Lk) logits, one full pass over the keys per kept slot."""
+    batch, heads, q_len, _ = query.shape
+    k_len = key.shape[2]
+    device = query.device
+    rows = rows.to(device)
+    q = query[:, :, rows]
+    q_index = rows + (k_len - q_len)
+    first_local = torch.clamp(q_index // block - local_blocks, min=0)
+    allowed = mask.rows(rows).expand(batch, 1, rows.numel(), k_len)
+    q_pos, k_pos = q_pos.expand(batch, q_len)[:, rows], k_pos.expand(batch, k_len)
+    keys = torch.arange(k_len, device=device)
+    logits = pair_scores(q, key) * scaling  # at the true positions
+    kept = allowed & (keys[None, :] >= (first_local * block)[:, None])[None, None]  # the local window
+    older = int(first_local.max()) if rows.numel() else 0
+    if top_k > 0 and older > 0:
+        landmark_index = torch.arange(k_len // block, device=device) * block + block - 1
+        raw = _raw_landmarks(key, k_pos, landmark_index, heads, inv_freq)
+        picked, chosen, shift = _select_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw,
+                                               landmark_index[:older], block=block, top_k=top_k, inv_freq=inv_freq,
+                                               identical_landmarks=identical_landmarks)
+        kept = kept.expand(batch, heads, rows.numel(), k_len)
+        key_block = keys // block
+        for slot in range(picked.shape[-1]):
+            member = (key_block == picked[..., slot, None]) & chosen[..., slot, None]  # (B, H, c, Lk)
+            moved = pair_scores(_rotate_per_head(q, -shift[..., slot], inv_freq), key) * scaling
+            logits = torch.where(member, moved, logits)
+            kept = kept | (member & allowed)
+    return grouped_logits(logits, is_landmark, kept, q_index)
 
 
 # ---- the layer attention ----------------------------------------------------------------------------------
@@ -361,35 +406,65 @@ class LandmarkAttention:
     def __repr__(self) -> str:
         return f"LandmarkAttention(block={self.block}, top_k={self.top_k}, local_blocks={self.local_blocks})"
 
-    def __call__(self, module, query, key, value, attention_mask, *, scaling, dropout=0.0, kernel, **kwargs):
-        landmarks: LandmarkInputs | None = kwargs.pop(LANDMARKS_KWARG, None)
-        q_len, k_len = query.shape[2], key.shape[2]
+    def _layout(self, landmarks: LandmarkInputs | None, key: torch.Tensor) -> torch.Tensor | None:
+        """The landmark flags of the keys (B, Lk), or None when there is no landmark (plain attention)."""
         if landmarks is None or not bool(landmarks.is_landmark.any()):
-            return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-        is_landmark = landmarks.is_landmark.to(query.device)
-        if is_landmark.shape[-1] != k_len:
+            return None
+        is_landmark = landmarks.is_landmark.to(key.device)
+        if is_landmark.shape[-1] != key.shape[2]:
             raise RopekitError(
-                f"landmark attention: {k_len} keys but a landmark layout for {is_landmark.shape[-1]}",
+                f"landmark attention: {key.shape[2]} keys but a landmark layout for {is_landmark.shape[-1]}",
                 "use a dynamic KV cache (no sliding window or static cache) and call the model itself, not its layers")
-        allowed = allowed_keys(attention_mask, q_len, k_len, query.device)
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return is_landmark
+
+    def _retrieves(self, module, is_landmark: torch.Tensor) -> bool:
+        """Eval mode with ``top_k > 0``: §3.2 retrieval (which needs the aligned layout); else §3.1."""
         if module.training or self.top_k == 0:
-            out = grouped_attention(query, key, value, is_landmark, allowed, scale, dropout=dropout,
+            return False
+        if not aligned_layout(is_landmark, self.block):
+            raise RopekitError(
+                f"landmark retrieval needs a landmark after every {self.block - 1} tokens from the first one",
+                "pass plain ids (ropekit inserts the landmarks) or ids from ropekit.methods.landmark.insert_landmarks")
+        return True
+
+    def __call__(self, module, query, key, value, attention_mask, *, scaling, dropout=0.0, kernel, **kwargs):
+        is_landmark = self._layout(kwargs.pop(LANDMARKS_KWARG, None), key)
+        if is_landmark is None:
+            return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        if not self._retrieves(module, is_landmark):
+            out = grouped_attention(query, key, value, is_landmark, mask, scale, dropout=dropout,
                                     training=module.training, chunk=self.chunk)
         else:
-            if not aligned_layout(is_landmark, self.block):
-                raise RopekitError(
-                    f"landmark retrieval needs a landmark after every {self.block - 1} tokens from the first one",
-                    "pass plain ids (ropekit inserts the landmarks) or ids from ropekit.methods.landmark.insert_landmarks")
-            position_ids = kwargs.get("position_ids")
-            if position_ids is None:
-                position_ids = torch.arange(k_len - q_len, k_len, device=query.device)[None]
-            q_pos = position_ids.to(device=query.device, dtype=torch.long)
-            k_pos = key_positions(q_pos, k_len)
-            out = retrieval_attention(query, key, value, allowed, q_pos, k_pos, block=self.block, top_k=self.top_k,
+            q_pos, k_pos = query_key_positions(kwargs.get("position_ids"), query.shape[2], key.shape[2], query.device)
+            out = retrieval_attention(query, key, value, mask, q_pos, k_pos, block=self.block, top_k=self.top_k,
                                       local_blocks=self.local_blocks, inv_freq=self.inv_freq().to(query.device),
                                       scaling=scale, chunk=self.chunk, identical_landmarks=self.first_layer)
         return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+    def pair_logits(self, module, query, key, attention_mask, *, scaling, rows, **kwargs) -> PairLogits:
+        """The grouped softmax pair by pair (:class:`~ropekit.attention.interface.PairRule`): the adjusted
+        logits ``A`` and the main-group log-sum-exp ``Z`` of :func:`grouped_logits` (weights ``exp(A − Z)``;
+        ``Z`` is returned because a gated block with no visible token loses its share, so the weights need
+        not sum to one) — over every block in training mode (§3.1), over the local window and the kept
+        blocks at their moved positions in eval mode (§3.2, :func:`retrieval_pair_logits`)."""
+        is_landmark = self._layout(kwargs.get(LANDMARKS_KWARG), key)
+        if is_landmark is None:
+            return plain_pair_logits(query, key, attention_mask, scaling=scaling, rows=rows, **kwargs)
+        mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        rows = rows.to(query.device)
+        if not self._retrieves(module, is_landmark):
+            scores = pair_scores(query[:, :, rows], key) * scale
+            adjusted, main = grouped_logits(scores, is_landmark, mask.rows(rows), rows + (key.shape[2] - query.shape[2]))
+        else:
+            q_pos, k_pos = query_key_positions(kwargs.get("position_ids"), query.shape[2], key.shape[2], query.device)
+            adjusted, main = retrieval_pair_logits(query, key, is_landmark, mask, rows, q_pos, k_pos, block=self.block,
+                                                   top_k=self.top_k, local_blocks=self.local_blocks,
+                                                   inv_freq=self.inv_freq().to(query.device), scaling=scale,
+                                                   identical_landmarks=self.first_layer)
+        return PairLogits(adjusted, adjusted != NEG_INF, main)
 
 
 def make_landmark(info: RopeInfo, inv_freq: Callable[[], torch.Tensor], layer_idx: int, *, mem_freq: int, top_k: int,

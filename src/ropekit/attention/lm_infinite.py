@@ -21,12 +21,13 @@ The two parts are disjoint per (query, key) pair — the band part takes ``i −
 ``i − j ≥ L_local and j < G`` — so a global token inside the band is counted once, in the band part.
 
 Positions and masks: relative distances use positions (``position_ids``; cached keys at the consecutive
-positions ending at the last query, :func:`~ropekit.attention.per_head_rope.key_positions`), so left
-padding produced by ``generate`` (whose real tokens start at position 0) is handled; which keys exist
-comes from transformers' mask (4D bool for sdpa, 4D additive float for eager, 2D padding for flash, or
-``None`` = plain causal). Positions are assumed to increase along the real tokens of a row (a dynamic
-KV cache, as ``generate`` and chunked prefill use; static caches are not supported beyond the window).
-Attention dropout is not applied on the Λ path (LM-Infinite is an inference-time method).
+positions ending at the last query, :func:`~ropekit.attention.masks.key_positions`), so left padding
+produced by ``generate`` (whose real tokens start at position 0) is handled; which keys exist comes from
+transformers' mask in any kernel's format, read by :class:`~ropekit.attention.masks.AttentionMask` (none =
+plain causal, 2-D flash padding, 4-D bool, 4-D additive float, flex ``BlockMask``). Positions are assumed
+to increase along the real tokens of a row (a dynamic KV cache, as ``generate`` and chunked prefill use;
+static caches are not supported beyond the window). Attention dropout is not applied on the Λ path
+(LM-Infinite is an inference-time method).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from collections.abc import Callable
 import torch
 
 from ..errors import UnsupportedModelError
-from .kernels import attention_with_lse, expand_kv, merge_attention, rotate_by
-from .per_head_rope import key_positions
+from .interface import PairLogits
+from .kernels import attention_with_lse, expand_kv, merge_attention, pair_scores, rotate_by
+from .masks import AttentionMask, key_positions
 
 #: Largest number of queries processed together; a chunk costs chunk × (chunk + L_local + globals) logits.
 DEFAULT_CHUNK = 512
@@ -82,14 +84,37 @@ class LambdaAttention:
                 "use the default dynamic cache (generate's default) with LM-Infinite",
             )
         key_pos = key_positions(position_ids, k_len)
+        mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
         steps = torch.arange(q_len, device=query.device)
-        if (attention_mask is None and self.local_window >= 2
+        if (mask.is_causal and self.local_window >= 2
                 and bool((position_ids == position_ids[:, :1] + steps).all())):
             out = self._attend_unpadded(query, key, value, position_ids, key_pos, scaling)
         else:
-            mask = _bool_mask(attention_mask, q_len, k_len)
             out = self._attend(query, key, value, mask, position_ids, key_pos, scaling)
         return out.transpose(1, 2).contiguous(), None
+
+    def pair_logits(self, module, query, key, attention_mask, *, scaling=None, rows, **kwargs) -> PairLogits:
+        """The Λ rule pair by pair (:class:`~ropekit.attention.interface.PairRule`; module docstring):
+        ``⟨R_i q, R_j k⟩`` when ``i − j < L``, else ``⟨R_L q, k⟩`` for ``j < G`` (the distance clamped to
+        ``L``), else not kept; only pairs the mask allows are kept."""
+        L, G = self.local_window, self.global_tokens
+        mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
+        batch, q_len, k_len = query.shape[0], query.shape[2], key.shape[2]
+        position_ids = kwargs.get("position_ids")
+        if position_ids is None:
+            position_ids = torch.arange(k_len - q_len, k_len, device=query.device)[None]
+        q_pos = position_ids.to(query.device).expand(batch, q_len)
+        k_pos = key_positions(q_pos, k_len)
+        inv_freq = self.inv_freq().to(query.device)
+        qp = q_pos[:, rows]
+        q = query[:, :, rows]
+        dist = qp[:, :, None] - k_pos[:, None, :]
+        band = (dist < L)[:, None]
+        far_global = ((dist >= L) & (k_pos[:, None, :] < G))[:, None]
+        scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+        ceiling = pair_scores(rotate_by(q, L - qp, inv_freq), rotate_by(key, -k_pos, inv_freq))
+        logits = torch.where(band, pair_scores(q, key), ceiling) * scale
+        return PairLogits(logits, mask.rows(rows) & (band | far_global))
 
     # ------------------------------------------------------------------------------------------------
     def _global_candidates(self, key, value, k_pos, inv_freq):
@@ -106,7 +131,7 @@ class LambdaAttention:
         """Attention of a query chunk to the global candidates at the clamped distance: ⟨R_L q, k⟩."""
         L = self.local_window
         allowed = ((qp[:, None, :, None] - k_pos_g[:, None, None, :]) >= L) & (k_pos_g[:, None, None, :] < self.global_tokens)
-        if mask_block is not None:
+        if mask_block is not None:  # None: the mask-free path, whose global pairs are all causal
             allowed = allowed & mask_block
         return attention_with_lse(rotate_by(q, L - qp, inv_freq), key_g, value_g, allowed, scale)
 
@@ -167,16 +192,13 @@ class LambdaAttention:
             # (a) local band: key indices whose distance to some query of the chunk can be < L.
             lo, hi = max(0, start + offset - (L - 1)), stop + offset
             dist = qp[:, None, :, None] - k_pos[:, None, None, lo:hi]
-            allowed = dist < L
-            base = _block(mask, start, stop, lo, hi, offset, query.device)
-            if base is not None:
-                allowed = allowed & base
+            allowed = (dist < L) & mask.block(start, stop, lo, hi)
             parts = [attention_with_lse(q, key[:, :, lo:hi], value[:, :, lo:hi], allowed, scale)]
             # (b) global part: the first G positions, seen at distance L (query rotated to position L).
             if n_global and int(chunk_max[start:stop].max()) >= L:
                 g_hi = min(n_global, hi)
                 parts.append(self._global_part(q, qp, key_g[:, :, :g_hi], value_g[:, :, :g_hi], k_pos_g[:, :g_hi],
-                                               _block(mask, start, stop, 0, g_hi, offset, query.device), scale, inv_freq))
+                                               mask.block(start, stop, 0, g_hi), scale, inv_freq))
             out = parts[0][0] if len(parts) == 1 else merge_attention(parts)[0]
             outs.append(out.to(query.dtype))
         return torch.cat(outs, dim=2)
@@ -193,36 +215,6 @@ def _causal_lse(query, key, value, scale):
     q_len, k_len = query.shape[2], key.shape[2]
     causal = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril()
     return attention_with_lse(query, key, value, causal, scale)
-
-
-def _bool_mask(attention_mask, q_len: int, k_len: int):
-    """transformers' mask as ``True = may attend``: (B|1, 1, Lq, Lk) bool, (B, Lk) bool padding, or ``None``."""
-    if attention_mask is None:
-        return None
-    if not isinstance(attention_mask, torch.Tensor):
-        raise UnsupportedModelError(
-            f"LM-Infinite cannot read a {type(attention_mask).__name__} attention mask (flex_attention)",
-            "use the sdpa, eager or flash attention implementation",
-        )
-    if attention_mask.dim() == 2:
-        return attention_mask[:, -k_len:].bool()
-    if attention_mask.dtype != torch.bool:  # eager: additive float mask, 0 = attend, dtype-min = masked
-        attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
-    return attention_mask[..., -q_len:, :k_len]
-
-
-def _block(mask, qa: int, qb: int, ka: int, kb: int, offset: int, device):
-    """The mask block for queries [qa, qb) and keys [ka, kb), broadcastable to (B, 1, q, k); None = all allowed."""
-    if mask is not None and mask.dim() == 4:
-        return mask[:, :, qa:qb, ka:kb]
-    # Causal by index, bottom-right aligned (query t is key t + offset): what sdpa's `is_causal` means for
-    # Lq == Lk, and "every key" for a one-token decode step.
-    q_idx = torch.arange(qa, qb, device=device) + offset
-    k_idx = torch.arange(ka, kb, device=device)
-    causal = (k_idx[None, :] <= q_idx[:, None])[None, None]
-    if mask is None:
-        return causal
-    return causal & mask[:, None, None, ka:kb]
 
 
 def make_lm_infinite(info, inv_freq: Callable[[], torch.Tensor], layer_idx: int, *, local_window: int,

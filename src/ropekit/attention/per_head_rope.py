@@ -5,20 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..core.rope import default_inv_freq, rotate
-
-
-def key_positions(position_ids: torch.Tensor, key_length: int) -> torch.Tensor:
-    """Positions of the ``key_length`` keys attended to by queries at ``position_ids`` (batch, q_len).
-
-    Without a cache the keys are the queries' own tokens. With a (dynamic) KV cache the cached keys are
-    the consecutive positions that end at the last query — what ``generate`` and chunked prefill produce.
-    Keys of left padding get meaningless positions, but the mask hides them.
-    """
-    if position_ids.shape[-1] == key_length:
-        return position_ids
-    last = position_ids[:, -1:]
-    offsets = torch.arange(key_length - 1, -1, -1, device=position_ids.device, dtype=position_ids.dtype)
-    return last - offsets
+from .masks import key_positions
 
 
 class PerHeadRotation:

@@ -26,7 +26,8 @@ are never rolled, so a shared KV head needs no second, shifted copy.
 
 The pattern applies only in training mode (``module.training``) and without cached keys (query length =
 key length). At inference, and for any cached step, LongLoRA uses full attention: the model's own kernel
-runs unchanged. Padding / packed-sequence masks from transformers are respected inside each group.
+runs unchanged. Padding / packed-sequence masks from transformers, in any kernel's format
+(:class:`~ropekit.attention.masks.AttentionMask`), are respected inside each group.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .kernels import expand_kv
+from .interface import PairLogits, plain_pair_logits
+from .kernels import expand_kv, pair_scores
+from .masks import AttentionMask
 
 
 def group_size(length: int, ratio: float) -> int:
@@ -67,12 +70,18 @@ class ShiftedSparseAttention:
     def __repr__(self) -> str:
         return f"ShiftedSparseAttention(group_size_ratio={self.group_size_ratio})"
 
+    @staticmethod
+    def _active(module, query, key) -> bool:
+        """Whether the S²-Attn pattern applies: training mode and no cached keys."""
+        length = query.shape[2]
+        return bool(getattr(module, "training", False)) and key.shape[2] == length and length >= 2
+
     def __call__(self, module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, kernel, **kwargs):
         _, heads, length, dim = query.shape
-        if not getattr(module, "training", False) or key.shape[2] != length or length < 2:
+        if not self._active(module, query, key):
             return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         size = group_size(length, self.group_size_ratio)
-        mask = _bool_mask(attention_mask, length)
+        mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
         key, value = expand_kv(key, heads), expand_kv(value, heads)
         split = heads // 2
         scale = scaling if scaling is not None else 1.0 / math.sqrt(dim)
@@ -84,20 +93,43 @@ class ShiftedSparseAttention:
         out = torch.cat(halves, dim=1) if len(halves) > 1 else halves[0]
         return out.transpose(1, 2).contiguous(), None
 
+    def pair_logits(self, module, query, key, attention_mask, *, scaling=None, rows, **kwargs) -> PairLogits:
+        """S²-Attn pair by pair (:class:`~ropekit.attention.interface.PairRule`): in training mode query
+        head ``h`` keeps the keys of its own group — ``⌊t/g⌋`` for ``h < H//2``, ``⌊(t + g − ⌊g/2⌋)/g⌋`` for
+        the shifted heads (:func:`group_ids`) — that the mask allows; logits are the plain ``scale · q·k``.
+        Otherwise (eval mode, cached keys) plain attention."""
+        if not self._active(module, query, key):
+            return plain_pair_logits(query, key, attention_mask, scaling=scaling, rows=rows, **kwargs)
+        heads, length = query.shape[1], query.shape[2]
+        mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
+        size = group_size(length, self.group_size_ratio)
+        plain_ids = group_ids(length, size, shifted=False, device=query.device)
+        shifted_ids = group_ids(length, size, shifted=True, device=query.device)
+        rows = rows.to(query.device)
+        same_plain = plain_ids[rows][:, None] == plain_ids[None, :]  # (R, Lk)
+        same_shifted = shifted_ids[rows][:, None] == shifted_ids[None, :]
+        shifted_head = (torch.arange(heads, device=query.device) >= heads // 2)[:, None, None]
+        same_group = torch.where(shifted_head, same_shifted, same_plain)[None]  # (1, H, R, Lk)
+        scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+        return PairLogits(pair_scores(query[:, :, rows], key) * scale, mask.rows(rows) & same_group)
 
-def _bool_mask(attention_mask, length: int):
-    """transformers' mask as (B|1, 1, n, n) bool, ``True = may attend``; ``None`` = plain causal."""
-    if attention_mask is None:
-        return None
-    if attention_mask.dim() == 2:  # flash kernels: (B, n) padding
-        causal = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).tril()
-        return causal[None, None] & attention_mask[:, None, None, -length:].bool()
-    if attention_mask.dtype != torch.bool:  # eager: additive float mask
-        attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
-    return attention_mask[..., -length:, :length]
+
+def _group_masks(mask: AttentionMask, n_groups: int, size: int, front: int, length: int) -> torch.Tensor:
+    """The mask's diagonal blocks, one per group: bool (B|1, groups, size, size), False for the dummies.
+
+    Group ``p`` holds the tokens ``[p·size − front, (p+1)·size − front)`` clipped to ``[0, length)``; only
+    these ``groups × size²`` pairs are read, never the whole ``length²`` mask.
+    """
+    out = torch.zeros(mask.batch, n_groups, size, size, dtype=torch.bool, device=mask.device)
+    for p in range(n_groups):
+        lo, hi = max(0, p * size - front), min(length, (p + 1) * size - front)
+        if hi > lo:
+            at = lo - (p * size - front)  # first real slot of the group
+            out[:, p, at:at + hi - lo, at:at + hi - lo] = mask.block(lo, hi, lo, hi)[:, 0]
+    return out
 
 
-def _grouped(q, k, v, mask, size: int, lead: int, scale: float, dropout: float) -> torch.Tensor:
+def _grouped(q, k, v, mask: AttentionMask, size: int, lead: int, scale: float, dropout: float) -> torch.Tensor:
     """Causal attention within groups of ``size`` tokens, the first group holding ``lead`` tokens.
 
     The sequence is padded with ``size − lead`` dummies in front and to a multiple of ``size`` at the end,
@@ -114,12 +146,9 @@ def _grouped(q, k, v, mask, size: int, lead: int, scale: float, dropout: float) 
     token = torch.arange(n_groups * size, device=q.device).view(n_groups, size) - front
     real = (token >= 0) & (token < length)
     causal = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
-    allowed = causal[None] & real[:, None, :]  # (groups, size, size): query row, key column
-    if mask is not None:
-        t = token.clamp(0, length - 1)
-        allowed = allowed & mask[:, 0][:, t[:, :, None], t[:, None, :]]  # (B|1, groups, size, size)
-    else:
-        allowed = allowed[None]
+    allowed = (causal[None] & real[:, None, :])[None]  # (1, groups, size, size): query row, key column
+    if not mask.is_causal:
+        allowed = allowed & _group_masks(mask, n_groups, size, front, length)
     # A row that sees nothing (a dummy, or a padding query) attends to itself: no NaN, and it is discarded.
     eye = torch.eye(size, dtype=torch.bool, device=q.device)
     allowed = allowed | (eye & ~allowed.any(dim=-1, keepdim=True))

@@ -17,11 +17,12 @@ exactly with :func:`merge_attention`; no n × n matrix is built. Queries are pro
 (no padding, left/right padding, KV cache, chunked prefill) the split is structural and only O(n · chunk)
 logits go through masks; otherwise every pair is decided from its positions (exact, slower).
 
-Positions: queries use ``position_ids``; keys use :func:`key_positions` (the queries' own positions
-without a cache, else the consecutive positions ending at the last query — what ``generate`` with a
-dynamic cache and chunked prefill produce). Keys of padding get meaningless positions but are masked.
-Static caches (keys past the written slots) are not supported. Inference only: attention dropout is not
-applied.
+Positions: queries use ``position_ids``; keys use :func:`~ropekit.attention.masks.key_positions` (the
+queries' own positions without a cache, else the consecutive positions ending at the last query — what
+``generate`` with a dynamic cache and chunked prefill produce). Keys of padding get meaningless positions
+but are masked. Which pairs exist comes from :class:`~ropekit.attention.masks.AttentionMask` (every mask
+format transformers passes: none, 2-D flash padding, 4-D bool, 4-D additive, flex ``BlockMask``). Static
+caches (keys past the written slots) are not supported. Inference only: attention dropout is not applied.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ import torch
 
 from ..core.rope_info import RopeInfo
 from ..core.rope import rotate
-from .kernels import attention_with_lse, expand_kv, merge_attention, rotate_by
-from .per_head_rope import key_positions
+from .interface import PairLogits
+from .kernels import attention_with_lse, expand_kv, merge_attention, pair_scores, rotate_by
+from .masks import AttentionMask, query_key_positions
 
 #: Query rows per chunk: memory is O(QUERY_CHUNK × keys) per head, masked work O(n × QUERY_CHUNK). 256 was the
 #: fastest of 128–1024 for SmolLM2-like heads at 8k tokens on CPU.
@@ -54,26 +56,6 @@ def group_key_position(pos: torch.Tensor, group_size: int) -> torch.Tensor:
 def self_extend_reach(window: int, group_size: int, window_size: int) -> int:
     """The longest input Self-Extend keeps inside the pretrained window: ``(C − W)·G + W`` (LongLM README)."""
     return (window - window_size) * group_size + window_size
-
-
-def _bool_mask(attention_mask, k_len: int) -> torch.Tensor | None:
-    """transformers' 4D mask as bool ``(B or 1, 1, Lq, Lk)``, True = attend: sdpa's bool mask as is, eager's
-    additive float mask (0 = attend, dtype-min or −inf = masked) thresholded. ``None`` stays ``None``:
-    causal with the queries at the end of the keys (bottom-right aligned), built per chunk."""
-    if attention_mask is None:
-        return None
-    mask = attention_mask[:, :, :, :k_len]
-    if mask.dtype == torch.bool:
-        return mask
-    return mask > torch.finfo(mask.dtype).min / 2
-
-
-def _chunk_allowed(mask, a: int, b: int, hi: int, q_len: int, k_len: int, device) -> torch.Tensor:
-    """Rows ``[a, b)`` and keys ``[0, hi)`` of the bool mask (the implicit causal one when ``mask`` is None)."""
-    if mask is not None:
-        return mask[:, :, a:b, :hi]
-    q_idx = torch.arange(a, b, device=device) + (k_len - q_len)
-    return (torch.arange(hi, device=device)[None, :] <= q_idx[:, None])[None, None]
 
 
 class SelfExtendAttention:
@@ -128,23 +110,14 @@ class SelfExtendAttention:
         q_len = query.shape[2]
         k_len = key.shape[2]
         device = query.device
-        position_ids = kwargs.get("position_ids")
-        if position_ids is None:
-            position_ids = torch.arange(k_len - q_len, k_len, device=device)[None]
-        q_pos = position_ids.to(device=device, dtype=torch.long)  # (B or 1, Lq)
-        k_pos = key_positions(q_pos, k_len)  # (B or 1, Lk)
+        q_pos, k_pos = query_key_positions(kwargs.get("position_ids"), q_len, k_len, device)  # (B|1, Lq), (B|1, Lk)
         self._maybe_warn(q_pos)
 
-        allowed = _bool_mask(attention_mask, k_len)  # (B or 1, 1, Lq, Lk) or None (causal)
-        k_idx = torch.arange(k_len, device=device)
-        q_idx = torch.arange(k_len - q_len, k_len, device=device)
-        if allowed is None:
-            seen_keys = active = None
-            oldest = k_pos.min(dim=-1).values
-        else:
-            seen_keys = allowed.any(dim=2)[:, 0]  # (B or 1, Lk): keys some query attends to
-            active = allowed.any(dim=3)[:, 0]  # (B or 1, Lq): queries that attend to something
-            oldest = torch.where(seen_keys, k_pos, torch.iinfo(torch.long).max).min(dim=-1).values
+        mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
+        seen_keys = mask.seen_keys()  # (B|1, Lk): keys some query attends to
+        active = mask.active_queries()  # (B|1, Lq): queries that attend to something
+        big = torch.iinfo(torch.long).max
+        oldest = torch.where(seen_keys, k_pos, big).min(dim=-1).values
         # Degenerate case (LCEG Eq. 13 with every allowed pair closer than W): plain attention, exactly.
         if bool((q_pos.max(dim=-1).values - oldest < self.window_size).all()):
             return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
@@ -152,22 +125,37 @@ class SelfExtendAttention:
         # Fast path when position distance = index distance for every pair that matters (one offset per row
         # over the attended keys and attending queries: no padding, left/right padding, KV cache, chunked
         # prefill). Otherwise (e.g. position jumps) the exact general path decides every pair by position.
-        shift_k, shift_q = k_pos - k_idx, q_pos - q_idx
-        if seen_keys is None:
-            consecutive = bool((shift_k == shift_k[:, :1]).all() and (shift_q == shift_k[:, :1]).all())
-        else:
-            big = torch.iinfo(torch.long).max
-            lo_k = torch.where(seen_keys, shift_k, big).min(-1).values
-            hi_k = torch.where(seen_keys, shift_k, -big).max(-1).values
-            lo_q = torch.where(active, shift_q, big).min(-1).values
-            hi_q = torch.where(active, shift_q, -big).max(-1).values
-            consecutive = bool(((lo_k == hi_k) & (lo_q == hi_q) & (lo_k == lo_q)).all())
+        shift_k = k_pos - torch.arange(k_len, device=device)
+        shift_q = q_pos - torch.arange(k_len - q_len, k_len, device=device)
+        lo_k = torch.where(seen_keys, shift_k, big).min(-1).values
+        hi_k = torch.where(seen_keys, shift_k, -big).max(-1).values
+        lo_q = torch.where(active, shift_q, big).min(-1).values
+        hi_q = torch.where(active, shift_q, -big).max(-1).values
+        consecutive = bool(((lo_k == hi_k) & (lo_q == hi_q) & (lo_k == lo_q)).all())
         if consecutive and q_len == 1:
-            out = self._attend_decode(query, key, value, allowed, q_pos, k_pos, scaling)
+            out = self._attend_decode(query, key, value, mask, q_pos, k_pos, scaling)
         else:
             attend = self._attend_banded if consecutive else self._attend_general
-            out = attend(query, key, value, allowed, q_pos, k_pos, scaling)
+            out = attend(query, key, value, mask, q_pos, k_pos, scaling)
         return out.transpose(1, 2).contiguous(), None
+
+    def pair_logits(self, module, query, key, attention_mask, *, scaling, rows, **kwargs) -> PairLogits:
+        """LCEG Eq. 13 pair by pair (:class:`~ropekit.attention.interface.PairRule`): the logit of query ``i``
+        and key ``j`` at their true positions when ``i − j < W``, else with the query at
+        ``⌊i/G⌋ + W − ⌊W/G⌋`` and the key at ``⌊j/G⌋`` — reached by rotating the already-rotated vectors
+        further (RoPE rotations compose); every pair the mask allows is kept."""
+        G, W = self.group_size, self.window_size
+        mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
+        q_pos, k_pos = query_key_positions(kwargs.get("position_ids"), query.shape[2], key.shape[2], query.device)
+        inv_freq = self.inv_freq().to(query.device)
+        qp = q_pos[:, rows]
+        q = query[:, :, rows]
+        q_group = rotate_by(q, group_query_position(qp, G, W) - qp, inv_freq)
+        k_group = rotate_by(key, group_key_position(k_pos, G) - k_pos, inv_freq)
+        near = (qp[:, :, None] - k_pos[:, None, :] < W)[:, None]
+        scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+        logits = torch.where(near, pair_scores(q, key), pair_scores(q_group, k_group)) * scale
+        return PairLogits(logits, mask.rows(rows))
 
     def _group_rotated(self, query, key, value, q_pos, k_pos):
         """Queries moved to ``⌊i/G⌋ + W − ⌊W/G⌋`` and keys to ``⌊j/G⌋`` (LCEG Eq. 13) by extra rotations
@@ -201,7 +189,7 @@ class SelfExtendAttention:
         sin = table[2][k_pos][:, None].to(key.dtype)
         return rotate(key, cos, sin)
 
-    def _attend_decode(self, query, key, value, allowed, q_pos, k_pos, scaling) -> torch.Tensor:
+    def _attend_decode(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
         """LCEG Eq. 13 for one new query per sequence (cached decoding), positions consecutive.
 
         The query (key index ``s = Lk − 1``) sees keys ``[0, s − W]`` in the group part and ``(s − W, s]`` in
@@ -217,21 +205,21 @@ class SelfExtendAttention:
         inv_freq = self.inv_freq().to(query.device)
         fold = lambda t: t.reshape(batch, kv_heads, g, dim)  # noqa: E731 - (B, H, 1, D) → (B, H_kv, g, D)
 
-        def mask(k0, k1):
-            if allowed is None:
+        def visible(k0, k1):
+            if mask.is_causal:  # the one query is the last key: it sees them all
                 return None
-            ok = allowed[:, :, :, k0:k1]
+            ok = mask.block(0, 1, k0, k1)
             return None if bool(ok.all()) else ok
 
-        parts = [attention_with_lse(fold(query), key[:, :, lo:], value[:, :, lo:], mask(lo, k_len), scale=scaling)]
+        parts = [attention_with_lse(fold(query), key[:, :, lo:], value[:, :, lo:], visible(lo, k_len), scale=scaling)]
         if lo > 0:
             q_group = rotate_by(query, group_query_position(q_pos, self.group_size, W) - q_pos, inv_freq)
             k_group = self._rotate_keys_to_groups(key[:, :, :lo], k_pos[:, :lo], inv_freq)
-            parts.append(attention_with_lse(fold(q_group), k_group, value[:, :, :lo], mask(0, lo), scale=scaling))
+            parts.append(attention_with_lse(fold(q_group), k_group, value[:, :, :lo], visible(0, lo), scale=scaling))
         out = merge_attention(parts)[0] if len(parts) > 1 else parts[0][0]
         return out.reshape(batch, heads, 1, dim)
 
-    def _attend_banded(self, query, key, value, allowed, q_pos, k_pos, scaling) -> torch.Tensor:
+    def _attend_banded(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
         """LCEG Eq. 13 when position distance equals index distance, by structure instead of by pair.
 
         Query row ``r`` has key index ``R = r + off`` (``off = Lk − Lq``); its neighbours are the keys
@@ -267,8 +255,8 @@ class SelfExtendAttention:
                 if k1 <= k0:
                     return None
                 ok = None if pattern is None else pattern(torch.arange(k0, k1, device=device)[None, :])[None, None]
-                if allowed is not None:
-                    pad = allowed[:, :, a:b, k0:k1]
+                if not mask.is_causal:
+                    pad = mask.block(a, b, k0, k1)
                     if pattern is not None:
                         ok = ok & pad
                     elif not bool(pad.all()):
@@ -293,7 +281,7 @@ class SelfExtendAttention:
             outs.append(merge_attention(parts)[0] if len(parts) > 1 else parts[0][0])
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
-    def _attend_general(self, query, key, value, allowed, q_pos, k_pos, scaling) -> torch.Tensor:
+    def _attend_general(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
         """LCEG Eq. 13 pair by pair from positions (any position pattern): per chunk of query rows, the
         neighbour part (``i − j < W``) and the group part (``i − j ≥ W``) over all keys up to the chunk's
         last key index, merged by log-sum-exp. Memory O(chunk × Lk)."""
@@ -307,7 +295,7 @@ class SelfExtendAttention:
             b = min(a + self.chunk, q_len)
             hi = min(k_len, b + off)  # causal by index: no chunk row attends past key index hi − 1
             near = (q_pos[:, a:b, None] - k_pos[:, None, :hi] < W)[:, None]  # (B or 1, 1, c, hi)
-            ok = _chunk_allowed(allowed, a, b, hi, q_len, k_len, query.device)
+            ok = mask.block(a, b, 0, hi)
             parts = [attention_with_lse(query[:, :, a:b], key[:, :, :hi], value[:, :, :hi], ok & near, scale=scaling)]
             group_ok = ok & ~near
             if bool(group_ok.any()):

@@ -8,12 +8,14 @@ actually uses is
 in nats, with ``s_ij`` the logits after everything the installed method does to them: RoPE at the true
 positions (so YaRN's attention factor, folded into cos/sin, is inside), ropekit's per-layer query/key
 transforms (Entropy-ABF's logit scale ``max(log_c(i+1), 1)``, HARPE's per-KV-group rotation), and for
-methods that replace the attention itself the logits at their effective positions and under their mask:
-Self-Extend's grouped positions past the neighbour window (LCEG Eq. 13), LM-Infinite's Λ mask with the
-distance ceiling for the global tokens. LongLoRA's S²-Attn is a training-time pattern; in eval mode its
-layers run full attention and so does this measurement (in training mode it raises). Any other
-replacement attention raises a one-line error rather than reporting numbers for a distribution that is
-not the one used.
+methods that replace the attention itself the rule that attention states pair by pair
+(:class:`~ropekit.attention.interface.PairRule`): Self-Extend's grouped positions past the neighbour
+window (LCEG Eq. 13), LM-Infinite's Λ mask with the distance ceiling for the global tokens, LongLoRA's
+S²-Attn groups in training mode (full attention in eval mode), Landmark's grouped softmax. A rule may give
+the weights as ``p_ij = exp(s_ij − Z_i)`` with its own normaliser ``Z_i`` (Landmark: a gated block with no
+visible token loses its share, so ``Σ_j p_ij < 1``); then ``H = −Σ_j p_ij ln p_ij`` of those weights. A
+replacement attention that states no rule raises a one-line error rather than reporting numbers for a
+distribution that is not the one used.
 
 The normalised entropy divides by the uniform ceiling ``ln(k_i)``, ``k_i`` the number of keys query ``i``
 sees: ``k_i = i + 1`` for causal attention (the ``H/ln(i+1)`` of notes §6.3), fewer under LM-Infinite's
@@ -62,9 +64,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..attention.interface import PREFIX, attention_modules
-from ..attention.kernels import rotate_by
-from ..attention.per_head_rope import key_positions
+from ..attention.interface import PREFIX, PairLogits, PairRule, attention_modules, plain_pair_logits
+from ..attention.masks import AttentionMask
 from ..errors import RopekitError
 from .common import EvalContext, encode, mean, require_tokenizer, timer
 
@@ -107,54 +108,14 @@ def log_positions(n: int, count: int = QUERY_POSITIONS) -> list[int]:
 
 
 # ---- the logits a layer really uses -----------------------------------------------------------------
-def _allowed_rows(attention_mask, rows: torch.Tensor, q_len: int, k_len: int, kwargs: dict, device) -> torch.Tensor:
-    """Bool ``(B|1, 1, c, Lk)``: which keys each query row in ``rows`` may attend to, from the mask the
-    kernel receives (4D bool for sdpa, additive float for eager, 2D padding for flash, ``None`` = causal
-    with the queries at the end of the keys, plus the ``sliding_window`` the kernel would apply)."""
-    k_idx = torch.arange(k_len, device=device)
-    causal = (k_idx[None, :] <= (rows + (k_len - q_len))[:, None])[None, None]
-    if attention_mask is None:
-        window = kwargs.get("sliding_window")
-        if window:  # flash-style kernels get the window as an argument instead of in a mask
-            causal = causal & ((rows + (k_len - q_len))[:, None] - k_idx[None, :] < int(window))[None, None]
-        return causal
-    if not isinstance(attention_mask, torch.Tensor):
-        raise RopekitError(
-            f"attention entropy cannot read a {type(attention_mask).__name__} attention mask (flex_attention)",
-            "load the model with the sdpa or eager attention implementation",
-        )
-    if attention_mask.dim() == 2:  # flash: padding mask (B, Lk), causality is the kernel's
-        return causal & attention_mask[:, None, None, -k_len:].bool()
-    block = attention_mask[:, :, rows.to(attention_mask.device), :k_len]
-    if block.dtype != torch.bool:  # eager: additive, 0 = attend, dtype-min (or −inf) = masked
-        block = block > torch.finfo(block.dtype).min / 2
-    return block.to(device)
-
-
-def _grouped_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """``query (B, H, c, D) · key (B, H_kv, Lk, D)ᵀ`` → ``(B, H, c, Lk)`` in float32, without expanding the keys
-    to every query head (query head ``h`` uses KV head ``h // (H / H_kv)``, as ``repeat_kv``)."""
-    b, heads, c, d = query.shape
-    kv = key.shape[1]
-    q = query.float().reshape(b, kv, (heads // kv) * c, d)
-    return torch.matmul(q, key.float().transpose(-1, -2)).reshape(b, heads, c, key.shape[2])
-
-
-def _positions(kwargs: dict, q_len: int, k_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    position_ids = kwargs.get("position_ids")
-    if position_ids is None:
-        position_ids = torch.arange(k_len - q_len, k_len, device=device)[None]
-    q_pos = position_ids.to(device=device, dtype=torch.long)
-    return q_pos, key_positions(q_pos, k_len)
-
-
 class LayerLogits:
     """The logits one attention layer really computes, for any block of query rows.
 
     Built from what the attention function receives (rotated queries and keys, mask, scaling, kwargs) and
     the implementation the model runs: for ``ropekit_<kernel>`` the module's ``ropekit_transforms`` are
-    applied first and its ``ropekit_attend`` (if any) decides the logit rule. ``block(rows)`` returns
-    ``(logits (B, H, c, Lk) float32, allowed (B|1, 1, c, Lk) bool)``.
+    applied first and its ``ropekit_attend`` (if any) states the logit rule (``pair_logits``). The mask is
+    read once, in whatever format the kernel got, with the ``sliding_window`` a flash kernel applies itself.
+    ``block(rows)`` returns the :class:`~ropekit.attention.interface.PairLogits` of those query rows.
     """
 
     def __init__(self, module, query, key, attention_mask, scaling, kwargs: dict, implementation: str):
@@ -170,97 +131,44 @@ class LayerLogits:
                     f"attention entropy does not model the '{name}' argument of this model's attention yet",
                     "measure a Llama, Mistral, Qwen2/3, Phi-3 or GPT-NeoX model",
                 )
+        if attend is not None and not isinstance(attend, PairRule):
+            raise RopekitError(
+                f"attention entropy is not available for {type(attend).__name__}: it states no pair rule (pair_logits)",
+                "measure the plain model, a frequency method, or an attention method of ropekit",
+            )
+        self.module, self.attend = module, attend
         self.query, self.key = query, key
-        self.mask, self.kwargs = attention_mask, kwargs
+        self.kwargs = kwargs
         self.q_len, self.k_len = query.shape[2], key.shape[2]
         self.scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-        self.device = query.device
-        self.rule = self._rule(module, attend)
+        self.mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
 
-    def _rule(self, module, attend) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        from ..attention.lm_infinite import LambdaAttention
-        from ..attention.s2_attn import ShiftedSparseAttention
-        from ..attention.self_extend import SelfExtendAttention
-
-        if attend is None:
-            return self._plain
-        if isinstance(attend, ShiftedSparseAttention):
-            if getattr(module, "training", False) and self.k_len == self.q_len and self.q_len >= 2:
-                raise RopekitError(
-                    "attention entropy of LongLoRA's S²-Attn (training mode) is not available",
-                    "measure the model in eval mode, where LongLoRA attends to every key",
-                )
-            return self._plain  # eval mode / cached steps: the plain kernel runs (s2_attn module docstring)
-        if isinstance(attend, SelfExtendAttention):
-            return self._self_extend(attend)
-        if isinstance(attend, LambdaAttention):
-            return self._lm_infinite(attend)
-        raise RopekitError(
-            f"attention entropy is not available for {type(attend).__name__} yet",
-            "measure the plain model or a frequency method, Entropy-ABF, HARPE, Self-Extend or LM-Infinite",
-        )
-
-    def block(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rule(rows)
-
-    def _plain(self, rows):
-        logits = _grouped_scores(self.query[:, :, rows], self.key) * self.scale
-        return logits, _allowed_rows(self.mask, rows, self.q_len, self.k_len, self.kwargs, self.device)
-
-    def _self_extend(self, attend):
-        """LCEG Eq. 13: true positions when ``i − j < W``, else query at ``⌊i/G⌋ + W − ⌊W/G⌋`` and key at
-        ``⌊j/G⌋`` — reached by rotating the already-rotated vectors further (RoPE rotations compose)."""
-        from ..attention.self_extend import group_key_position, group_query_position
-
-        G, W = attend.group_size, attend.window_size
-        inv_freq = attend.inv_freq().to(self.device)
-        q_pos, k_pos = _positions(self.kwargs, self.q_len, self.k_len, self.device)
-        k_group = rotate_by(self.key, group_key_position(k_pos, G) - k_pos, inv_freq)
-
-        def rule(rows):
-            qp = q_pos[:, rows]
-            near = (qp[:, :, None] - k_pos[:, None, :] < W)[:, None]
-            q = self.query[:, :, rows]
-            q_group = rotate_by(q, group_query_position(qp, G, W) - qp, inv_freq)
-            logits = torch.where(near, _grouped_scores(q, self.key), _grouped_scores(q_group, k_group)) * self.scale
-            return logits, _allowed_rows(self.mask, rows, self.q_len, self.k_len, self.kwargs, self.device)
-
-        return rule
-
-    def _lm_infinite(self, attend):
-        """LM-Infinite's Λ rule: ``⟨R_i q, R_j k⟩`` when ``i − j < L``, else ``⟨R_L q, k⟩`` for ``j < G``,
-        else masked."""
-        L, G = attend.local_window, attend.global_tokens
-        inv_freq = attend.inv_freq().to(self.device)
-        q_pos, k_pos = _positions(self.kwargs, self.q_len, self.k_len, self.device)
-        key_unrotated = rotate_by(self.key, -k_pos, inv_freq)
-
-        def rule(rows):
-            qp = q_pos[:, rows]
-            dist = qp[:, :, None] - k_pos[:, None, :]
-            band = (dist < L)[:, None]
-            far_global = ((dist >= L) & (k_pos[:, None, :] < G))[:, None]
-            q = self.query[:, :, rows]
-            q_ceiling = rotate_by(q, L - qp, inv_freq)
-            near = _grouped_scores(q, self.key)
-            logits = torch.where(band, near, _grouped_scores(q_ceiling, key_unrotated)) * self.scale
-            allowed = _allowed_rows(self.mask, rows, self.q_len, self.k_len, self.kwargs, self.device)
-            return logits, allowed & (band | far_global)
-
-        return rule
+    def block(self, rows: torch.Tensor) -> PairLogits:
+        if self.attend is None:
+            return plain_pair_logits(self.query, self.key, self.mask, scaling=self.scale, rows=rows, **self.kwargs)
+        return self.attend.pair_logits(self.module, self.query, self.key, self.mask, scaling=self.scale, rows=rows,
+                                       **self.kwargs)
 
 
-def row_entropy(logits: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def row_entropy(logits: torch.Tensor, allowed: torch.Tensor,
+                log_normaliser: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(H, k)`` of each row of ``logits`` over its ``allowed`` keys: ``H = lse(s) − Σ softmax(s)·s`` (nats)
-    and ``k`` the number of allowed keys. Rows with no allowed key get ``H = 0``."""
+    and ``k`` the number of allowed keys. With ``log_normaliser`` ``Z`` (B, H, R) the weights are
+    ``p = exp(s − Z)`` as given (they may sum to less than one) and ``H = −Σ p·(s − Z)``. Rows with no allowed
+    key get ``H = 0``."""
     allowed = allowed.expand_as(logits)
     s = logits.masked_fill(~allowed, float("-inf"))
-    top = s.amax(dim=-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    z = s - top  # H is shift-invariant; the shift keeps lse and Σp·z small and close
-    lse = torch.logsumexp(z, dim=-1)
-    p = torch.exp(z - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
-    h = lse - (p * z.masked_fill(~allowed, 0.0)).sum(dim=-1)
+    if log_normaliser is None:
+        top = s.amax(dim=-1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        z = s - top  # H is shift-invariant; the shift keeps lse and Σp·z small and close
+        lse = torch.logsumexp(z, dim=-1)
+        p = torch.exp(z - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
+        h = lse - (p * z.masked_fill(~allowed, 0.0)).sum(dim=-1)
+    else:
+        norm = log_normaliser.to(s.dtype).unsqueeze(-1)
+        z = (s - norm.masked_fill(torch.isinf(norm), 0.0)).masked_fill(~allowed, float("-inf"))
+        h = -(torch.exp(z) * z.masked_fill(~allowed, 0.0)).sum(dim=-1)
     count = allowed.sum(dim=-1)
     h = torch.where(count > 0, h, torch.zeros_like(h)).clamp_min(0.0)
     return h, count
@@ -286,9 +194,8 @@ class _Probe:
         chunk = self.chunk or max(1, CHUNK_ELEMENTS // max(1, b * heads * logits.k_len))
         hs, ks = [], []
         for start in range(0, len(self.rows), chunk):
-            block_rows = rows[start:start + chunk]
-            s, allowed = logits.block(block_rows)
-            h, k = row_entropy(s, allowed)
+            pair = logits.block(rows[start:start + chunk])
+            h, k = row_entropy(pair.logits, pair.kept, pair.log_normaliser)
             hs.append(h)
             ks.append(k)
         self.entropy[module.layer_idx] = torch.cat(hs, dim=-1).detach().cpu()

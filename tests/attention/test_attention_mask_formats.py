@@ -1,0 +1,117 @@
+"""Every ropekit layer attention (Self-Extend, LM-Infinite, S²-Attn in training mode, Landmark in training
+and retrieval mode) called with every mask format transformers passes (none, flash 2-D padding, sdpa 4-D
+bool, eager 4-D additive, flex ``BlockMask``) on a batch with one right- and one left-padded row, with and
+without a KV cache: the fast path equals the naive per-pair reference of the method's own rule
+(:mod:`pair_reference`), given the canonical sdpa mask. A new method is one more entry in ``METHODS``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_masks import FORMATS, kernel_mask
+from pair_reference import rule_attention
+
+from ropekit.attention.landmark import LANDMARKS_KWARG, LandmarkAttention, LandmarkInputs
+from ropekit.attention.lm_infinite import LambdaAttention
+from ropekit.attention.s2_attn import ShiftedSparseAttention
+from ropekit.attention.self_extend import SelfExtendAttention
+from ropekit.core.rope import default_inv_freq
+
+BATCH, HEADS, KV_HEADS, DIM, LENGTH = 2, 4, 2, 16, 72
+PADS = ((6, "right"), (9, "left"))  # row 0: 6 padding tokens at the end; row 1: 9 at the start
+ATOL = 2e-5
+BLOCK = 6  # Landmark: a landmark closes every 6 keys
+
+
+def inv_freq() -> torch.Tensor:
+    return default_inv_freq(10000.0, DIM)
+
+
+def landmarks(k_len: int) -> dict:
+    flags = (torch.arange(k_len) % BLOCK == BLOCK - 1)[None].expand(BATCH, -1)
+    return {LANDMARKS_KWARG: LandmarkInputs(is_landmark=flags)}
+
+
+# name: (layer attention, module mode, cached steps allowed, extra kwargs for k_len)
+METHODS = {
+    "self_extend": (lambda: SelfExtendAttention(inv_freq, group_size=4, window_size=16, chunk=24), "eval", True,
+                    None),
+    "lm_infinite": (lambda: LambdaAttention(20, 3, inv_freq, chunk_size=16), "eval", True, None),
+    "s2_attn": (lambda: ShiftedSparseAttention(0.25), "train", False, None),
+    "landmark_grouped": (lambda: LandmarkAttention(inv_freq, BLOCK - 1, top_k=2, local_blocks=1, chunk=20), "train",
+                         True, landmarks),
+    "landmark_retrieval": (lambda: LandmarkAttention(inv_freq, BLOCK - 1, top_k=2, local_blocks=1, chunk=20), "eval",
+                           True, landmarks),
+}
+
+
+def _no_kernel(*args, **kwargs):
+    raise AssertionError("the plain kernel must not run: every case here is past the method's window")
+
+
+def batch(padded: bool, q_len: int, seed: int = 0):
+    """Rotated-looking q (B, H, Lq, D), k/v (B, H_kv, Lk, D), the padding mask (B, Lk) and the queries'
+    positions (B, Lq) as generate builds them (left padding: real tokens from 0, padding at 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(BATCH, HEADS, q_len, DIM, generator=gen) * 1.5
+    k = torch.randn(BATCH, KV_HEADS, LENGTH, DIM, generator=gen) * 1.5
+    v = torch.randn(BATCH, KV_HEADS, LENGTH, DIM, generator=gen)
+    real = torch.ones(BATCH, LENGTH, dtype=torch.long)
+    if padded:
+        for b, (n, side) in enumerate(PADS):
+            if side == "left":
+                real[b, :n] = 0
+            else:
+                real[b, LENGTH - n:] = 0
+    pos = (real.cumsum(-1) - 1).masked_fill(real == 0, 1)
+    pos[0] = torch.arange(LENGTH)  # the right-padded row keeps its arange positions
+    return q, k, v, real, pos[:, LENGTH - q_len:]
+
+
+def plain_attention(q, k, v, allowed, scale) -> torch.Tensor:
+    """(B, Lq, H, D) float64 plain softmax attention under ``allowed`` (B|1, 1, Lq, Lk): the teeth."""
+    k = k.double().repeat_interleave(HEADS // KV_HEADS, dim=1)
+    v = v.double().repeat_interleave(HEADS // KV_HEADS, dim=1)
+    logits = (q.double() @ k.transpose(-1, -2) * scale).masked_fill(~allowed, float("-inf"))
+    return (torch.softmax(logits, dim=-1).nan_to_num(0.0) @ v).transpose(1, 2)
+
+
+# cached steps: a chunk of 8 queries, or (no mask) one decoding step — without a mask a longer chunk is
+# ambiguous (sdpa's static-cache prefill is top-left aligned), which LM-Infinite refuses
+CASES = [(method, fmt, q_len) for method, (_, _, cached, _) in METHODS.items() for fmt in FORMATS
+         for q_len in ((LENGTH, 1 if fmt == "none" else 8) if cached else (LENGTH,))]
+
+
+@pytest.mark.parametrize("method,fmt,q_len", CASES)
+def test_fast_path_equals_the_rule_for_every_mask_format(method, fmt, q_len):
+    make, mode, _, extra = METHODS[method]
+    attend = make()
+    module = torch.nn.Module().train(mode == "train")
+    q, k, v, real, pos = batch(padded=fmt != "none", q_len=q_len)
+    scale = DIM ** -0.5
+    kwargs = {"position_ids": pos, **(extra(LENGTH) if extra else {})}
+    mask = kernel_mask(fmt, real, q_len)
+    out, weights = attend(module, q, k, v, mask, scaling=scale, dropout=0.0, kernel=_no_kernel, **dict(kwargs))
+    assert weights is None and out.shape == (BATCH, q_len, HEADS, DIM)
+    canonical = kernel_mask("sdpa", real, q_len)
+    want = rule_attention(attend, module, q, k, v, canonical, scaling=scale, **dict(kwargs))
+    rows = real[:, LENGTH - q_len:].bool()  # real query rows (padding rows are discarded by the model)
+    torch.testing.assert_close(out.double()[rows], want[rows], rtol=0, atol=ATOL)
+    # teeth: the method is not plain attention here
+    plain = plain_attention(q, k, v, canonical, scale)
+    assert (out.double()[rows] - plain[rows]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_the_rule_reads_every_mask_format_alike(method):
+    """The rule itself gets the same answer from every format (it reads them through ``AttentionMask``)."""
+    make, mode, _, extra = METHODS[method]
+    attend = make()
+    module = torch.nn.Module().train(mode == "train")
+    q, k, v, real, pos = batch(padded=True, q_len=LENGTH, seed=1)
+    kwargs = {"position_ids": pos, **(extra(LENGTH) if extra else {})}
+    rows = real.bool()
+    want = rule_attention(attend, module, q, k, v, kernel_mask("sdpa", real, LENGTH), scaling=0.3, **dict(kwargs))
+    for fmt in ("flash", "eager", "flex"):
+        got = rule_attention(attend, module, q, k, v, kernel_mask(fmt, real, LENGTH), scaling=0.3, **dict(kwargs))
+        torch.testing.assert_close(got[rows], want[rows], rtol=0, atol=1e-12, msg=lambda m, fmt=fmt: f"{fmt}: {m}")
