@@ -101,8 +101,36 @@ def _bench(model: Optional[str], multiples: Optional[str], steps: Optional[int],
     out.print(table)
 
 
+def _plan(config: Optional[Path], gpus: int, gpu_memory: float, strategy: str, context_parallel: int, json_out: bool) -> None:
+    from ..train import load_config
+    from ..train.plan import GIB, plan_memory
+
+    if config is None:
+        raise RopekitError("`ropekit train plan` needs a training config", "run `ropekit train plan CONFIG.yaml --gpus 8 --gpu-memory 80`")
+    plan = plan_memory(load_config(config), gpus=gpus, gpu_memory_gib=gpu_memory, strategy=strategy,
+                       context_parallel=context_parallel)
+    if json_out:
+        print_json(plan.as_dict())
+        return
+    gib = lambda n: f"{n / GIB:,.2f}"  # noqa: E731
+    table = Table(title=f"{config} — {plan.model}: {plan.parameters / 1e9:.2f}B parameters "
+                        f"({plan.trainable / 1e9:.3g}B trained), {plan.gpus} GPU(s), {plan.strategy}"
+                        + (f", context parallel {plan.context_parallel}" if plan.context_parallel > 1 else ""))
+    table.add_column("per GPU")
+    table.add_column("GiB", justify="right")
+    for name, value in (("weights", plan.weights), ("gradients", plan.gradients), ("optimizer (AdamW)", plan.optimizer),
+                        ("activations", plan.activations), ("activations, checkpointed", plan.activations_checkpointed),
+                        ("logits", plan.logits)):
+        table.add_row(name, gib(value))
+    table.add_row(f"[bold]total[/] ({'with' if plan.checkpointing else 'without'} checkpointing)", f"[bold]{gib(plan.total)}[/]")
+    verdict = "[green]fits[/]" if plan.fits else "[red]does not fit[/]"
+    table.caption = f"{plan.tokens_per_gpu:,} tokens per GPU; {verdict} in {gib(plan.gpu_bytes)} GiB"
+    out.print(table)
+
+
 def train_cmd(
     config: Optional[Path] = typer.Argument(None, help="Training config (YAML). Print one with --example NAME."),
+    plan_config: Optional[Path] = typer.Argument(None, hidden=True),
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (overrides output.dir)."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Optimizer steps (overrides train.max_steps; with stages: stop after N steps)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the run directory."),
@@ -111,6 +139,10 @@ def train_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the plan / result (or --example list) as JSON."),
     bench_model: Optional[str] = typer.Option(None, "--model", help="bench: the model (default tiny)."),
     multiples: Optional[str] = typer.Option(None, "--multiples", help="bench: targets as multiples of the window (default 2,4,8)."),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="plan: number of GPUs."),
+    gpu_memory: float = typer.Option(80.0, "--gpu-memory", min=1.0, help="plan: memory per GPU in GiB."),
+    strategy: str = typer.Option("fsdp", "--strategy", help="plan: ddp, fsdp, zero1, zero2 or zero3."),
+    context_parallel: int = typer.Option(1, "--context-parallel", min=1, help="plan: GPUs one sequence is split across."),
 ):
     """Train a model for a longer context: method + data + optimizer from a YAML config.
 
@@ -118,7 +150,13 @@ def train_cmd(
     `accelerate launch --multi_gpu --num_processes N`.
 
     `ropekit train bench` instead times one PoSE training step at the window against full-length training at
-    2×, 4×, 8× the window (--model, --multiples, --max-steps = timed steps)."""
+    2×, 4×, 8× the window (--model, --multiples, --max-steps = timed steps). `ropekit train plan CONFIG --gpus N
+    --gpu-memory GiB` prints the bytes per GPU (weights, gradients, optimizer, activations, logits) and whether they fit."""
+    if config is not None and str(config) == "plan":
+        _plan(plan_config, gpus, gpu_memory, strategy, context_parallel, json_out)
+        return
+    if plan_config is not None:
+        raise RopekitError(f"unexpected argument '{plan_config}'", "pass one training config")
     if config is not None and str(config) == "bench":
         _bench(bench_model, multiples, max_steps, json_out,
                others={"--out": out_dir, "--resume": resume or None, "--example": example, "--dry-run": dry_run or None})

@@ -1,0 +1,183 @@
+"""``ropekit train plan CONFIG --gpus N --gpu-memory GiB``: will a recipe fit, and where do the bytes go?
+
+Per GPU, for the recipe's model shape, sequence length, precision, LoRA and parallelism:
+
+* **weights** — parameters × bytes of the loaded dtype (``model.dtype``; ropekit keeps master weights in it),
+  divided by the GPUs when sharded (FSDP / ZeRO-3);
+* **gradients** — trainable parameters × the same bytes, divided when sharded (FSDP, ZeRO-2/3);
+* **optimizer** — AdamW's two moments per trainable parameter in the parameter's dtype (PyTorch keeps them there),
+  divided when sharded (FSDP, ZeRO-1/2/3);
+* **activations** — the tensors a decoder layer saves for the backward pass, per token:
+  ``a_h·h + a_kv·h_kv + a_i·i + a_heads·heads + a_0`` bytes (h hidden size, h_kv = kv heads × head size, i the MLP
+  width), counted with saved-tensor hooks on transformers' Llama layer with sdpa (flash/memory-efficient attention:
+  no n×n matrix): float32 weights give (32, 8, 16, 4, 8), bf16/fp16 weights (20, 4, 8, 4, 8) — the two RMSNorms keep
+  float32 copies, attention keeps q, k, v (k and v at the kv-head width: no copy per query head), its output and
+  log-sum-exp per head, the SwiGLU MLP four i-wide tensors. With gradient checkpointing each layer keeps only its
+  input (h values) and one layer's full set is live during its recomputation. Tokens per GPU are the micro-batch ×
+  the sequence length, divided by the context-parallel degree (one sequence split across GPUs). Outside the layers
+  each token keeps ``b_h·h + b_0`` bytes: the final RMSNorm's float32 copies and the LM head's input (float32
+  weights: b_h = 14, bf16/fp16: 9), and the int64 token ids of the embedding and the labels plus a float32
+  norm scale (b_0 = 20), measured the same way;
+* **logits** — tokens × vocabulary × (4 + bytes of the compute dtype): the float32 log-softmax the cross-entropy
+  keeps for backward, and the logits tensor itself, alive until the loss returns (the largest single tensors at
+  long context).
+
+Shapes come from the model's config (a local directory, a built-in tiny model) or, for hub ids on an offline
+machine, from :data:`KNOWN_SHAPES`. Parameters are counted exactly by building the model on the meta device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import RopekitError
+from .config import TrainConfig
+
+GIB = 1024**3
+STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
+#: Per-layer, per-token saved-activation bytes ``(a_h, a_kv, a_i, a_heads, a_0)`` by the weights' element size.
+ACTIVATION_COEFFICIENTS = {4: (32, 8, 16, 4, 8), 2: (20, 4, 8, 4, 8)}
+#: Per-token saved bytes outside the decoder layers ``(b_h, b_0)`` by the weights' element size.
+HEAD_COEFFICIENTS = {4: (14, 20), 2: (9, 20)}
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+#: Shapes of common checkpoints, for planning without their config.json (the published configs).
+KNOWN_SHAPES: dict[str, dict[str, Any]] = {
+    "meta-llama/Llama-2-7b-hf": dict(model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                     num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+                                     max_position_embeddings=4096, tie_word_embeddings=False),
+    "meta-llama/Llama-2-13b-hf": dict(model_type="llama", hidden_size=5120, intermediate_size=13824,
+                                      num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=40,
+                                      vocab_size=32000, max_position_embeddings=4096, tie_word_embeddings=False),
+    "meta-llama/Llama-3.1-8B": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                    num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                    max_position_embeddings=131072, tie_word_embeddings=False),
+    "mistralai/Mistral-7B-v0.1": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336,
+                                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                      vocab_size=32000, max_position_embeddings=32768, tie_word_embeddings=False),
+}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per GPU; ``fits`` compares the total (activations with or without checkpointing, as the recipe sets it)
+    with ``gpu_bytes``."""
+
+    model: str
+    parameters: int
+    trainable: int
+    gpus: int
+    strategy: str
+    context_parallel: int
+    tokens_per_gpu: int
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    activations_checkpointed: int
+    logits: int
+    checkpointing: bool
+    total: int
+    gpu_bytes: int
+    fits: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def model_config(name: str):
+    """The transformers config of ``name``: a local directory or built-in tiny model, else a known hub id's shape."""
+    from transformers import CONFIG_MAPPING
+
+    if name in KNOWN_SHAPES:
+        shape = dict(KNOWN_SHAPES[name])
+        return CONFIG_MAPPING[shape.pop("model_type")](**shape)
+    from ..models.loading import resolve_model
+
+    kind, target = resolve_model(name)
+    if kind == "tiny":
+        from ..models.tiny import tiny_config
+
+        return tiny_config(target)
+    if kind == "dir":
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(target, local_files_only=True)
+    raise RopekitError(f"no offline shape for '{name}'", f"pass a local model directory, or one of {', '.join(KNOWN_SHAPES)}")
+
+
+def count_parameters(config, lora=None) -> tuple[int, int]:
+    """``(parameters, trainable)``: exact counts from the model built on the meta device (no memory); with LoRA,
+    the adapters' ``r·(in + out)`` per targeted projection plus the fully trained extras (embeddings, norms)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in model.parameters())
+    if lora is None:
+        return total, total
+    trainable = 0
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in lora.target_modules and isinstance(module, torch.nn.Linear):
+            trainable += lora.r * (module.in_features + module.out_features)
+    for name, param in model.named_parameters():
+        if ("embed" in lora.trainable and "embed" in name) or ("norm" in lora.trainable and "norm" in name):
+            trainable += param.numel()
+    return total, trainable
+
+
+def activation_bytes_per_token(config, element_bytes: int, *, checkpointing: bool) -> int:
+    """Saved-activation bytes per token for the decoder layers (module docstring)."""
+    a_h, a_kv, a_i, a_heads, a_0 = ACTIVATION_COEFFICIENTS[element_bytes]
+    h, heads = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+    layer = a_h * h + a_kv * kv + a_i * config.intermediate_size + a_heads * heads + a_0
+    layers = config.num_hidden_layers
+    if not checkpointing:
+        return layers * layer
+    return layers * h * element_bytes + layer
+
+
+def head_bytes_per_token(config, element_bytes: int) -> int:
+    """Saved-activation bytes per token outside the decoder layers: embedding ids, final norm, LM-head input, labels."""
+    b_h, b_0 = HEAD_COEFFICIENTS[element_bytes]
+    return b_h * config.hidden_size + b_0
+
+
+def plan_memory(cfg: TrainConfig, *, gpus: int, gpu_memory_gib: float, strategy: str = "fsdp",
+                context_parallel: int = 1) -> MemoryPlan:
+    """The memory plan of ``cfg``'s longest stage on ``gpus`` GPUs of ``gpu_memory_gib`` GiB each."""
+    if strategy not in STRATEGIES:
+        raise RopekitError(f"unknown strategy '{strategy}'", f"choose one of {', '.join(STRATEGIES)}")
+    if gpus < 1 or context_parallel < 1 or gpus % context_parallel:
+        raise RopekitError(f"{gpus} GPUs cannot hold a context-parallel degree of {context_parallel}",
+                           "pass --gpus a multiple of --context-parallel")
+    config = model_config(cfg.model.name)
+    element = _BYTES[cfg.model.dtype]
+    compute = 2 if cfg.train.precision == "bf16" else element
+    parameters, trainable = count_parameters(config, cfg.train.lora)
+    shard_weights = strategy in ("fsdp", "zero3")
+    shard_grads = strategy in ("fsdp", "zero2", "zero3")
+    shard_optimizer = strategy != "ddp"
+    weights = parameters * element // (gpus if shard_weights else 1)
+    gradients = trainable * element // (gpus if shard_grads else 1)
+    optimizer = 2 * trainable * element // (gpus if shard_optimizer else 1)
+    stage = max(cfg.stages, key=lambda s: s.seq_len * s.micro_batch_size)
+    tokens = stage.micro_batch_size * stage.seq_len // context_parallel
+    head = head_bytes_per_token(config, compute)
+    full = tokens * (activation_bytes_per_token(config, compute, checkpointing=False) + head)
+    checkpointed = tokens * (activation_bytes_per_token(config, compute, checkpointing=True) + head)
+    logits = tokens * config.vocab_size * (compute + 4)
+    checkpointing = bool(cfg.model.gradient_checkpointing)
+    total = weights + gradients + optimizer + (checkpointed if checkpointing else full) + logits
+    gpu_bytes = int(gpu_memory_gib * GIB)
+    return MemoryPlan(
+        model=cfg.model.name, parameters=parameters, trainable=trainable, gpus=gpus, strategy=strategy,
+        context_parallel=context_parallel, tokens_per_gpu=tokens, weights=weights, gradients=gradients,
+        optimizer=optimizer, activations=full, activations_checkpointed=checkpointed, logits=logits,
+        checkpointing=checkpointing, total=total, gpu_bytes=gpu_bytes, fits=total <= gpu_bytes,
+    )
