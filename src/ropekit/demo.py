@@ -107,7 +107,7 @@ def demo_settings(info: RopeInfo, factor: float = 4.0) -> dict[str, dict[str, An
             out[m.name] = {"rope_theta": _round2(4 * ntk) if factor > 1 else info.rope_theta, "factor": factor}
         elif m.name == "harpe":
             out[m.name] = {"strategy": "uniform", "b_min": info.rope_theta, "b_max": _round2(ntk), "factor": factor}
-        elif m.name in ("ntk_by_parts", "yarn"):
+        elif m.name in ("ntk_by_parts", "yarn", "dynamic_yarn"):
             out[m.name] = {"factor": factor, "beta_fast": 4.0, "beta_slow": 1.0}
         elif m.name == "landmark":  # the paper's 50-token blocks would leave one block in a 64-token window
             out[m.name] = {"mem_freq": max(2, info.window // 8 - 1), "top_k": 2, "factor": factor}
@@ -141,6 +141,8 @@ def describe_settings(
             f"s={s:g}, β={params['beta_fast']:g}, α={params['beta_slow']:g} ({params['ramp']} ramp), "
             f"attn×{params['attention_factor']:.3f}"
         )
+    if name == "dynamic_yarn":
+        return f"s=min(L/{params['original_max_position_embeddings']}, {s:g}), β={params['beta_fast']:g}, α={params['beta_slow']:g}"
     if name == "abf":
         return f"b'={_num(params['rope_theta'])}"
     if name == "entropy_abf":

@@ -136,7 +136,7 @@ def test_every_preset_parses_and_quick_has_the_issue_s_methods():
     quick = load_study_config(preset="quick")
     methods = {(v.method, v.trained) for v in quick.variants}
     for wanted in [(None, False), ("pi", True), ("ntk", False), ("ntk", True), ("dynamic_ntk", False),
-                   ("ntk_by_parts", True), ("yarn", True), ("abf", True), ("entropy_abf", True), ("harpe", True),
+                   ("dynamic_yarn", False), ("ntk_by_parts", True), ("yarn", True), ("abf", True), ("entropy_abf", True), ("harpe", True),
                    ("self_extend", False), ("lm_infinite", False), ("longlora", True), ("clex", True),
                    ("landmark", True)]:
         assert wanted in methods, wanted

@@ -216,7 +216,8 @@ class LengthSchedule:
 
     ``switch``: one set up to ``length`` tokens and another beyond (LongRoPE's rule, ``seq_len > length``);
     ``continuous``: transformers' Dynamic-NTK schedule — recomputed whenever the input grows past the longest
-    length seen, back to the original set below ``length``. The frequencies come from the module's own rope-init
+    length seen, back to the original set below ``length``; ``per_input``: recomputed for every input at its own
+    length (the original set up to ``length``), so a result never depends on what ran before. The frequencies come from the module's own rope-init
     function at that length, so they equal what the model's own rope type computes.
     """
 
@@ -236,6 +237,11 @@ class LengthSchedule:
             if long != self.long:
                 self.long = long
                 self._load(module, self.length + 1 if long else None)
+        elif self.kind == "per_input":
+            wanted = max(seq_len, self.length)
+            if wanted != self.longest or not self.long:
+                self.longest, self.long = wanted, True
+                self._load(module, length if seq_len > self.length else None)
         elif seq_len > self.longest:
             self.longest = seq_len
             self._load(module, length)

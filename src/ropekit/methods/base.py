@@ -273,7 +273,9 @@ class Method(abc.ABC):
 
     def length_dependence(self, info: RopeInfo, params: dict[str, Any]) -> tuple[str, int | None]:
         """How the installed frequencies depend on the input length: ``("static", None)``, ``("switch", L)``
-        (one set up to ``L`` tokens, another beyond) or ``("continuous", L)`` (recomputed beyond ``L``).
+        (one set up to ``L`` tokens, another beyond), ``("continuous", L)`` (recomputed beyond ``L`` at the longest
+        length seen, transformers' dynamic rule) or ``("per_input", L)`` (recomputed at each input's own length beyond
+        ``L``).
 
         Default: the model's own dependence (a LongRoPE or Dynamic-NTK base) — methods that depend on the
         length themselves combine theirs with it (:func:`combine_length_dependence`).
@@ -374,8 +376,9 @@ def registered() -> dict[str, Method]:
 
 def combine_length_dependence(*parts: tuple[str, int | None]) -> tuple[str, int | None]:
     """The dependence of frequencies that depend on the length in several ways (the model's own RoPE and the
-    method's): continuous beats switch beats static, and recomputation starts at the shortest length."""
-    order = {"static": 0, "switch": 1, "continuous": 2}
+    method's): per-input beats continuous beats switch beats static, and recomputation starts at the shortest
+    length."""
+    order = {"static": 0, "switch": 1, "continuous": 2, "per_input": 3}
     kinds = [kind for kind, _ in parts]
     lengths = [length for _, length in parts if length is not None]
     kind = max(kinds, key=order.__getitem__)
