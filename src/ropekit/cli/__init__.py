@@ -27,6 +27,7 @@ from .methods import methods_cmd
 from .pose_coverage import pose_coverage_cmd
 from .pretrain_base import pretrain_base_cmd
 from .report import report_cmd
+from .search import search_cmd
 from .export import export_cmd
 from .study import study_cmd
 from .train import train_cmd
@@ -39,6 +40,7 @@ COMMANDS = {
     "methods": methods_cmd,
     "inspect": inspect_cmd,
     "extend": extend_cmd,
+    "search": search_cmd,
     "export": export_cmd,
     "verify": verify_cmd,
     "eval": eval_app,

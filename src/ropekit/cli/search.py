@@ -1,0 +1,73 @@
+"""``ropekit search``: LongRoPE's evolutionary search for a model's per-pair rescale factors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .common import MODEL_HELP, err, out, print_json
+
+BUILTIN_BASE = "builtin-base"
+
+
+def search_cmd(
+    model: str = typer.Argument(..., help=MODEL_HELP + f" `{BUILTIN_BASE}`: the study's built-in base model."),
+    target_length: int = typer.Option(..., "--target-length", min=2, help="Tokens the searched factors are for."),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="Search directory (resumable: run again to continue)."),
+    data: Optional[str] = typer.Option(None, "--data", help="Search documents (file, folder, dataset); default: the "
+                                       "training split of the built-in base model's corpus."),
+    evaluations: int = typer.Option(128, "--evaluations", min=1, help="Perplexity evaluations (the paper: about 1,300)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Processes evaluating candidates in parallel."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the document choice and the evolution."),
+    documents: int = typer.Option(4, "--documents", min=1, help="Search documents of the target length."),
+    fixed_pairs: int = typer.Option(0, "--fixed-pairs", min=0, help="Rotary pairs (highest frequencies) kept at 1."),
+    population: Optional[int] = typer.Option(None, "--population", min=4, help="Population (default: budget/4, at most 64)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+):
+    """Search LongRoPE rescale factors for TARGET_LENGTH tokens and export the best as a native longrope model.
+
+    Every evaluated candidate is stored as it finishes in OUT/search.sqlite; run the same command again after an
+    interruption to continue. The result: OUT/model (plain transformers loads it) and OUT/result.json."""
+    from ..models.loading import load_model, resolve_model
+    from ..runtime import default_threads, quiet_transformers
+    from ..search.longrope import SearchSettings, check_settings, pool_evaluator, run_search, worker_init
+
+    if model == BUILTIN_BASE:
+        from ..train.builtin_base import pretrain_base
+
+        with quiet_transformers():
+            path = str(pretrain_base())
+    else:
+        resolve_model(model)  # a missing path fails in one line before anything is written
+        path = model
+    settings = SearchSettings(model=model, target_length=target_length, evaluations=evaluations, seed=seed,
+                              documents=documents, data=data, fixed_pairs=fixed_pairs, population=population)
+    with quiet_transformers():
+        loaded = load_model(path)
+    from ..install import rope_info
+
+    info = rope_info(loaded.model)
+    check_settings(settings, info.window, info.rotary_dim // 2)  # before the worker processes start
+    err.print(f"searching LongRoPE factors of {model} for {target_length:,} tokens: {evaluations} evaluations, "
+              f"{workers} worker(s) → {out_dir}/search.sqlite")
+    if workers == 1:
+        result = run_search(loaded.model, loaded.tokenizer, settings, out_dir)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        threads = max(1, default_threads() // workers)
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=worker_init,
+                                 initargs=(path, settings, threads)) as pool:
+            result = run_search(loaded.model, loaded.tokenizer, settings, out_dir, evaluate=pool_evaluator(pool))
+    if json_out:
+        print_json(result)
+        return
+    seeds = ", ".join(f"{name} {value:.3f}" for name, value in result["seeds"].items() if value is not None)
+    out.print(f"best perplexity at {target_length:,} tokens: {result['best']['perplexity']:.3f} "
+              f"(closed forms: {seeds}); {result['evaluations']} candidates, {result['evaluated_here']} evaluated "
+              f"in this run, {result['seconds']:.0f} s")
+    out.print(f"long_factor: {', '.join(f'{v:g}' for v in result['best']['long_factor'])}")
+    out.print(f"model: {out_dir / 'model'} (transformers longrope; `ropekit eval ppl {out_dir / 'model'}` to measure it)")

@@ -1,0 +1,115 @@
+"""LongRoPE's evolutionary search over per-pair rescale factors, as pure functions of a seeded RNG.
+
+LongRoPE (Ding et al. 2024, arXiv 2402.13753, §3.2 and Algorithm 1) searches the vector λ of rotary rescale
+factors — pair ``i`` rotates at ``θ_i/λ_i`` — under the constraints of its Eq. 4–5: ``1 ≤ λ_i ≤ s`` and
+``λ_i ≤ λ_{i+1}`` (lower frequencies are interpolated at least as much), optionally with the pairs below a
+critical pair kept at 1 (LongRoPE2's "critical dimension"; the reference code's ``dim_piece_mono``).
+
+* **Initial population** (Algorithm 1, line 1): the three closed forms — PI ``λ_i = s``, NTK-aware
+  ``λ_i = s^(2i/(d−2))`` (the base ``b·s^(d/(d−2))`` written per pair) and YaRN's NTK-by-parts
+  ``λ_i = 1/((1 − γ_i)/s + γ_i)`` — then mutations of them until the population is full.
+* **Each iteration** (lines 3–9): the best ``parents`` candidates evaluated so far breed ``mutations``
+  children (each factor moves with probability ``p`` by ``±k·(s − 1)/32``, ``k`` uniform in 1…8) and ``crossovers``
+  children (each factor from one of two random parents). A child that breaks monotonicity is repaired by a
+  running maximum, every value is rounded to the search grid (0.01) and clipped to ``[1, s]``, and a child
+  already evaluated is drawn again: nothing is evaluated twice.
+
+The functions here only propose candidates; evaluating them (perplexity at the target length) and keeping
+them across crashes is :mod:`ropekit.search.longrope`'s job.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+
+#: The search grid of the factors (the reference code's step).
+STEP = 0.01
+Candidate = tuple[float, ...]
+
+
+def snap(values: Sequence[float], factor: float, fixed_pairs: int = 0) -> Candidate:
+    """A valid candidate near ``values``: on the 0.01 grid, in ``[1, s]``, non-decreasing, the first
+    ``fixed_pairs`` at 1."""
+    top = math.floor(factor / STEP + 1e-9) * STEP  # the largest grid value inside [1, s]
+    out, running = [], 1.0
+    for i, value in enumerate(values):
+        v = 1.0 if i < fixed_pairs else min(max(round(float(value) / STEP) * STEP, 1.0), top)
+        running = max(running, round(v, 2))  # monotone repair: a pair never interpolates less than the one before
+        out.append(running)
+    return tuple(out)
+
+
+def closed_forms(pairs: int, factor: float, yarn_gamma: Sequence[float] | None = None) -> dict[str, list[float]]:
+    """PI, NTK-aware and (given its keep-fractions γ) NTK-by-parts factors for ``pairs`` rotary pairs."""
+    d = 2 * pairs
+    forms = {
+        "pi": [factor] * pairs,
+        "ntk": [factor ** (2 * i / (d - 2)) if d > 2 else factor for i in range(pairs)],
+    }
+    if yarn_gamma is not None:
+        forms["yarn"] = [1.0 / ((1.0 - g) / factor + g) for g in yarn_gamma]
+    return forms
+
+
+def mutate(parent: Candidate, rng: random.Random, factor: float, fixed_pairs: int, probability: float) -> Candidate:
+    """Each factor moves with probability ``probability`` by ``±k·(s − 1)/32``, ``k`` uniform in 1…8."""
+    scale = max(factor - 1.0, STEP)
+    values = list(parent)
+    for i in range(fixed_pairs, len(values)):
+        if rng.random() < probability:
+            values[i] += rng.choice((-1, 1)) * rng.randint(1, 8) * scale / 32
+    return snap(values, factor, fixed_pairs)
+
+
+def crossover(a: Candidate, b: Candidate, rng: random.Random, factor: float, fixed_pairs: int) -> Candidate:
+    """Each factor from ``a`` or ``b`` with equal odds."""
+    return snap([x if rng.random() < 0.5 else y for x, y in zip(a, b)], factor, fixed_pairs)
+
+
+def fresh(make: Callable[[], Candidate], seen: set[Candidate], tries: int = 64) -> Candidate | None:
+    """A candidate from ``make`` that is not in ``seen`` (``None`` when ``tries`` draws all repeat one)."""
+    for _ in range(tries):
+        child = make()
+        if child not in seen:
+            return child
+    return None
+
+
+def initial_population(forms: dict[str, list[float]], size: int, rng: random.Random, factor: float,
+                       fixed_pairs: int, probability: float) -> list[Candidate]:
+    """The closed forms, then their mutations up to ``size`` distinct candidates."""
+    population: list[Candidate] = []
+    for values in forms.values():
+        c = snap(values, factor, fixed_pairs)
+        if c not in population:
+            population.append(c)
+    seeds = list(population)
+    while len(population) < size:
+        child = fresh(lambda: mutate(rng.choice(seeds), rng, factor, fixed_pairs, probability), set(population))
+        if child is None:
+            break
+        population.append(child)
+    return population[:size]
+
+
+def next_generation(scored: dict[Candidate, float], rng: random.Random, *, parents: int, mutations: int,
+                    crossovers: int, factor: float, fixed_pairs: int, probability: float) -> list[Candidate]:
+    """Children of the best ``parents`` of everything evaluated so far (lowest objective first, ties by value)."""
+    best = sorted(scored, key=lambda c: (scored[c], c))[:parents]
+    seen = set(scored)
+    children: list[Candidate] = []
+    for _ in range(mutations):
+        child = fresh(lambda: mutate(rng.choice(best), rng, factor, fixed_pairs, probability), seen)
+        if child is not None:
+            seen.add(child)
+            children.append(child)
+    for _ in range(crossovers):
+        if len(best) < 2:
+            break
+        child = fresh(lambda: crossover(*rng.sample(best, 2), rng, factor, fixed_pairs), seen)
+        if child is not None:
+            seen.add(child)
+            children.append(child)
+    return children

@@ -1,0 +1,280 @@
+"""``ropekit search``: LongRoPE's search for a model's rescale factors, resumable, ending in a native export.
+
+The objective (LongRoPE §3.2) is the perplexity of the model with candidate factors λ at the target length on a
+few search documents: by default documents of the training split the built-in base model was trained on
+(never the built-in held-out evaluation corpus, which stays the yardstick), or ``--data``. Each candidate is
+installed with ropekit's ``longrope`` method (``θ'_i = θ^eff_i/λ_i`` beyond the original window, the model's
+own RoPE inside it, attention factor ``√(1 + ln s/ln C)``) and removed again after its evaluation.
+
+Every evaluated candidate is written to ``DIR/search.sqlite`` as it finishes (one transaction each, WAL,
+``synchronous=FULL``). The search is a deterministic function of the seed and the objective values, so a
+restarted run replays the same generations and reads finished candidates back instead of evaluating them:
+after a SIGKILL nothing done is lost and nothing is evaluated twice. The best candidate is exported natively
+(transformers' ``longrope``: plain transformers loads it with the same logits) to ``DIR/model``, with
+``DIR/result.json`` describing the search.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import runtime
+from ..core.base_rope import base_frequencies
+from ..data.corpora import is_builtin, iter_documents
+from ..data.local_text import stdlib_documents
+from ..errors import InvalidParameterError, RopekitError
+from ..eval.perplexity import score_windows
+from ..install import extend, rope_info, save_pretrained, uninstall
+from ..methods import get_method
+from .evolution import Candidate, closed_forms, initial_population, next_generation, snap
+
+#: The training split read for default search documents (bytes of cleaned standard-library text).
+TRAIN_BYTES = 1_500_000
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What defines a search: a directory holds one, and a rerun with other settings is refused."""
+
+    model: str
+    target_length: int
+    evaluations: int
+    seed: int = 0
+    documents: int = 4
+    data: str | None = None
+    fixed_pairs: int = 0
+    population: int | None = None
+    mutation_probability: float = 0.3
+
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(population, parents, mutations, crossovers)``: the paper's 64/32/16/16, scaled down to the budget."""
+        population = self.population or max(4, min(64, self.evaluations // 4))
+        children = max(2, population // 2)
+        return population, max(2, population // 2), children - children // 2, children // 2
+
+
+def check_settings(s: SearchSettings, window: int, pairs: int) -> None:
+    """One line for each impossible setting."""
+    if s.fixed_pairs >= pairs:
+        raise InvalidParameterError(f"--fixed-pairs {s.fixed_pairs} fixes every one of the {pairs} rotary pairs",
+                                    "pass fewer pairs than the model has")
+    if s.target_length <= window:
+        raise InvalidParameterError(f"target length {s.target_length} is not beyond the model's window {window}",
+                                    f"pass --target-length above {window}")
+    if s.evaluations < 4:
+        raise InvalidParameterError(f"--evaluations {s.evaluations} leaves no room for a search",
+                                    "pass --evaluations 4 or more (the paper used about 1,300)")
+    if s.documents < 1:
+        raise InvalidParameterError("--documents must be at least 1", "pass e.g. --documents 4")
+    if not 0.0 < s.mutation_probability <= 1.0:
+        raise InvalidParameterError("the mutation probability must be in (0, 1]", "pass e.g. 0.3")
+    if s.data is not None and is_builtin(s.data):
+        raise InvalidParameterError("--data builtin is the held-out evaluation corpus",
+                                    "search on other text (a file, folder or dataset), or leave --data out for the "
+                                    "built-in training split")
+
+
+def search_documents(tokenizer, settings: SearchSettings) -> list[list[int]]:
+    """``documents`` token sequences of exactly the target length, chosen by the seed from the documents that
+    are long enough."""
+    if settings.data is None:
+        texts = (doc.decode("ascii") for doc in stdlib_documents(TRAIN_BYTES, "train"))
+        ids: Iterable[list[int]] = (tokenizer(t, add_special_tokens=False).input_ids for t in texts)
+        where = "the built-in training split"
+    else:
+        ids = (doc.ids for doc in iter_documents(settings.data, tokenizer))
+        where = f"'{settings.data}'"
+    long_enough = [d[:settings.target_length] for d in ids if len(d) >= settings.target_length]
+    if len(long_enough) < settings.documents:
+        raise RopekitError(f"{where} has {len(long_enough)} documents of {settings.target_length}+ tokens, "
+                           f"the search needs {settings.documents}",
+                           "pass --data with longer documents, fewer --documents, or a shorter --target-length")
+    random.Random(f"longrope-search|{settings.seed}").shuffle(long_enough)
+    return long_enough[:settings.documents]
+
+
+def objective(model, documents: list[list[int]], factors: Candidate, factor: float) -> float:
+    """Perplexity of ``model`` with long factors ``factors`` over ``documents`` (every predicted token)."""
+    extend(model, "longrope", long_factor=list(factors), factor=factor)
+    try:
+        nll, count = 0.0, 0
+        for doc in documents:
+            with torch.no_grad():
+                row = torch.tensor([doc], device=next(model.parameters()).device)
+                scores = score_windows(model, row, row.shape[1] - 1).double()
+            nll += float(scores.sum())
+            count += scores.numel()
+    finally:
+        uninstall(model)
+    return math.exp(nll / count)
+
+
+def seed_factors(model, factor: float, target_length: int) -> dict[str, list[float]]:
+    """PI, NTK and YaRN (NTK-by-parts, the dim ramp) as rescale factors ``θ^eff_i/θ'_i`` of this model."""
+    info = rope_info(model)
+    base, _ = base_frequencies(info, target_length)
+    yarn = get_method("ntk_by_parts")
+    params = yarn.resolve(info, {"factor": factor, "ramp": "dim"})
+    by_parts, _ = yarn.inv_freq(info, params, seq_len=target_length)
+    forms = closed_forms(info.rotary_dim // 2, factor)
+    forms["yarn"] = (base.double() / by_parts.double()).tolist()
+    return forms
+
+
+class SearchStore:
+    """The candidates of one search in SQLite, written as each finishes."""
+
+    def __init__(self, path: Path, settings: SearchSettings):
+        self.conn = sqlite3.connect(path, timeout=30)
+        self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute("PRAGMA synchronous = FULL")
+        with self.conn:
+            self.conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            self.conn.execute("CREATE TABLE IF NOT EXISTS candidates (factors TEXT PRIMARY KEY, objective REAL NOT NULL, "
+                              "generation INTEGER NOT NULL, seconds REAL NOT NULL, evaluated_at TEXT NOT NULL)")
+        wanted = json.dumps(asdict(settings), sort_keys=True)
+        row = self.conn.execute("SELECT value FROM meta WHERE key = 'settings'").fetchone()
+        if row is None:
+            with self.conn:
+                self.conn.execute("INSERT INTO meta VALUES ('settings', ?)", (wanted,))
+        elif row[0] != wanted:
+            self.conn.close()
+            raise RopekitError(f"{path.parent} holds a search with other settings ({row[0]})",
+                               "pass another --out directory, or the same settings to resume it")
+
+    @staticmethod
+    def key(c: Candidate) -> str:
+        return json.dumps([round(v, 2) for v in c])
+
+    def finished(self) -> dict[str, float]:
+        return dict(self.conn.execute("SELECT factors, objective FROM candidates").fetchall())
+
+    def add(self, c: Candidate, value: float, generation: int, seconds: float) -> None:
+        with self.conn:
+            self.conn.execute("INSERT OR IGNORE INTO candidates VALUES (?, ?, ?, ?, datetime('now'))",
+                              (self.key(c), value, generation, seconds))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, *, progress: bool = True,
+               evaluate: Callable[[list[Candidate]], Iterable[tuple[Candidate, float, float]]] | None = None
+               ) -> dict[str, Any]:
+    """Search, export the best factors to ``out_dir/model`` and return the result (also ``result.json``).
+
+    ``evaluate`` maps a generation's new candidates to ``(candidate, objective, seconds)`` as each finishes
+    (the CLI passes a worker pool); by default they are evaluated here, one after another.
+    """
+    info = rope_info(model)
+    check_settings(settings, info.window, info.rotary_dim // 2)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    factor = settings.target_length / info.window
+    documents = search_documents(tokenizer, settings)
+    if evaluate is None:
+        def evaluate(batch):
+            for c in batch:
+                started = time.perf_counter()
+                yield c, objective(model, documents, c, factor), time.perf_counter() - started
+
+    store = SearchStore(out / "search.sqlite", settings)
+    started = time.perf_counter()
+    try:
+        stored = store.finished()
+        population, parents, mutations, crossovers = settings.shape()
+        rng = random.Random(settings.seed)
+        scored: dict[Candidate, float] = {}
+        generation, evaluated_here = 0, 0
+        batch = initial_population(seed_factors(model, factor, settings.target_length), population, rng, factor,
+                                   settings.fixed_pairs, settings.mutation_probability)
+        with runtime.progress("LongRoPE search", total=settings.evaluations, enabled=progress) as bar:
+            while batch:
+                batch = batch[:settings.evaluations - len(scored)]
+                todo = [c for c in batch if store.key(c) not in stored]
+                for c in batch:
+                    if store.key(c) in stored:
+                        scored[c] = stored[store.key(c)]
+                        bar.update(advance=1)
+                for c, value, seconds in evaluate(todo):
+                    if not math.isfinite(value):
+                        value = math.inf
+                    store.add(c, value, generation, seconds)
+                    scored[c] = value
+                    evaluated_here += 1
+                    bar.update(advance=1, info=f"best ppl {min(scored.values()):.3f}")
+                if len(scored) >= settings.evaluations:
+                    break
+                generation += 1
+                batch = next_generation(scored, rng, parents=parents, mutations=mutations, crossovers=crossovers,
+                                        factor=factor, fixed_pairs=settings.fixed_pairs,
+                                        probability=settings.mutation_probability)
+    finally:
+        store.close()
+    best = min(scored, key=lambda c: (scored[c], c))
+    extend(model, "longrope", long_factor=list(best), factor=factor)
+    with runtime.quiet_transformers():
+        report = save_pretrained(model, out / "model", tokenizer, rope_format="native")
+    uninstall(model)
+    seeds = seed_factors(model, factor, settings.target_length)  # which closed forms the search started from
+    result = {
+        "settings": asdict(settings),
+        "window": info.window,
+        "factor": factor,
+        "evaluations": len(scored),
+        "evaluated_here": evaluated_here,
+        "generations": generation + 1,
+        "seconds": round(time.perf_counter() - started, 1),
+        "best": {"long_factor": list(best), "perplexity": scored[best]},
+        "seeds": {name: scored.get(snap(values, factor, settings.fixed_pairs)) for name, values in seeds.items()},
+        "export": report,
+    }
+    tmp = out / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2))
+    os.replace(tmp, out / "result.json")
+    return result
+
+
+
+
+# ---- worker processes: each loads the model once and evaluates the candidates it is sent -------------------------
+_WORKER: dict[str, Any] = {}
+
+
+def worker_init(model_path: str, settings: SearchSettings, threads: int) -> None:
+    """Load the model and the search documents in a worker process (``ProcessPoolExecutor`` initializer)."""
+    from ..models.loading import load_model
+
+    torch.set_num_threads(threads)
+    with runtime.quiet_transformers():
+        loaded = load_model(model_path)
+    _WORKER.update(model=loaded.model, documents=search_documents(loaded.tokenizer, settings),
+                   factor=settings.target_length / rope_info(loaded.model).window)
+
+
+def worker_evaluate(c: Candidate) -> tuple[Candidate, float, float]:
+    started = time.perf_counter()
+    value = objective(_WORKER["model"], _WORKER["documents"], c, _WORKER["factor"])
+    return c, value, time.perf_counter() - started
+
+
+def pool_evaluator(pool):
+    """An ``evaluate`` for :func:`run_search` that sends a generation to ``pool`` and yields results as they finish."""
+    from concurrent.futures import as_completed
+
+    def evaluate(batch):
+        for future in as_completed([pool.submit(worker_evaluate, c) for c in batch]):
+            yield future.result()
+
+    return evaluate

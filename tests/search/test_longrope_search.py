@@ -1,0 +1,151 @@
+"""LongRoPE search: the constraints of LongRoPE Eq. 4–5 on every candidate, the closed-form seeds against their
+formulas, determinism, the native export against plain transformers' own ``longrope``, and resumption after
+SIGKILL with nothing evaluated twice."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from ropekit.eval.perplexity import score_windows
+from ropekit.models.loading import load_model
+from ropekit.search import SearchSettings, run_search
+from ropekit.search.evolution import closed_forms, initial_population, next_generation, snap
+from ropekit.search.longrope import search_documents
+
+
+def _valid(c, factor, fixed):
+    assert all(c[i] == 1.0 for i in range(fixed))
+    assert all(1.0 <= v <= factor for v in c)
+    assert all(a <= b for a, b in zip(c, c[1:]))
+    assert all(abs(v * 100 - round(v * 100)) < 1e-9 for v in c)
+
+
+@pytest.mark.parametrize("factor,fixed", [(4.0, 0), (3.37, 2), (16.0, 5)])
+def test_every_candidate_keeps_the_constraints_and_none_repeats(factor, fixed):
+    rng = random.Random(7)
+    for _ in range(200):
+        _valid(snap([rng.uniform(-2, 2 * factor) for _ in range(16)], factor, fixed), factor, fixed)
+    forms = closed_forms(16, factor, yarn_gamma=[i / 15 for i in range(16)][::-1])
+    population = initial_population(forms, 24, rng, factor, fixed, 0.3)
+    assert len(population) == len(set(population)) == 24
+    scored = {c: rng.random() for c in population}
+    for _ in range(5):
+        children = next_generation(scored, rng, parents=8, mutations=6, crossovers=6, factor=factor,
+                                   fixed_pairs=fixed, probability=0.3)
+        assert children and len(set(children)) == len(children) and not set(children) & set(scored)
+        for c in children:
+            _valid(c, factor, fixed)
+            scored[c] = rng.random()
+
+
+def test_closed_forms_are_the_papers_frequencies():
+    d, b, s = 32, 10000.0, 4.0
+    i = torch.arange(d // 2, dtype=torch.float64)
+    theta = b ** (-2 * i / d)
+    ntk_theta = (b * s ** (d / (d - 2))) ** (-2 * i / d)  # NTK-aware base b·s^(d/(d−2)) (LCEG Eq. 9)
+    forms = closed_forms(d // 2, s)
+    torch.testing.assert_close(torch.tensor(forms["ntk"], dtype=torch.float64), theta / ntk_theta)
+    assert forms["pi"] == [s] * (d // 2)  # PI: every frequency ÷ s
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny")
+
+
+SETTINGS = dict(model="tiny", target_length=256, evaluations=14, documents=2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def searched(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("search")
+    return out, run_search(tiny.model, tiny.tokenizer, SearchSettings(**SETTINGS), out, progress=False)
+
+
+def _rows(path):
+    db = sqlite3.connect(path)
+    try:
+        return dict(db.execute("SELECT factors, objective FROM candidates").fetchall())
+    finally:
+        db.close()
+
+
+def test_the_best_beats_or_equals_its_seeds_and_a_rerun_gives_the_same_factors(tiny, searched, tmp_path):
+    out, result = searched
+    assert result["evaluations"] == result["evaluated_here"] == 14
+    assert all(v is not None and result["best"]["perplexity"] <= v for v in result["seeds"].values())
+    again = run_search(tiny.model, tiny.tokenizer, SearchSettings(**SETTINGS), tmp_path, progress=False)
+    assert again["best"] == result["best"]
+    assert _rows(tmp_path / "search.sqlite") == _rows(out / "search.sqlite")
+    resumed = run_search(tiny.model, tiny.tokenizer, SearchSettings(**SETTINGS), out, progress=False)
+    assert resumed["evaluated_here"] == 0 and resumed["best"] == result["best"]
+
+
+def test_plain_transformers_loads_the_export_and_scores_what_the_search_scored(tiny, searched):
+    out, result = searched
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "longrope"
+    assert config["rope_parameters"]["long_factor"] == result["best"]["long_factor"]
+    plain = AutoModelForCausalLM.from_pretrained(out / "model").eval()  # transformers' own longrope, no ropekit
+    nll, count = 0.0, 0
+    for doc in search_documents(tiny.tokenizer, SearchSettings(**SETTINGS)):
+        with torch.no_grad():
+            scores = score_windows(plain, torch.tensor([doc]), len(doc) - 1).double()
+        nll, count = nll + float(scores.sum()), count + scores.numel()
+    assert math.exp(nll / count) == pytest.approx(result["best"]["perplexity"], rel=1e-5)
+
+
+def test_other_settings_in_the_same_directory_are_refused(tiny, searched):
+    out, _ = searched
+    with pytest.raises(Exception, match="other settings"):
+        run_search(tiny.model, tiny.tokenizer, SearchSettings(**{**SETTINGS, "seed": 4}), out, progress=False)
+
+
+def test_bad_input_is_one_line_and_writes_nothing(run_cli, tmp_path):
+    for args, words in ((["--data", "builtin"], "held-out evaluation corpus"), (["--target-length", "32"], "not beyond"),
+                        (["--fixed-pairs", "8"], "fixes every one")):
+        argv = ["search", "tiny", "--target-length", "256", "--out", str(tmp_path / "s"), *args]
+        code, _, err = run_cli(*argv)
+        assert code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "s").exists()
+
+
+def test_sigkill_mid_search_loses_nothing_and_evaluates_nothing_twice(searched, tmp_path):
+    ref_dir, result = searched
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "ropekit.cli", "search", "tiny", "--target-length", "256", "--out", str(out),
+           "--evaluations", "14", "--documents", "2", "--seed", "3", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    done, deadline = 0, time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if (out / "search.sqlite").is_file():
+            try:
+                done = len(_rows(out / "search.sqlite"))
+            except sqlite3.Error:
+                done = 0
+            if done >= 5:
+                break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the search ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = len(_rows(out / "search.sqlite"))
+    assert 5 <= before < 14
+    finished = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    resumed = json.loads(finished.stdout)
+    assert resumed["evaluated_here"] == 14 - before  # what was stored was read back, not evaluated again
+    assert resumed["best"] == result["best"]
+    assert _rows(out / "search.sqlite") == _rows(ref_dir / "search.sqlite")
