@@ -1,0 +1,134 @@
+"""Dual Chunk Attention (An et al. 2024, "Training-Free Long-Context Scaling of Large Language Models", ICML,
+arXiv 2402.17463, §3; ChunkLlama — in the form vLLM serves for Qwen2.5-1M, ``dual_chunk_attention_config``).
+
+The positions are cut into chunks of ``L = chunk_size − local_size`` tokens. A key at position ``j`` sits at
+``j mod L`` (the paper's key position indices ``P_k``). A query at position ``i`` takes one of three positions,
+by how far its chunk ``⌊i/L⌋`` is from the key's chunk ``⌊j/L⌋``:
+
+* **intra-chunk** (same chunk): ``i mod L`` — the relative position is the true ``i − j``;
+* **successive-chunk** (the previous chunk): ``min(i mod L + L, chunk_size)`` — the true
+  distance for the first ``local_size`` tokens of a chunk (locality is kept across the boundary), the
+  ceiling ``chunk_size − (j mod L)`` after them;
+* **inter-chunk** (two or more chunks back): ``chunk_size`` for every query, so every relative
+  position is ``chunk_size − (j mod L)``, inside ``(local_size, chunk_size]``.
+
+The paper writes the ceiling as ``c − 1`` (the pretrained length minus one) with ``L + local_size = c − 1``;
+vLLM's form takes it as ``chunk_size`` — the same computation with ``chunk_size = c − 1``. No relative position
+ever exceeds ``chunk_size``, so with ``chunk_size`` at most the pretrained window the model never sees a distance
+it was not trained on, however long the input.
+
+Queries and keys arrive rotated at their true positions (keys include the KV cache); RoPE rotations compose, so
+each part only rotates them further by ``p − i`` (:func:`~ropekit.attention.kernels.rotate_by`). The three parts
+are restricted softmaxes over disjoint keys, merged exactly by log-sum-exp; queries go in chunks of
+:data:`QUERY_CHUNK` rows, so memory is O(chunk × keys) and no n × n matrix is built. Positions, padding and
+every mask format come from :mod:`ropekit.attention.masks`, as for Self-Extend. Inference only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..core.rope_info import RopeInfo
+from .interface import PairLogits
+from .kernels import attention_with_lse, merge_attention, pair_scores, rotate_by
+from .masks import AttentionMask, query_key_positions
+
+#: Query rows per block: memory O(QUERY_CHUNK × keys) per head.
+QUERY_CHUNK = 256
+
+
+def chunk_key_position(pos: torch.Tensor, chunk_len: int) -> torch.Tensor:
+    """The key (and intra-chunk query) position ``j mod L``."""
+    return torch.remainder(pos, chunk_len)
+
+
+def successive_query_position(pos: torch.Tensor, chunk_len: int, chunk_size: int) -> torch.Tensor:
+    """The successive-chunk query position in vLLM's form: ``min(i mod L + L, chunk_size)``."""
+    return torch.clamp(torch.remainder(pos, chunk_len) + chunk_len, max=chunk_size)
+
+
+class DualChunkAttention:
+    """One layer's Dual Chunk Attention (LayerAttention and PairRule of :mod:`ropekit.attention.interface`).
+
+    When every attending query lies in the first chunk (``i < L``) all pairs are intra-chunk and the plain
+    kernel runs: bit-identical to the unmodified model.
+    """
+
+    def __init__(self, inv_freq: Callable[[], torch.Tensor], chunk_size: int, local_size: int,
+                 chunk: int = QUERY_CHUNK):
+        self.inv_freq = inv_freq
+        self.chunk_size, self.local_size = int(chunk_size), int(local_size)
+        self.chunk_len = self.chunk_size - self.local_size
+        self.chunk = int(chunk)
+
+    def __repr__(self) -> str:
+        return f"DualChunkAttention(chunk_size={self.chunk_size}, local_size={self.local_size})"
+
+    def _rotated(self, query, key, q_pos, k_pos):
+        """``(q_succ, q_inter, k_chunk)``: queries at their successive- and inter-chunk positions, keys at ``j mod L``."""
+        L, S = self.chunk_len, self.chunk_size
+        inv_freq = self.inv_freq().to(query.device)
+        q_succ = rotate_by(query, successive_query_position(q_pos, L, S) - q_pos, inv_freq)
+        q_inter = rotate_by(query, S - q_pos, inv_freq)
+        k_chunk = rotate_by(key, chunk_key_position(k_pos, L) - k_pos, inv_freq)
+        return q_succ, q_inter, k_chunk
+
+    def _relation(self, q_pos, k_pos):
+        """Chunk distance ``⌊i/L⌋ − ⌊j/L⌋`` of every pair, (B|1, 1, Lq, Lk)."""
+        L = self.chunk_len
+        cq = torch.div(q_pos, L, rounding_mode="floor")
+        ck = torch.div(k_pos, L, rounding_mode="floor")
+        return (cq[:, :, None] - ck[:, None, :])[:, None]
+
+    def __call__(self, module, query, key, value, attention_mask, *, scaling, dropout=0.0, kernel, **kwargs):
+        """DCA over rotated ``query`` (B, H, Lq, D) and ``key``/``value`` (B, H_kv, Lk, D); returns
+        ``(out (B, Lq, H, D), None)`` like transformers' kernels."""
+        q_len, k_len = query.shape[2], key.shape[2]
+        q_pos, k_pos = query_key_positions(kwargs.get("position_ids"), q_len, k_len, query.device)
+        mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
+        active = mask.active_queries()
+        last = torch.where(active, q_pos, -1).max()
+        if bool(last < self.chunk_len):  # every pair intra-chunk: the plain model, exactly
+            return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        q_succ, q_inter, k_chunk = self._rotated(query, key, q_pos, k_pos)
+        off = k_len - q_len
+        outs = []
+        for a in range(0, q_len, self.chunk):
+            b = min(a + self.chunk, q_len)
+            hi = min(k_len, b + off)  # causal by index: no row of the block attends past key index hi − 1
+            ok = mask.block(a, b, 0, hi)
+            relation = self._relation(q_pos[:, a:b], k_pos[:, :hi])
+            parts = []
+            for q_src, k_src, which in ((query, key, relation == 0), (q_succ, k_chunk, relation == 1),
+                                        (q_inter, k_chunk, relation >= 2)):
+                allowed = ok & which
+                if bool(allowed.any()):
+                    parts.append(attention_with_lse(q_src[:, :, a:b], k_src[:, :, :hi], value[:, :, :hi], allowed,
+                                                    scale=scaling))
+            if not parts:  # rows that attend to nothing (padding): zeros, as the kernels give
+                outs.append(torch.zeros_like(query[:, :, a:b]))
+                continue
+            outs.append(merge_attention(parts)[0] if len(parts) > 1 else parts[0][0])
+        out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+        return out.transpose(1, 2).contiguous(), None
+
+    def pair_logits(self, module, query, key, attention_mask, *, scaling, rows, **kwargs) -> PairLogits:
+        """The three chunk rules pair by pair: the logit at the true positions inside a chunk, with the query at
+        ``min(i mod L + L, chunk_size)`` against the key at ``j mod L`` from the previous chunk, and at
+        ``chunk_size`` against ``j mod L`` from earlier chunks; every pair the mask allows is kept."""
+        mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
+        q_pos, k_pos = query_key_positions(kwargs.get("position_ids"), query.shape[2], key.shape[2], query.device)
+        q_succ, q_inter, k_chunk = self._rotated(query[:, :, rows], key, q_pos[:, rows], k_pos)
+        relation = self._relation(q_pos[:, rows], k_pos)
+        scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+        logits = torch.where(relation == 0, pair_scores(query[:, :, rows], key),
+                             torch.where(relation == 1, pair_scores(q_succ, k_chunk), pair_scores(q_inter, k_chunk)))
+        return PairLogits(logits * scale, mask.rows(rows))
+
+
+def make_dual_chunk(info: RopeInfo, inv_freq: Callable[[], torch.Tensor], layer_idx: int, *, chunk_size: int,
+                    local_size: int, chunk: int = QUERY_CHUNK) -> DualChunkAttention:
+    """Layer-attention factory for Dual Chunk Attention, named by the method's :class:`AttentionSpec`."""
+    return DualChunkAttention(inv_freq, chunk_size, local_size, chunk=chunk)

@@ -1,0 +1,180 @@
+"""Dual Chunk Attention (An et al. 2024, §3; vLLM's form) against a naive O(n²) reference written out here.
+
+The reference undoes the RoPE rotation of the queries/keys each layer receives with explicit angles and
+recomputes every logit from the definition (L = chunk_size − local_size, c(p) = ⌊p/L⌋)::
+
+    key position    b = j mod L
+    query position  a = i mod L                          if c(i) = c(j)        (intra-chunk)
+                      = min(i mod L + L, chunk_size)     if c(i) = c(j) + 1    (successive-chunk)
+                      = chunk_size                       if c(i) ≥ c(j) + 2    (inter-chunk)
+
+with ``(R_a q)·(R_b k) = cos((a−b)θ)(q₁k₁+q₂k₂) + sin((a−b)θ)(q₁k₂−q₂k₁)`` per pair, a float64 softmax, and
+compares the layer outputs; model-level tests check the degenerate setting, padding, the KV cache, chunked
+prefill and the refusals.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import ropekit
+from ropekit.attention.interface import attention_modules
+from ropekit.core.hf_compat import cache_argument, output_cache
+from ropekit.errors import RopekitError
+from ropekit.models.tiny import build_tiny_model
+
+ATOL = 1e-5
+TEETH = 1e-3
+
+
+def naive_dca(q, k, v, q_pos, k_pos, allowed, chunk_size, local_size, theta32, scale):
+    """(B, Lq, H, D) float64 attention of rotated q (B, H, Lq, D), k/v (B, H_kv, Lk, D) under the rule above."""
+    F = theta32.numel()
+    heads = q.shape[1]
+    q, k, v = q.double(), k.double(), v.double()
+    L = chunk_size - local_size
+
+    def angles(pos):
+        return (pos.to(torch.float32)[..., None] * theta32).double()
+
+    def unrotate(x, pos):
+        a = angles(pos)[:, None]
+        c, s = a.cos(), a.sin()
+        x1, x2 = x[..., :F], x[..., F:2 * F]
+        return x1 * c + x2 * s, x2 * c - x1 * s, x[..., 2 * F:]
+
+    q1, q2, qp = unrotate(q, q_pos)
+    g = heads // k.shape[1]
+    k1, k2, kp = (t.repeat_interleave(g, dim=1) for t in unrotate(k, k_pos))
+    v = v.repeat_interleave(g, dim=1)
+    i, j = q_pos[:, :, None], k_pos[:, None, :]
+    ci, cj = i // L, j // L
+    a = torch.where(ci == cj, i % L, torch.where(ci == cj + 1, torch.clamp(i % L + L, max=chunk_size),
+                                                 torch.full_like(i % L, chunk_size)))
+    b = j % L
+    angle = (angles(a) - angles(b))[:, None]
+    dot = torch.einsum("bhqf,bhkf->bhqkf", q1, k1) + torch.einsum("bhqf,bhkf->bhqkf", q2, k2)
+    cross = torch.einsum("bhqf,bhkf->bhqkf", q1, k2) - torch.einsum("bhqf,bhkf->bhqkf", q2, k1)
+    logits = (angle.cos() * dot).sum(-1) + (angle.sin() * cross).sum(-1) + qp @ kp.transpose(-1, -2)
+    logits = (logits * scale).masked_fill(~allowed[:, None], float("-inf"))
+    return (torch.softmax(logits, dim=-1).nan_to_num(0.0) @ v).transpose(1, 2)
+
+
+def _sharpen(model, k: float = 3.0) -> None:
+    with torch.no_grad():
+        for attn in attention_modules(model):
+            if hasattr(attn, "query_key_value"):
+                w = attn.query_key_value.weight.view(attn.config.num_attention_heads, 3, attn.head_size, -1)
+                w[:, :2] *= k
+            else:
+                attn.q_proj.weight *= k
+                attn.k_proj.weight *= k
+
+
+def _record(model) -> dict[int, list[dict]]:
+    records: dict[int, list[dict]] = {}
+    for attn in attention_modules(model):
+        inner = attn.ropekit_attend
+
+        def wrapped(module, query, key, value, attention_mask, *, inner=inner, **kw):
+            out = inner(module, query, key, value, attention_mask, **kw)
+            records.setdefault(module.layer_idx, []).append(
+                {"q": query.detach().clone(), "k": key.detach().clone(), "v": value.detach().clone(),
+                 "out": out[0].detach().clone(), "scaling": kw["scaling"]})
+            return out
+
+        attn.ropekit_attend = wrapped
+    return records
+
+
+def _ids(batch, length, seed=0):
+    return torch.randint(3, 250, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _theta32(model):
+    info = ropekit.rope_info(model)
+    return info.rope_theta ** (-torch.arange(0, info.rotary_dim, 2, dtype=torch.int64).float() / info.rotary_dim)
+
+
+CASES = {
+    # name: (family, kv heads, kernel, chunk_size, local_size, length, query rows per block)
+    "llama-gqa": ("llama", 2, "sdpa", 48, 8, 200, None),
+    "llama-gqa-row-blocks": ("llama", 2, "sdpa", 48, 8, 200, 37),
+    "llama-mha-eager": ("llama", None, "eager", 40, 0, 170, 64),
+    "qwen3": ("qwen3", 2, "sdpa", 64, 12, 230, None),
+    "gpt_neox-partial-rotary": ("gpt_neox", None, "sdpa", 30, 5, 150, 40),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_layer_equals_the_naive_reference(case):
+    family, kv, kernel, size, local, n, rows = CASES[case]
+    model = build_tiny_model(family, seed=2, **({"num_kv_heads": kv} if family != "gpt_neox" else {}))
+    _sharpen(model)
+    if kernel != "sdpa":
+        model.set_attn_implementation(kernel)
+    ropekit.extend(model, "dual_chunk", chunk_size=size, local_size=local)
+    if rows:
+        for attn in attention_modules(model):
+            attn.ropekit_attend.chunk = rows
+    records = _record(model)
+    with torch.no_grad():
+        model(_ids(1, n))
+    pos = torch.arange(n)[None]
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()[None]
+    theta = _theta32(model)
+    for layer, (rec,) in records.items():
+        want = naive_dca(rec["q"], rec["k"], rec["v"], pos, pos, allowed, size, local, theta, rec["scaling"])
+        assert (rec["out"].double() - want).abs().max().item() <= ATOL, f"layer {layer}"
+        plain = naive_dca(rec["q"], rec["k"], rec["v"], pos, pos, allowed, 10**6, 0, theta, rec["scaling"])
+        assert (rec["out"].double() - plain).abs().max().item() > TEETH, f"layer {layer}: DCA is invisible"
+
+
+def test_inputs_within_one_chunk_are_the_plain_model_bit_for_bit():
+    model = build_tiny_model("llama", seed=1)
+    plain = copy.deepcopy(model)
+    ropekit.extend(model, "dual_chunk", chunk_size=64, local_size=8)
+    ids = _ids(2, 56)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, plain(ids).logits)
+
+
+def test_kv_cache_chunked_prefill_and_padding_equal_the_full_forward():
+    model = build_tiny_model("llama", seed=1)
+    _sharpen(model)
+    ropekit.extend(model, "dual_chunk", chunk_size=48, local_size=6)
+    ids = _ids(1, 190, seed=3)
+    argument = cache_argument(model)
+    with torch.no_grad():
+        full = model(ids).logits
+        first = model(ids[:, :100], use_cache=True)
+        rest = model(ids[:, 100:150], use_cache=True, **{argument: output_cache(first)})
+        torch.testing.assert_close(rest.logits, full[:, 100:150], atol=2e-5, rtol=1e-5)
+        cache, steps = output_cache(rest), []
+        for t in range(150, 190):
+            step = model(ids[:, t:t + 1], use_cache=True, **{argument: cache})
+            cache = output_cache(step)
+            steps.append(step.logits)
+        torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 150:], atol=2e-5, rtol=1e-5)
+        # a left-padded batch row equals the same tokens alone
+        short = _ids(1, 150, seed=4)
+        padded = torch.cat([torch.zeros(1, 40, dtype=torch.long), short], dim=1)
+        mask = torch.cat([torch.zeros(1, 40, dtype=torch.long), torch.ones(1, 150, dtype=torch.long)], dim=1)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        batch = model(torch.cat([padded, ids]), attention_mask=torch.cat([mask, torch.ones_like(mask)]),
+                      position_ids=torch.cat([position_ids, torch.arange(190)[None]])).logits
+        torch.testing.assert_close(batch[0, 40:], model(short).logits[0], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(batch[1], full[0], atol=2e-5, rtol=1e-5)
+
+
+def test_settings_that_break_the_method_are_refused_in_one_line():
+    for params, words in (({"chunk_size": 80}, "beyond the model's window"),
+                          ({"chunk_size": 32, "local_size": 16}, "below half of chunk_size")):
+        model = build_tiny_model("llama")
+        with pytest.raises(RopekitError, match=words) as caught:
+            ropekit.extend(model, "dual_chunk", **params)
+        assert "\n" not in str(caught.value)
+        assert ropekit.installed(model) is None  # nothing half-installed
