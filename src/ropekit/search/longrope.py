@@ -165,6 +165,10 @@ class SearchStore:
             self.conn.execute("INSERT OR IGNORE INTO candidates VALUES (?, ?, ?, ?, datetime('now'))",
                               (self.key(c), value, generation, seconds))
 
+    def evaluation_seconds(self) -> float:
+        """Time spent evaluating every stored candidate, over all runs of this search."""
+        return float(self.conn.execute("SELECT COALESCE(SUM(seconds), 0) FROM candidates").fetchone()[0])
+
     def close(self) -> None:
         self.conn.close()
 
@@ -220,6 +224,7 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
                 batch = next_generation(scored, rng, parents=parents, mutations=mutations, crossovers=crossovers,
                                         factor=factor, fixed_pairs=settings.fixed_pairs,
                                         probability=settings.mutation_probability)
+        evaluation_seconds = store.evaluation_seconds()
     finally:
         store.close()
     best = min(scored, key=lambda c: (scored[c], c))
@@ -236,6 +241,7 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
         "evaluated_here": evaluated_here,
         "generations": generation + 1,
         "seconds": round(time.perf_counter() - started, 1),
+        "evaluation_seconds": round(evaluation_seconds, 1),
         "best": {"long_factor": list(best), "perplexity": scored[best]},
         "seeds": {name: scored.get(snap(values, factor, settings.fixed_pairs)) for name, values in seeds.items()},
         "export": report,
