@@ -201,6 +201,9 @@ def test_demo_settings_are_scaled_to_the_tiny_window(trained):
     assert settings["harpe"]["strategy"] == "uniform" and settings["harpe"]["b_min"] == info.rope_theta
     assert all(s["factor"] == 4.0 for s in settings.values())
     assert settings["landmark"]["mem_freq"] == info.window // 8 - 1  # 8 blocks per window, not the paper's 50
+    for m in list_methods():  # every method installs with its demo settings (the demo runs them all)
+        params = m.resolve(info, dict(settings[m.name]))
+        m.check(info, params)
 
 
 def test_main_table_and_json(trained, monkeypatch, capsys):

@@ -109,6 +109,9 @@ def demo_settings(info: RopeInfo, factor: float = 4.0) -> dict[str, dict[str, An
             out[m.name] = {"strategy": "uniform", "b_min": info.rope_theta, "b_max": _round2(ntk), "factor": factor}
         elif m.name in ("ntk_by_parts", "yarn", "dynamic_yarn"):
             out[m.name] = {"factor": factor, "beta_fast": 4.0, "beta_slow": 1.0}
+        elif m.name == "longrope":  # NTK's per-pair factors λ_i = s^(2i/(d−2)), where LongRoPE's search starts
+            d = info.rotary_dim
+            out[m.name] = {"long_factor": [factor ** (2 * i / (d - 2)) for i in range(d // 2)], "factor": factor}
         elif m.name == "landmark":  # the paper's 50-token blocks would leave one block in a 64-token window
             out[m.name] = {"mem_freq": max(2, info.window // 8 - 1), "top_k": 2, "factor": factor}
         else:
@@ -141,6 +144,13 @@ def describe_settings(
             f"s={s:g}, β={params['beta_fast']:g}, α={params['beta_slow']:g} ({params['ramp']} ramp), "
             f"attn×{params['attention_factor']:.3f}"
         )
+    if name == "llama3":
+        return f"s={s:g}, low/high frequency factors {params['low_freq_factor']:g}/{params['high_freq_factor']:g}"
+    if name == "dual_chunk":
+        size, local = params["chunk_size"], params["local_size"]
+        return f"chunk_size={size}, local_size={local} (chunks of {size - local}); distances ≤ {size}"
+    if name == "longrope":
+        return f"λ_i = {s:g}^(2i/(d−2)) (NTK's factors per pair), attn×{params['attention_factor']:.3f}"
     if name == "dynamic_yarn":
         return f"s=min(L/{params['original_max_position_embeddings']}, {s:g}), β={params['beta_fast']:g}, α={params['beta_slow']:g}"
     if name == "abf":
