@@ -79,3 +79,12 @@ def test_cached_generation_inside_the_window_equals_the_uncached_loop_and_past_i
     beyond = [gap for length, gap in gaps if length > WINDOW]
     assert max(inside) < 1e-4
     assert max(beyond) > 1e-3  # the keys cached at s = 1 no longer match queries at s = L/C
+
+
+def test_frozen_at_a_length_it_exports_as_longrope_that_plain_transformers_runs_as_static_yarn(tmp_path):
+    model, plain = _extended()
+    report = ropekit.save_pretrained(model, tmp_path, rope_format="longrope", freeze_length=256)
+    assert report["format"] == "longrope"
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()  # plain transformers, no ropekit rope type
+    ids = torch.randint(3, 250, (1, 300), generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(_logits(loaded, ids), _logits(_static_yarn(plain, 2.0), ids), atol=2e-5, rtol=1e-5)
