@@ -13,7 +13,7 @@ from ropekit import cli
 from ropekit.eval import TASKS, get_task
 
 #: Options every task command takes (the runner, not the task's run(), consumes them).
-COMMON = {"model", "lengths", "method", "param", "seed", "out_file", "resume", "json_out"}
+COMMON = {"model", "lengths", "method", "param", "seed", "out_file", "resume", "json_out", "device", "dtype", "attn", "device_map"}
 
 EVAL = typer.main.get_command(cli.app).commands["eval"]
 

@@ -24,7 +24,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from ..errors import RopekitError
-from .common import (MODEL_HELP, Command, RichProgress, err, float_list, int_list, load_model, out, parse_params,
+from .common import (MODEL_HELP, AttnOpt, Command, DeviceMapOpt, DeviceOpt, DtypeOpt, RichProgress, err, float_list, int_list, load_model, out, parse_params,
                      print_json, print_rows, split_list)
 
 
@@ -147,7 +147,8 @@ def _accepted(task: str, run, given: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(task: str, model: str, lengths: Optional[str], method: Optional[str], param: Optional[list[str]], seed: int,
-         out_file: Optional[Path], resume: bool, json_out: bool, **options: Any) -> None:
+         out_file: Optional[Path], resume: bool, json_out: bool, placement: tuple = ("auto", "auto", "auto", None),
+         **options: Any) -> None:
     """Run ``task`` on MODEL with the options given (None = not given: the task's default), then print its summary."""
     from ..eval import get_task
     from ..eval.records import parse_lengths
@@ -161,7 +162,7 @@ def _run(task: str, model: str, lengths: Optional[str], method: Optional[str], p
         from ..methods import get_method
 
         get_method(method)  # an unknown name fails before the model loads
-    loaded = load_model(model)
+    loaded = load_model(model, *placement)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..eval.common import make_context
@@ -204,9 +205,13 @@ def ppl_cmd(
     out_file: Out = None,
     resume: Resume = False,
     json_out: Json = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
 ):
     """Sliding-window perplexity with an explicit protocol, and the per-position NLL curve."""
-    _run("ppl", model, lengths, method, param, seed, out_file, resume, json_out, data=data, samples=samples,
+    _run("ppl", model, lengths, method, param, seed, out_file, resume, json_out, (device, dtype, attn, device_map), data=data, samples=samples,
          stride=stride, score_mode=score_mode, weighting=weighting, add_bos=add_bos, plot=plot)
 
 
@@ -223,9 +228,13 @@ def passkey_cmd(
     out_file: Out = None,
     resume: Resume = False,
     json_out: Json = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
 ):
     """Passkey retrieval (the Landmark/YaRN prompt): lengths × depths × trials, first-integer scoring."""
-    _run("passkey", model, lengths, method, param, seed, out_file, resume, json_out, depths=depths, trials=trials, plot=plot)
+    _run("passkey", model, lengths, method, param, seed, out_file, resume, json_out, (device, dtype, attn, device_map), depths=depths, trials=trials, plot=plot)
 
 
 @_task("niah")
@@ -242,9 +251,13 @@ def niah_cmd(
     out_file: Out = None,
     resume: Resume = False,
     json_out: Json = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
 ):
     """Needle-in-a-haystack grid: sentence-boundary insertion, word-recall scoring, a heatmap."""
-    _run("niah", model, lengths, method, param, seed, out_file, resume, json_out, depths=depths, trials=trials,
+    _run("niah", model, lengths, method, param, seed, out_file, resume, json_out, (device, dtype, attn, device_map), depths=depths, trials=trials,
          chat=chat, plot=plot)
 
 
@@ -262,9 +275,13 @@ def ruler_cmd(
     out_file: Out = None,
     resume: Resume = False,
     json_out: Json = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
 ):
     """RULER's 13 synthetic tasks with their templates, budgets and metrics."""
-    _run("ruler", model, lengths, method, param, seed, out_file, resume, json_out, tasks=tasks, samples=samples,
+    _run("ruler", model, lengths, method, param, seed, out_file, resume, json_out, (device, dtype, attn, device_map), tasks=tasks, samples=samples,
          data=data, chat=chat)
 
 
@@ -282,9 +299,13 @@ def longbench_cmd(
     out_file: Out = None,
     resume: Resume = False,
     json_out: Json = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
 ):
     """LongBench / LongBench-E from local JSONL files: middle truncation, the official metrics."""
-    _run("longbench", model, lengths, method, param, seed, out_file, resume, json_out, tasks=tasks, samples=samples,
+    _run("longbench", model, lengths, method, param, seed, out_file, resume, json_out, (device, dtype, attn, device_map), tasks=tasks, samples=samples,
          data=data, chat=chat)
 
 
@@ -301,9 +322,13 @@ def manyshot_cmd(
     out_file: Out = None,
     resume: Resume = False,
     json_out: Json = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
 ):
     """Many-shot in-context learning: accuracy against the number of examples."""
-    _run("manyshot", model, lengths, method, param, seed, out_file, resume, json_out, shots=shots, samples=samples, data=data)
+    _run("manyshot", model, lengths, method, param, seed, out_file, resume, json_out, (device, dtype, attn, device_map), shots=shots, samples=samples, data=data)
 
 
 @_task("entropy")
@@ -318,9 +343,13 @@ def entropy_cmd(
     out_file: Out = None,
     resume: Resume = False,
     json_out: Json = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
 ):
     """Attention entropy per layer, head and query position, raw and normalised."""
-    _run("entropy", model, lengths, method, param, seed, out_file, resume, json_out, samples=samples, plot=plot)
+    _run("entropy", model, lengths, method, param, seed, out_file, resume, json_out, (device, dtype, attn, device_map), samples=samples, plot=plot)
 
 
 @_task("short")
@@ -337,9 +366,13 @@ def short_cmd(
     out_file: Out = None,
     resume: Resume = False,
     json_out: Json = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
 ):
     """Short-context regression through lm-evaluation-harness (pip install 'ropekit\\[lmeval]')."""
-    _run("short", model, lengths, method, param, seed, out_file, resume, json_out, tasks=tasks, data=data,
+    _run("short", model, lengths, method, param, seed, out_file, resume, json_out, (device, dtype, attn, device_map), tasks=tasks, data=data,
          samples=samples, chat=chat)
 
 
@@ -356,6 +389,10 @@ def speed_cmd(
     out_file: Out = None,
     resume: Resume = False,
     json_out: Json = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
 ):
     """Prefill time, decode time per token and peak memory per length, several methods interleaved."""
     from ..eval.records import parse_lengths
@@ -367,7 +404,7 @@ def speed_cmd(
     lengths_list = parse_lengths(lengths)
     method_list = (methods or method or "plain").split(",")
     parse_method_specs(method_list, params)  # validate names before loading anything
-    loaded = load_model(model)
+    loaded = load_model(model, device, dtype, attn, device_map)
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from ..errors import RopekitError
-from .common import MODEL_HELP, load_model, out, parse_params, print_json
+from .common import MODEL_HELP, AttnOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, load_model, out, parse_params, print_json
 
 
 def _check_out_dir(path: Path, overwrite: bool) -> None:
@@ -35,6 +35,10 @@ def extend_cmd(
                                               "full-attention layers)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Allow writing into a non-empty --out directory."),
     json_out: bool = typer.Option(False, "--json", help="Print the export report as JSON."),
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
 ):
     """Install a method into a model and save it (plain-transformers loadable wherever possible)."""
     from ..install import ROPE_FORMATS, extend, save_pretrained
@@ -44,7 +48,7 @@ def extend_cmd(
         raise RopekitError(f"--rope-format {rope_format!r} is not one of {', '.join(ROPE_FORMATS)}", "pass e.g. --rope-format auto")
     types = [t.strip() for t in layer_types.split(",") if t.strip()] if layer_types else None
     _check_out_dir(out_dir, overwrite)
-    loaded = load_model(model)
+    loaded = load_model(model, device, dtype, attn, device_map)
     # extend is all or nothing and save_pretrained refuses a format before writing: a mistake leaves no --out
     extend(loaded.model, method, factor=factor, target_length=target_length, layer_types=types, **params)
     report = save_pretrained(loaded.model, out_dir, tokenizer=loaded.tokenizer, rope_format=rope_format,

@@ -7,7 +7,7 @@ import json
 import typer
 from rich.table import Table
 
-from .common import MODEL_HELP, load_model, out, print_json
+from .common import MODEL_HELP, AttnOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, load_model, out, print_json
 
 #: The facts shown in the table, in this order (``--json`` prints every fact).
 _FACTS = ("architecture", "model_type", "rope_type", "rope_theta", "window", "original_window", "head_dim",
@@ -17,11 +17,15 @@ _FACTS = ("architecture", "model_type", "rope_type", "rope_theta", "window", "or
 def inspect_cmd(
     model: str = typer.Argument(..., help=MODEL_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the facts as JSON."),
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
 ):
     """Show a model's architecture, RoPE settings and which methods apply."""
     from ..install import inspect_model
 
-    loaded = load_model(model)
+    loaded = load_model(model, device, dtype, attn, device_map)
     facts = inspect_model(loaded.model)
     facts["source"] = {"kind": loaded.source, "path": str(loaded.path)}
     if json_out:

@@ -4,13 +4,13 @@ shows how far a study has come."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from ..errors import RopekitError
-from .common import err, out, print_json
+from .common import AttnOpt, DtypeOpt, err, out, print_json, resolve_placement
 
 #: Colour of each piece status in the `status` table.
 _COLORS = {"done": "green", "running": "cyan", "failed": "red", "pending": "dim"}
@@ -51,6 +51,9 @@ def study_cmd(
     show: bool = typer.Option(False, "--show", help="Print the config (a preset's YAML) and exit."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the report when the study finishes."),
     json_out: bool = typer.Option(False, "--json", help="Print the final status (or `status`) as JSON."),
+    device: Annotated[Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps (default: the config's `device`, auto; with several GPUs each worker gets its own).")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help=DtypeOpt.__metadata__[0].help + " Default: the config's `dtype`.")] = None,
+    attn: Annotated[Optional[str], typer.Option("--attn", help=AttnOpt.__metadata__[0].help + " Default: the config's `attn`.")] = None,
 ):
     """Run a controlled study (resumable: run it again to continue), then write its report.
 
@@ -72,6 +75,12 @@ def study_cmd(
         typer.echo(preset_text(preset), nl=False)  # raw: rich would wrap long lines and break the YAML
         return
     cfg = load_study_config(config, preset=preset)
+    for key, value in (("device", device), ("dtype", dtype), ("attn", attn)):
+        if value is not None:
+            setattr(cfg, key, value)
+    # an impossible device/dtype/attn fails here, in one line, before a study directory exists
+    resolve_placement(getattr(cfg, "device", "auto") or "auto", getattr(cfg, "dtype", "auto") or "auto",
+                      getattr(cfg, "attn", "auto") or "auto")
     from ..study.runner import run_study
 
     if cfg.model != BUILTIN_BASE:

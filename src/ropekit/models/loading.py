@@ -624,6 +624,8 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     attn_implementation: str = "sdpa",
     with_tokenizer: bool = True,
+    device: str | None = None,
+    device_map: str | None = None,
 ) -> LoadedModel:
     """Load a MODEL argument (see :func:`resolve_model`) as a transformers causal LM in eval mode.
 
@@ -631,7 +633,20 @@ def load_model(
     tiny and GGUF models (GGUF weights are dequantized to float32) and the checkpoint's own dtype for
     directories and hub ids. Hub ids are loaded from the local cache first and downloaded only if the hub
     answers; an offline machine without a cached copy gets a one-line :class:`ModelLoadError`.
+
+    ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``), ``device_map`` (``auto``: layers spread over
+    every GPU with accelerate) or ``attn_implementation="auto"`` switch on :func:`ropekit.runtime.devices.resolve_devices`:
+    the device, dtype (``None``/``"auto"``: bfloat16 on CUDA, float32 elsewhere) and attention kernel are resolved
+    against this machine — an impossible choice is a one-line :class:`RopekitError` *before* anything loads — and
+    the model is moved there. Without them, the model stays on the CPU as before.
     """
+    plan = None
+    if device is not None or device_map is not None or attn_implementation == "auto":
+        from ..runtime.devices import resolve_devices
+
+        wanted = "auto" if dtype is None else str(dtype).removeprefix("torch.")
+        plan = resolve_devices(device or "auto", wanted, attn_implementation, device_map)
+        dtype, attn_implementation = plan.dtype, plan.attn
     dtype = _resolve_dtype(dtype)
     kind, target = resolve_model(spec)
     info: dict[str, Any] = {}
@@ -649,5 +664,19 @@ def load_model(
         info = {"gguf_architecture": gguf_info.architecture, "gguf_file_type": gguf_info.metadata.get("general.file_type")}
     else:
         model, tokenizer = _load_hub(target, dtype=dtype, attn_implementation=attn_implementation, with_tokenizer=with_tokenizer)
+    if plan is not None:
+        model = _place(model, plan)
+        info["placement"] = plan.as_dict()
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, source=kind, path=target, info=info)
+
+
+def _place(model, plan):
+    """Move a loaded model where ``plan`` says: one device, or (``device_map="auto"``) layers spread over the GPUs."""
+    if plan.device_map == "auto":
+        from accelerate import dispatch_model, infer_auto_device_map
+
+        no_split = getattr(model, "_no_split_modules", None) or []
+        device_map = infer_auto_device_map(model, no_split_module_classes=list(no_split), dtype=plan.torch_dtype)
+        return dispatch_model(model, device_map=device_map)
+    return model.to(plan.device)

@@ -34,6 +34,7 @@ from ..eval.common import EvalContext, prepare_model
 from ..install import load, rope_info
 from ..models.byte_tokenizer import byte_tokenizer
 from ..models.loading import load_model
+from ..runtime.devices import worker_device
 from ..runtime import default_threads, quiet_transformers, torch_threads
 from ..train.builtin_base import describe, pretrain_base
 from ..train.trainer import METRICS_FILE, train
@@ -89,16 +90,29 @@ def base_model_path(config: StudyConfig, store: StudyStore) -> str:
     return str(pretrain_base(config.seed, progress=False))  # the cache was cleared since: rebuild it
 
 
-def _load_base(config: StudyConfig, store: StudyStore):
-    loaded = load_model(base_model_path(config, store))
+def placement(config: StudyConfig, device: str | None = None):
+    """The study's ``device``/``dtype``/``attn`` keys (default ``auto``) resolved against this machine
+    (:func:`ropekit.runtime.devices.resolve_devices`); ``device`` overrides the config's (a worker's own GPU)."""
+    from ..runtime.devices import resolve_devices
+
+    return resolve_devices(device or getattr(config, "device", "auto") or "auto", getattr(config, "dtype", "auto") or "auto",
+                           getattr(config, "attn", "auto") or "auto")
+
+
+def _load_base(config: StudyConfig, store: StudyStore, device: str | None = None):
+    plan_ = placement(config, device)
+    loaded = load_model(base_model_path(config, store), device=plan_.device, dtype=plan_.dtype,
+                        attn_implementation=plan_.attn)
     return loaded.model, loaded.tokenizer
 
 
-def _load_trained(path: str | Path):
+def _load_trained(path: str | Path, plan_=None):
     from transformers import AutoTokenizer
 
     with quiet_transformers():
         model = load(path)
+        if plan_ is not None:
+            model = model.to(device=plan_.device, dtype=plan_.torch_dtype)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True) if (Path(path) / "tokenizer_config.json").is_file() else None
     if tokenizer is None:
         tokenizer = byte_tokenizer()
@@ -156,25 +170,25 @@ def _run_train(config: StudyConfig, store: StudyStore, piece: PlannedPiece, stud
     return {"artifacts": artifacts, "metrics": metrics}
 
 
-def _eval_model(config: StudyConfig, store: StudyStore, variant: Variant, lengths: list[int]):
-    """``(model, tokenizer, method, params)`` of a variant, ready to evaluate."""
+def _eval_model(config: StudyConfig, store: StudyStore, variant: Variant, lengths: list[int], device: str | None = None):
+    """``(model, tokenizer, method, params)`` of a variant, ready to evaluate, on the study's device (or ``device``)."""
     if variant.trained:
         trained = [a["path"] for a in store.artifacts(f"train:{variant.label}") if a["name"] == "model"]
         if not trained:
             raise RopekitError(f"the training of '{variant.label}' left no model", "run the study again to retrain it")
-        model, tokenizer = _load_trained(trained[0])
+        model, tokenizer = _load_trained(trained[0], placement(config, device))
         record = getattr(model.config, "ropekit", None) or {}
         return model, tokenizer, record.get("method") or "plain", dict(record.get("params") or {})
-    model, tokenizer = _load_base(config, store)
+    model, tokenizer = _load_base(config, store, device)
     variant_model, params = prepare_model(model, variant.method, dict(variant.params), lengths)
     return variant_model, tokenizer, variant.method or "plain", params
 
 
-def _run_eval(config: StudyConfig, store: StudyStore, piece: PlannedPiece, report) -> dict[str, Any]:
+def _run_eval(config: StudyConfig, store: StudyStore, piece: PlannedPiece, report, device: str | None = None) -> dict[str, Any]:
     variant = config.variant(piece.label)
     options = dict(config.evals[piece.task])
     module = get_task(piece.task)
-    model, tokenizer, method, params = _eval_model(config, store, variant, options["lengths"])
+    model, tokenizer, method, params = _eval_model(config, store, variant, options["lengths"], device)
     model.eval()
     ctx = EvalContext(task=piece.task, model=model, tokenizer=tokenizer, method=method, params=params,
                       seed=config.seed, writer=StoreRecordWriter(store, piece.id, key_fields_for(piece.task)),
@@ -184,8 +198,10 @@ def _run_eval(config: StudyConfig, store: StudyStore, piece: PlannedPiece, repor
 
 
 def run_piece(config: StudyConfig, store: StudyStore, piece: PlannedPiece, study_dir: Path, report=lambda n, total: None,
-              threads: int | None = None) -> None:
-    """Run one claimed piece and commit its results; failures are recorded on the piece, never raised."""
+              threads: int | None = None, device: str | None = None) -> None:
+    """Run one claimed piece and commit its results; failures are recorded on the piece, never raised.
+
+    ``device`` overrides the study's ``device`` key for evaluations (a worker's own GPU)."""
     started = time.perf_counter()
     try:
         if piece.kind == "pretrain":
@@ -193,7 +209,7 @@ def run_piece(config: StudyConfig, store: StudyStore, piece: PlannedPiece, study
         elif piece.kind == "train":
             out = _run_train(config, store, piece, study_dir, report, threads)
         else:
-            out = _run_eval(config, store, piece, report)
+            out = _run_eval(config, store, piece, report, device)
     except (KeyboardInterrupt, SystemExit):
         raise
     except RopekitError as err:
@@ -220,12 +236,13 @@ def _blocked(piece: PlannedPiece, status: dict[str, str], by_id: dict[str, Plann
 
 
 def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, report_progress=None, report_done=None,
-         poll: float = 0.5, threads: int | None = None) -> None:
+         poll: float = 0.5, threads: int | None = None, device: str | None = None) -> None:
     """One worker: claim runnable pieces until none is left (others may still be running pieces).
 
     ``threads``: CPU threads for every piece; ``None`` chooses them per piece from the machine's load at the
     moment it starts (:func:`~ropekit.runtime.default_threads`), so a momentary load early on does not slow
-    the whole study. ``report_done(piece, status, seconds)`` is called after each piece.
+    the whole study. ``report_done(piece, status, seconds)`` is called after each piece. ``device``: this
+    worker's device for evaluations (None: the config's ``device`` key).
     """
     study_dir = Path(study_dir)
     pieces = plan(config)
@@ -255,7 +272,7 @@ def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, repor
             piece_threads = threads or default_threads()
             with torch_threads(piece_threads):
                 run_piece(config, store, runnable, study_dir, report=report_progress or (lambda n, total: None),
-                          threads=piece_threads)
+                          threads=piece_threads, device=device)
             outcome = _statuses(store).get(runnable.id)
             if outcome == "failed":
                 failed_now.add(runnable.id)
@@ -263,9 +280,12 @@ def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, repor
                 report_done(runnable, outcome, time.perf_counter() - started)
 
 
-def _worker_main(study_dir: str, config_dict: dict[str, Any], threads: int) -> None:
+def _worker_main(study_dir: str, config_dict: dict[str, Any], threads: int, device: str | None = None,
+                 dtype: str = "auto", attn: str = "auto") -> None:
+    config = parse_study(config_dict)
+    config.dtype, config.attn = dtype, attn  # also when the config dict does not carry them
     with quiet_transformers():
-        work(study_dir, parse_study(config_dict), threads=threads)
+        work(study_dir, config, threads=threads, device=device)
 
 
 def initialize(study_dir: str | Path, config: StudyConfig) -> StudyStore:
@@ -304,6 +324,7 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
     study_dir = Path(study_dir)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise RopekitError(f"--workers {workers!r} is not a positive whole number", "pass --workers 1 (or more)")
+    placement(config)  # an impossible device/dtype/attn fails here, in one line, before anything loads
     store = initialize(study_dir, config)
     started = time.time()
     pieces = plan(config)
@@ -334,8 +355,12 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
             else:
                 threads = max(1, (os.cpu_count() or 1) // workers)
                 ctx = multiprocessing.get_context("spawn")
-                procs = [ctx.Process(target=_worker_main, args=(str(study_dir), config.as_dict(), threads), daemon=False)
-                         for _ in range(workers)]
+                # several GPUs: worker i evaluates on cuda:(i mod n) instead of every worker sharing cuda:0
+                requested = getattr(config, "device", "auto") or "auto"
+                procs = [ctx.Process(target=_worker_main, daemon=False,
+                                     args=(str(study_dir), config.as_dict(), threads, worker_device(requested, i),
+                                           getattr(config, "dtype", "auto"), getattr(config, "attn", "auto")))
+                         for i in range(workers)]
                 for proc in procs:
                     proc.start()
                 seen = _statuses(store)

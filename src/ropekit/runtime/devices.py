@@ -1,0 +1,178 @@
+"""Where a model runs: ``--device``, ``--dtype``, ``--attn`` and ``--device-map`` resolved to what this machine has.
+
+``auto`` picks, in order: CUDA with bfloat16 (float16 on GPUs without bfloat16) and ``flash_attention_2`` when
+the ``flash_attn`` package is importable, else ``sdpa`` — when a GPU is present; otherwise CPU, float32 and
+``sdpa``. An explicit choice the machine cannot honour (``cuda`` without a GPU, ``cuda:3`` with one GPU, ``mps``
+off a Mac, ``flash_attention_2`` without ``flash_attn`` or off CUDA, float16 on CPU, …) is refused with a
+one-line :class:`~ropekit.errors.RopekitError` — :func:`resolve_devices` runs before any model is loaded, so a
+mistake costs nothing.
+
+Only the standard library is imported at module level; torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from ..errors import RopekitError
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+ATTN_CHOICES = ("auto", "sdpa", "eager", "flash_attention_2", "flex_attention")
+DEVICE_MAP_CHOICES = ("auto",)
+
+_DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "float": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+                  "float16": "float16", "fp16": "float16", "half": "float16"}
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """A resolved placement: ``device`` (``cpu``, ``cuda:N`` or ``mps``), ``dtype`` (a name), ``attn`` (a
+    transformers attention implementation) and ``device_map`` (None, or ``auto`` to spread the layers over every
+    GPU with accelerate — then ``device`` is where the inputs go, the first GPU)."""
+
+    device: str
+    dtype: str
+    attn: str
+    device_map: str | None = None
+
+    @property
+    def torch_dtype(self):
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"device": self.device, "dtype": self.dtype, "attn": self.attn, "device_map": self.device_map}
+
+
+def cuda_count() -> int:
+    """How many CUDA devices torch sees (0 without CUDA)."""
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def mps_available() -> bool:
+    import torch
+
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+def flash_attn_installed() -> bool:
+    """Whether the ``flash_attn`` package (transformers' ``flash_attention_2``) can be imported."""
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def _resolve_device(device: str) -> str:
+    text = (device or "auto").strip().lower()
+    count = cuda_count()
+    if text == "auto":
+        return "cuda:0" if count else "cpu"
+    if text == "cpu":
+        return "cpu"
+    if text == "mps":
+        if not mps_available():
+            raise RopekitError("--device mps: no Apple-silicon (MPS) backend on this machine", "pass --device cpu or --device auto")
+        return "mps"
+    if text == "cuda" or text.startswith("cuda:"):
+        index_text = text.partition(":")[2] or "0"
+        if not index_text.isdigit():
+            raise RopekitError(f"--device {device!r} is not a device", "pass cuda or cuda:N with N a GPU index, e.g. cuda:0")
+        if count == 0:
+            raise RopekitError(f"--device {device}: torch sees no CUDA GPU on this machine", "pass --device cpu (or auto)")
+        index = int(index_text)
+        if index >= count:
+            raise RopekitError(f"--device {device}: this machine has {count} GPU{'s' if count > 1 else ''} "
+                               f"(cuda:0–cuda:{count - 1})", f"pass --device cuda:{count - 1} or lower, or --device auto")
+        return f"cuda:{index}"
+    raise RopekitError(f"--device {device!r} is not one of {', '.join(DEVICE_CHOICES)}", "pass e.g. --device auto")
+
+
+def _resolve_dtype(dtype: str, device: str) -> str:
+    import torch
+
+    text = (dtype or "auto").strip().lower().removeprefix("torch.")
+    if text == "auto":
+        if device.startswith("cuda"):
+            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        return "float32"
+    name = _DTYPE_ALIASES.get(text)
+    if name is None:
+        raise RopekitError(f"--dtype {dtype!r} is not one of {', '.join(DTYPE_CHOICES)}", "pass e.g. --dtype auto")
+    if name == "float16" and device == "cpu":
+        raise RopekitError("--dtype float16 on CPU: half-precision matmuls there are slow and lose precision",
+                           "pass --dtype float32 (or bfloat16) on CPU")
+    if name == "bfloat16" and device.startswith("cuda") and not torch.cuda.is_bf16_supported():
+        raise RopekitError(f"--dtype bfloat16: {device} has no bfloat16 support", "pass --dtype float16 on this GPU")
+    return name
+
+
+def _resolve_attn(attn: str, device: str, dtype: str) -> str:
+    text = (attn or "auto").strip().lower()
+    if text == "auto":
+        if device.startswith("cuda") and dtype in ("bfloat16", "float16") and flash_attn_installed():
+            return "flash_attention_2"
+        return "sdpa"
+    if text not in ATTN_CHOICES:
+        raise RopekitError(f"--attn {attn!r} is not one of {', '.join(ATTN_CHOICES)}", "pass e.g. --attn auto")
+    if text == "flash_attention_2":
+        if not device.startswith("cuda"):
+            raise RopekitError(f"--attn flash_attention_2 runs on CUDA GPUs only, not on {device}", "pass --attn sdpa")
+        if not flash_attn_installed():
+            raise RopekitError("--attn flash_attention_2: the flash_attn package is not installed",
+                               "pip install flash-attn, or pass --attn sdpa")
+        if dtype not in ("bfloat16", "float16"):
+            raise RopekitError(f"--attn flash_attention_2 needs bfloat16 or float16, not {dtype}",
+                               "pass --dtype bfloat16 (or --attn sdpa)")
+    if text == "flex_attention":
+        try:
+            importlib.import_module("torch.nn.attention.flex_attention")
+        except ImportError:
+            raise RopekitError("--attn flex_attention: this torch has no flex attention", "upgrade torch, or pass --attn sdpa") from None
+    return text
+
+
+def _resolve_device_map(device_map: str | None, requested_device: str, device: str) -> str | None:
+    if device_map is None or not str(device_map).strip() or str(device_map).strip().lower() == "none":
+        return None
+    text = str(device_map).strip().lower()
+    if text != "auto":
+        raise RopekitError(f"--device-map {device_map!r} is not supported", "pass --device-map auto, or leave it out")
+    if not device.startswith("cuda"):
+        raise RopekitError("--device-map auto spreads a model over GPUs, and there is none on "
+                           f"{'this machine' if requested_device == 'auto' else device}", "leave --device-map out")
+    if requested_device.strip().lower().startswith("cuda:"):
+        raise RopekitError(f"--device-map auto and --device {requested_device} contradict each other",
+                           "pass one of them")
+    if importlib.util.find_spec("accelerate") is None:
+        raise RopekitError("--device-map auto needs the accelerate package", "pip install accelerate, or leave --device-map out")
+    return "auto"
+
+
+def resolve_devices(device: str = "auto", dtype: str = "auto", attn: str = "auto",
+                    device_map: str | None = None) -> DevicePlan:
+    """Resolve the four options against this machine (module docstring); a one-line RopekitError if impossible."""
+    resolved = _resolve_device(device)
+    name = _resolve_dtype(dtype, resolved)
+    kernel = _resolve_attn(attn, resolved, name)
+    placement = _resolve_device_map(device_map, device or "auto", resolved)
+    return DevicePlan(device=resolved, dtype=name, attn=kernel, device_map=placement)
+
+
+def worker_device(device: str, worker: int) -> str:
+    """The ``--device`` a study worker uses: with ``auto`` or ``cuda`` and several GPUs, worker ``i`` gets
+    ``cuda:(i mod n)`` so the workers do not share one GPU; anything else is passed through unchanged."""
+    text = (device or "auto").strip().lower()
+    if text not in ("auto", "cuda"):
+        return device
+    count = cuda_count()
+    if count <= 1:
+        return device
+    return f"cuda:{worker % count}"

@@ -1,0 +1,70 @@
+"""Device options on the CLI: an impossible --device/--dtype/--attn is one line, exit 2, and no model loads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ropekit.runtime import devices
+
+
+@pytest.fixture
+def cpu_only(monkeypatch):
+    """A machine without GPU, MPS or flash_attn; any model load fails the test."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(devices, "mps_available", lambda: False)
+    monkeypatch.setattr(devices, "flash_attn_installed", lambda: False)
+    import ropekit.models.loading as loading
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    for name in ("_load_tiny", "_load_dir", "_load_gguf", "_load_hub"):
+        monkeypatch.setattr(loading, name, no_load)
+
+
+COMMANDS = [
+    ["inspect", "tiny"],
+    ["extend", "tiny", "--method", "pi", "--factor", "2", "--out", "OUT"],
+    ["eval", "ppl", "tiny", "--lengths", "64"],
+    ["eval", "passkey", "tiny", "--lengths", "64"],
+    ["eval", "niah", "tiny", "--lengths", "64"],
+    ["eval", "ruler", "tiny", "--lengths", "64"],
+    ["eval", "longbench", "tiny"],
+    ["eval", "manyshot", "tiny"],
+    ["eval", "entropy", "tiny", "--lengths", "64"],
+    ["eval", "short", "tiny"],
+    ["eval", "speed", "tiny", "--lengths", "64"],
+    ["study", "--preset", "quick", "--out", "OUT"],
+]
+BAD = [
+    (["--device", "cuda"], "no CUDA GPU"),
+    (["--device", "cuda:3"], "no CUDA GPU"),
+    (["--device", "mps"], "MPS"),
+    (["--dtype", "float16"], "float16 on CPU"),
+    (["--attn", "flash_attention_2"], "CUDA GPUs only"),
+]
+
+
+@pytest.mark.parametrize("bad, words", BAD, ids=[b[0][1] for b in BAD])
+@pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c[:2]) for c in COMMANDS])
+def test_refused_before_loading(run_cli, cpu_only, tmp_path, command, bad, words):
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in command]
+    code, stdout, stderr = run_cli(*args, *bad)
+    assert code == 2, (stdout, stderr)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0], stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_device_map_refused_without_gpu(run_cli, cpu_only):
+    code, _, stderr = run_cli("inspect", "tiny", "--device-map", "auto")
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "--device-map" in stderr
+
+
+def test_explicit_cpu_loads_on_cpu(run_cli, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, stdout, stderr = run_cli("inspect", "tiny", "--device", "cpu", "--dtype", "float32", "--attn", "eager", "--json")
+    assert code == 0, stderr
+    assert '"attn_implementation": "eager"' in stdout

@@ -1,0 +1,98 @@
+"""--device/--dtype/--attn/--device-map resolution (ropekit.runtime.devices) against faked machines."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ropekit.errors import RopekitError
+from ropekit.runtime import devices
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """``machine(gpus, bf16=True, flash=False, mps=False)``: fake what torch and the installed packages report."""
+
+    def set_machine(gpus: int, bf16: bool = True, flash: bool = False, mps: bool = False, accelerate: bool = True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+        monkeypatch.setattr(devices, "mps_available", lambda: mps)
+        monkeypatch.setattr(devices, "flash_attn_installed", lambda: flash)
+        real = devices.importlib.util.find_spec
+        monkeypatch.setattr(devices.importlib.util, "find_spec",
+                            lambda name, *a: (object() if accelerate else None) if name == "accelerate" else real(name, *a))
+
+    return set_machine
+
+
+RESOLUTION = [
+    # (gpus, flash, device, dtype, attn, map) → (device, dtype, attn, map)
+    ((0, False, "auto", "auto", "auto", None), ("cpu", "float32", "sdpa", None)),
+    ((1, False, "auto", "auto", "auto", None), ("cuda:0", "bfloat16", "sdpa", None)),
+    ((1, True, "auto", "auto", "auto", None), ("cuda:0", "bfloat16", "flash_attention_2", None)),
+    ((2, True, "cuda:1", "float16", "auto", None), ("cuda:1", "float16", "flash_attention_2", None)),
+    ((1, True, "auto", "float32", "auto", None), ("cuda:0", "float32", "sdpa", None)),  # FA2 needs half precision
+    ((1, True, "cpu", "auto", "auto", None), ("cpu", "float32", "sdpa", None)),
+    ((0, False, "cpu", "bf16", "eager", None), ("cpu", "bfloat16", "eager", None)),
+    ((1, False, "cuda", "auto", "flex_attention", None), ("cuda:0", "bfloat16", "flex_attention", None)),
+    ((4, False, "auto", "auto", "auto", "auto"), ("cuda:0", "bfloat16", "sdpa", "auto")),
+]
+
+
+@pytest.mark.parametrize("given, expected", RESOLUTION, ids=[str(g) for g, _ in RESOLUTION])
+def test_resolution_table(machine, given, expected):
+    gpus, flash, device, dtype, attn, device_map = given
+    machine(gpus, flash=flash)
+    plan = devices.resolve_devices(device, dtype, attn, device_map)
+    assert (plan.device, plan.dtype, plan.attn, plan.device_map) == expected
+
+
+def test_auto_uses_float16_on_gpus_without_bfloat16(machine):
+    machine(1, bf16=False)
+    assert devices.resolve_devices().dtype == "float16"
+
+
+def test_mps_when_present(machine):
+    machine(0, mps=True)
+    assert devices.resolve_devices("mps").device == "mps"
+
+
+REFUSALS = [
+    (dict(gpus=0), ("cuda", "auto", "auto", None), "no CUDA GPU"),
+    (dict(gpus=0), ("cuda:0", "auto", "auto", None), "no CUDA GPU"),
+    (dict(gpus=1), ("cuda:3", "auto", "auto", None), "has 1 GPU"),
+    (dict(gpus=0), ("mps", "auto", "auto", None), "MPS"),
+    (dict(gpus=0), ("tpu", "auto", "auto", None), "not one of"),
+    (dict(gpus=1), ("cuda:x", "auto", "auto", None), "not a device"),
+    (dict(gpus=0), ("cpu", "float16", "auto", None), "float16 on CPU"),
+    (dict(gpus=0), ("auto", "float64", "auto", None), "not one of"),
+    (dict(gpus=1, bf16=False), ("cuda", "bfloat16", "auto", None), "no bfloat16"),
+    (dict(gpus=1, flash=False), ("cuda", "bfloat16", "flash_attention_2", None), "not installed"),
+    (dict(gpus=0, flash=True), ("cpu", "auto", "flash_attention_2", None), "CUDA GPUs only"),
+    (dict(gpus=1, flash=True), ("cuda", "float32", "flash_attention_2", None), "bfloat16 or float16"),
+    (dict(gpus=1), ("cuda", "auto", "paged", None), "not one of"),
+    (dict(gpus=0), ("auto", "auto", "auto", "auto"), "no"),
+    (dict(gpus=2), ("cuda:1", "auto", "auto", "auto"), "contradict"),
+    (dict(gpus=2, accelerate=False), ("auto", "auto", "auto", "auto"), "accelerate"),
+    (dict(gpus=2), ("auto", "auto", "auto", "balanced"), "not supported"),
+]
+
+
+@pytest.mark.parametrize("machine_kw, given, words", REFUSALS, ids=[f"{g}-{m}" for m, g, _ in REFUSALS])
+def test_refusals_are_one_line(machine, machine_kw, given, words):
+    machine(**machine_kw)
+    with pytest.raises(RopekitError) as info:
+        devices.resolve_devices(*given)
+    text = str(info.value)
+    assert "\n" not in text and words in text and info.value.fix
+
+
+def test_worker_devices_spread_over_gpus(machine):
+    machine(3)
+    assert [devices.worker_device("auto", i) for i in range(5)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:0", "cuda:1"]
+    assert devices.worker_device("cuda", 4) == "cuda:1"
+    assert devices.worker_device("cuda:2", 0) == "cuda:2"  # an explicit GPU is kept
+    assert devices.worker_device("cpu", 1) == "cpu"
+    machine(1)
+    assert devices.worker_device("auto", 3) == "auto"
