@@ -56,8 +56,11 @@ def evaluate(model, tokenizer, corpus, out=None, resume=False, **options):
 # ---- the naive reference -----------------------------------------------------------------------------
 def naive_window_nlls(model, ids, length, stride, mode, bos):
     """Per window: the list of ``(input position, NLL)`` of the tokens the protocol scores, each window run
-    alone through the full forward, log-softmax in float64, targets picked one by one."""
+    alone through the full forward, log-softmax in float64, targets picked one by one. ``same_targets``: the
+    document cut at the longest length's capacity, one window ending there, its last ``stride`` tokens."""
     c = length - (1 if bos is not None else 0)
+    if mode == "same_targets":
+        ids = ids[:max(LENGTHS) - (1 if bos is not None else 0)]
     n = len(ids)
     if mode == "last_stride":
         starts = []
@@ -69,6 +72,8 @@ def naive_window_nlls(model, ids, length, stride, mode, bos):
         starts = [s for s in range(n) if s % stride == 0 and s + c <= n]
     elif mode == "disjoint":
         starts = list(range(0, n, c))
+    elif mode == "same_targets":
+        starts = [max(0, n - c)]
     else:
         starts = [0]
     scored_before: set[int] = set()
@@ -87,6 +92,8 @@ def naive_window_nlls(model, ids, length, stride, mode, bos):
                 continue  # nothing precedes it: unpredictable
             if mode == "last_stride" and (s + j) in scored_before:
                 continue
+            if mode == "same_targets" and s + j < n - stride:
+                continue  # only the last `stride` tokens of the cut document are targets
             items.append((pos, -float(logp[pos - 1, inputs[pos]])))
             scored_before.add(s + j)
         if items:
@@ -109,7 +116,7 @@ def naive_ppl(window_lists, weighting):
 def test_every_protocol_equals_the_naive_reference(model, texts, corpus, mode, with_bos):
     tok = bos_tokenizer() if with_bos else byte_tokenizer()
     bos = 1 if with_bos else None
-    stride = STRIDE if mode in ("last_stride", "full_window") else None
+    stride = STRIDE if mode in ("last_stride", "full_window", "same_targets") else None
     naive = {
         length: [naive_window_nlls(model, list(t.encode()), length, stride or length - (bos is not None), mode, bos) for t in texts]
         for length in LENGTHS
@@ -322,3 +329,16 @@ def test_cli_end_to_end_with_plot(run_cli, tmp_path, texts):
     code, _, stderr = run_cli("eval", "ppl", "tiny", "--lengths", "64", "--data", str(data),
                               "--score-mode", "nope")
     assert code == 2 and "not known" in stderr
+
+
+def test_same_targets_scores_identical_tokens_at_every_length(model, texts, corpus):
+    """The targets are the same tokens at every length; only the context before them grows."""
+    records = evaluate(model, byte_tokenizer(), corpus, lengths=LENGTHS, stride=STRIDE, score_mode="same_targets")
+    by_doc: dict[int, dict[int, dict]] = {}
+    for r in records:
+        by_doc.setdefault(r["doc"], {})[r["length"]] = r
+    for rows in by_doc.values():
+        assert {r["tokens_scored"] for r in rows.values()} == {STRIDE}
+        assert len({r["nll_sum"] for r in rows.values()}) == len(LENGTHS)  # same targets, different contexts
+    with pytest.raises(RopekitError, match="do not fit the shortest length"):
+        evaluate(model, byte_tokenizer(), corpus, lengths=LENGTHS, stride=LENGTHS[0], score_mode="same_targets")

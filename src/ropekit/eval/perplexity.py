@@ -23,6 +23,12 @@ codebases (field notes, evaluation.md §5). Here every parameter is named and re
     BOS the first token of each window is not scored (it has no context inside the window).
   - ``truncate`` (YaRN's ``--truncate``): one window per document, its first C tokens, all predictions
     scored; with ``weighting="window"`` the aggregate is YaRN's mean over documents of per-document NLL.
+  - ``same_targets`` (how much does more context help, on identical targets): one window per document and
+    length, ending at the same token at every length — token C_max of the document, C_max the longest
+    length's capacity — and scoring the same last T tokens (T = the stride, default ``min(256, shortest
+    length // 2)``, at most the shortest window's predictions). The targets are identical across lengths,
+    only the context before them grows, so a difference between lengths is the context's alone (the other
+    modes score different tokens at different lengths, mixing content with context).
 
 * ``stride`` S: how far the window start advances (the "256" of all the papers above, which LCEG calls a
   "sliding window" though it is a stride). Default ``min(256, L // 2)``: 256 as PI, YaRN, PoSE and
@@ -69,7 +75,7 @@ from ..errors import RopekitError
 from .common import EvalContext, require_tokenizer, timer
 
 KEY_FIELDS = ("corpus", "doc", "doc_sha", "score_mode", "stride", "weighting", "add_bos")
-SCORE_MODES = ("last_stride", "full_window", "disjoint", "truncate")
+SCORE_MODES = ("last_stride", "full_window", "disjoint", "truncate", "same_targets")
 WEIGHTINGS = ("token", "window")
 #: The stride of PI, YaRN, PoSE and LongLoRA; the default at L ≥ 512.
 PAPER_STRIDE = 256
@@ -122,6 +128,9 @@ def windows_for(n_tokens: int, capacity: int, stride: int, score_mode: str, add_
         end = min(capacity, n_tokens)
         if end - 1 + b > 0:
             out.append((0, end, end - 1 + b))
+    elif score_mode == "same_targets":  # ``n_tokens`` is the common end; ``stride`` the number of targets
+        start = max(0, n_tokens - capacity)
+        out.append((start, n_tokens, min(stride, n_tokens - start - 1 + b)))
     else:  # pragma: no cover - validated by the caller
         raise ValueError(score_mode)
     return out
@@ -297,8 +306,17 @@ def run(
     if bad:
         raise RopekitError(f"length {bad[0]} is too short for perplexity", "pass --lengths of at least 2 tokens")
     b = 1 if add_bos else 0
-    strides = {length: _resolve_stride(stride, score_mode, length, add_bos) for length in lengths}
-    docs, short, label = _select_documents(data, tokenizer, max(lengths) - b, samples)
+    if score_mode == "same_targets":
+        most = min(lengths) - 1  # predictions the shortest window makes (with or without BOS: L − 1)
+        targets = default_stride(min(lengths)) if stride is None else stride
+        if targets > most:
+            raise RopekitError(f"--stride {targets} targets do not fit the shortest length {min(lengths)}",
+                               f"pass --stride of at most {most} in same_targets mode")
+        strides = {length: targets for length in lengths}
+    else:
+        strides = {length: _resolve_stride(stride, score_mode, length, add_bos) for length in lengths}
+    common_end = max(lengths) - b
+    docs, short, label = _select_documents(data, tokenizer, common_end, samples)
     ctx.set_total(len(lengths) * len(docs))
     mine = []
     for length in lengths:
@@ -310,8 +328,9 @@ def run(
             if ctx.done(key):
                 continue
             ctx.advance(0, f"ppl {length} · {doc.name}")
+            ids = doc.ids[:common_end] if score_mode == "same_targets" else doc.ids
             with timer() as elapsed:
-                result = score_document(ctx.model, doc.ids, length=length, stride=strides[length],
+                result = score_document(ctx.model, ids, length=length, stride=strides[length],
                                         score_mode=score_mode, bos_id=bos_id if add_bos else None)
             ctx.write(
                 key,
