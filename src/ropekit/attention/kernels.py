@@ -111,10 +111,27 @@ def attention_with_lse(
     memory-efficient kernel (checked once per dtype against the explicit path, see
     :func:`_fused_cuda_or_explicit`); elsewhere it computes the logits of this block explicitly (callers
     keep blocks small).
+
+    Grouped-query attention (``H = g · H_kv``) never copies keys or values per query head: the ``g`` query
+    heads that share a KV head are folded into rows, ``(B, H, Lq, D) → (B, H_kv, g·Lq, D)`` (query head ``h``
+    uses KV head ``h // g``, as transformers' ``repeat_kv``), and unfolded afterwards.
     """
-    heads = query.shape[1]
-    key, value = expand_kv(key, heads), expand_kv(value, heads)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    batch, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    if heads != kv_heads:
+        g = heads // kv_heads
+        folded_allowed = None
+        if allowed is not None:
+            a = allowed if allowed.dim() == 4 else allowed.expand(batch, heads, q_len, key.shape[2])
+            if a.shape[1] == 1:  # the same for every head: repeat the rows g times
+                folded_allowed = a.unsqueeze(2).expand(a.shape[0], 1, g, q_len, a.shape[-1]).reshape(
+                    a.shape[0], 1, g * q_len, a.shape[-1])
+            else:
+                a = a.expand(a.shape[0], heads, q_len, a.shape[-1])
+                folded_allowed = a.reshape(a.shape[0], kv_heads, g * q_len, a.shape[-1])
+        out, lse = attention_with_lse(query.reshape(batch, kv_heads, g * q_len, dim), key, value, folded_allowed, scale)
+        return out.reshape(batch, heads, q_len, out.shape[-1]), lse.reshape(batch, heads, q_len)
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
     bias = None
     if allowed is not None:
         bias = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(~allowed, float("-inf"))
@@ -149,6 +166,63 @@ def merge_attention(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[tor
         term = part_out * weight
         out = term if out is None else out + term
     return out, total
+
+
+#: Shared rotation tables: (kind, group, dtype, frequencies tensor identity) → (inv_freq, cos, sin), cos/sin of
+#: shape (size, rot). The entry holds the frequencies tensor, so its storage cannot be reused by another tensor
+#: while the entry lives (the identity stays unambiguous without reading its values, i.e. without a host sync).
+_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+#: Tables kept at once (the least recently built goes first).
+_TABLES_KEPT = 16
+#: Smallest table built; tables grow geometrically (doubling) past it.
+TABLE_MIN = 1024
+
+
+def _table_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 tables for float32/float64 vectors; half-precision vectors take their own dtype's table — the
+    rotation is then exactly what ``rotate`` in that dtype would compute from a float32 angle."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
+def offset_table(kind: str, group: int, size: int, inv_freq: torch.Tensor, dtype: torch.dtype):
+    """``(cos, sin)`` of the extra rotation by ``offset(p)`` for every position ``p < size`` — one table per
+    (offset rule, device, dtype, frequencies) shared by every layer and every layer-attention instance, grown by
+    doubling (so a growing input rebuilds it O(log n) times), computed in float32 and stored in the vectors'
+    dtype where that is exact enough (:func:`_table_dtype`).
+
+    ``kind`` names the offset rule: ``"group_key"`` is Self-Extend's key move ``⌊p/G⌋ − p`` (LCEG Eq. 13, ``group``
+    = G); ``"unrotate"`` is ``−p`` (LM-Infinite's ``R_{−j}``). Built outside any traced graph, it is a constant
+    to ``torch.compile``.
+    """
+    store_dtype = _table_dtype(dtype)
+    tag = (kind, int(group), store_dtype, inv_freq.device, inv_freq.data_ptr(), inv_freq._version, tuple(inv_freq.shape))
+    entry = _TABLES.get(tag)
+    if entry is not None and entry[1].shape[0] >= size:
+        return entry[1], entry[2]
+    grown = 2 * entry[1].shape[0] if entry is not None else TABLE_MIN
+    while grown < size:  # powers of two times TABLE_MIN: O(log n) rebuilds as an input grows
+        grown *= 2
+    pos = torch.arange(grown, device=inv_freq.device)
+    if kind == "group_key":
+        offsets = torch.div(pos, group, rounding_mode="floor") - pos
+    elif kind == "unrotate":
+        offsets = -pos
+    else:
+        raise ValueError(f"unknown offset table {kind!r}")
+    freqs = offsets[:, None].to(torch.float32) * inv_freq.to(torch.float32)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    table = (emb.cos().to(store_dtype), emb.sin().to(store_dtype))
+    _TABLES.pop(tag, None)
+    while len(_TABLES) >= _TABLES_KEPT:
+        _TABLES.pop(next(iter(_TABLES)))
+    _TABLES[tag] = (inv_freq, *table)
+    return table
+
+
+def rotate_from_table(x: torch.Tensor, positions: torch.Tensor, table) -> torch.Tensor:
+    """``x`` (B, H, L, D) rotated by the table's offsets at ``positions`` (B|1, L), all ≥ 0 and < table size."""
+    cos, sin = table
+    return rotate(x, cos[positions][:, None].to(x.dtype), sin[positions][:, None].to(x.dtype))
 
 
 def rotate_by(x: torch.Tensor, offsets: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:

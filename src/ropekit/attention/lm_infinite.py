@@ -38,7 +38,7 @@ import torch
 
 from ..errors import UnsupportedModelError
 from .interface import PairLogits
-from .kernels import attention_with_lse, expand_kv, merge_attention, pair_scores, rotate_by
+from .kernels import attention_with_lse, merge_attention, pair_scores, rotate_by
 from .masks import AttentionMask, key_positions
 
 #: Largest number of queries processed together; a chunk costs chunk × (chunk + L_local + globals) logits.
@@ -75,9 +75,20 @@ class LambdaAttention:
         if position_ids is None:
             position_ids = torch.arange(k_len - q_len, k_len, device=query.device)[None]
         position_ids = position_ids.to(query.device).expand(batch, q_len)
+        if torch.compiler.is_compiling():  # traced: no host sync, no branch on tensor values
+            key_pos = key_positions(position_ids, k_len)
+            mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
+            out = self._attend(query, key, value, mask, position_ids, key_pos, scaling, traced=True)
+            return out.transpose(1, 2).contiguous(), None
         # Every real key has a position ≥ 0, so a query below the window cannot have a pair outside the band.
-        if int(position_ids.max()) < self.local_window:
+        lo_pos, hi_pos = (int(p) for p in torch.aminmax(position_ids))
+        if hi_pos < self.local_window:
             return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        if q_len == 1 and k_len > 1 and lo_pos >= k_len - 1:
+            mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
+            if mask.is_causal:
+                out = self._attend_decode(query, key, value, position_ids, k_len, scaling)
+                return out.transpose(1, 2).contiguous(), None
         if attention_mask is None and 1 < q_len < k_len:
             raise UnsupportedModelError(
                 "LM-Infinite got cached keys without an attention mask (a static KV cache?)",
@@ -117,10 +128,16 @@ class LambdaAttention:
         return PairLogits(logits, mask.rows(rows) & (band | far_global))
 
     # ------------------------------------------------------------------------------------------------
-    def _global_candidates(self, key, value, k_pos, inv_freq):
-        """Keys [0, n) that can be global (position < G in some row), un-rotated: R_{−j}(R_j k) = k."""
+    def _global_candidates(self, key, value, k_pos, inv_freq, traced: bool = False, causal: bool = False):
+        """Keys [0, n) that can be global (position < G in some row), un-rotated: R_{−j}(R_j k) = k.
+
+        ``traced`` (no host sync): ``n`` from shapes — ``min(Lk, G)`` when nothing is padded (``causal``: real
+        positions never run behind key indices), else every key (the global part masks them by position)."""
         if self.global_tokens <= 0:
             return 0, None, None, None
+        if traced:
+            n = min(key.shape[2], self.global_tokens) if causal else key.shape[2]
+            return n, rotate_by(key[:, :, :n], -k_pos[:, :n], inv_freq), value[:, :, :n], k_pos[:, :n]
         hits = (k_pos < self.global_tokens).any(dim=0).nonzero()
         n = int(hits.max()) + 1 if hits.numel() else 0
         if n == 0:
@@ -134,6 +151,22 @@ class LambdaAttention:
         if mask_block is not None:  # None: the mask-free path, whose global pairs are all causal
             allowed = allowed & mask_block
         return attention_with_lse(rotate_by(q, L - qp, inv_freq), key_g, value_g, allowed, scale)
+
+    def _attend_decode(self, query, key, value, q_pos, k_len, scale):
+        """The Λ rule for one new query per row (cached decoding, nothing padded): keys at consecutive positions
+        ending at the query's, so the band is the last ``L`` keys, and — positions being at least their key
+        indices here — the global keys lie among the first ``min(G, Lk − L)``, seen at the clamped distance."""
+        L = self.local_window
+        lo = max(0, k_len - L)
+        parts = [attention_with_lse(query, key[:, :, lo:], value[:, :, lo:], None, scale)]
+        n_global = min(self.global_tokens, lo)
+        if n_global > 0:
+            inv_freq = self.inv_freq()
+            k_pos = key_positions(q_pos, k_len)[:, :n_global]
+            key_g = rotate_by(key[:, :, :n_global], -k_pos, inv_freq)
+            parts.append(self._global_part(query, q_pos, key_g, value[:, :, :n_global], k_pos, None, scale, inv_freq))
+        out = parts[0][0] if len(parts) == 1 else merge_attention(parts)[0]
+        return out.to(query.dtype)
 
     def _attend_unpadded(self, query, key, value, q_pos, k_pos, scale):
         """The Λ rule when nothing is padded and positions are consecutive: the band is an index band.
@@ -173,8 +206,11 @@ class LambdaAttention:
         return torch.cat(outs, dim=2)
 
     # ------------------------------------------------------------------------------------------------
-    def _attend(self, query, key, value, mask, q_pos, k_pos, scale):
-        """(B, H, Lq, D) attention output under the Λ rule, query chunk by query chunk."""
+    def _attend(self, query, key, value, mask, q_pos, k_pos, scale, traced: bool = False):
+        """(B, H, Lq, D) attention output under the Λ rule, query chunk by query chunk.
+
+        ``traced``: nothing depends on tensor values (for ``torch.compile(fullgraph=True)``): the global part of
+        every chunk is computed (empty: ``lse = −∞``, merged as nothing)."""
         q_len, k_len = query.shape[2], key.shape[2]
         L = self.local_window
         offset = k_len - q_len  # query t sits at key index t + offset (dynamic cache)
@@ -182,7 +218,7 @@ class LambdaAttention:
 
         # Global candidates: keys [0, n_global) — up to the last key whose position is < G in any row
         # (G tokens plus any left padding before them).
-        n_global, key_g, value_g, k_pos_g = self._global_candidates(key, value, k_pos, inv_freq)
+        n_global, key_g, value_g, k_pos_g = self._global_candidates(key, value, k_pos, inv_freq, traced, mask.is_causal)
         chunk_max = q_pos.amax(dim=0)  # (Lq,) largest query position over the batch
         outs = []
         for start in range(0, q_len, self.chunk_size):
@@ -195,7 +231,7 @@ class LambdaAttention:
             allowed = (dist < L) & mask.block(start, stop, lo, hi)
             parts = [attention_with_lse(q, key[:, :, lo:hi], value[:, :, lo:hi], allowed, scale)]
             # (b) global part: the first G positions, seen at distance L (query rotated to position L).
-            if n_global and int(chunk_max[start:stop].max()) >= L:
+            if n_global and (traced or int(chunk_max[start:stop].max()) >= L):
                 g_hi = min(n_global, hi)
                 parts.append(self._global_part(q, qp, key_g[:, :, :g_hi], value_g[:, :, :g_hi], k_pos_g[:, :g_hi],
                                                mask.block(start, stop, 0, g_hi), scale, inv_freq))
@@ -205,13 +241,24 @@ class LambdaAttention:
 
 
 def _causal_lse(query, key, value, scale):
-    """Causal (top-left aligned) attention with its log-sum-exp: query r sees keys 0 … r."""
+    """Causal (top-left aligned) attention with its log-sum-exp: query r sees keys 0 … r.
+
+    Grouped-query heads run one fused call per member of a group (query heads ``j, g + j, …`` against the
+    KV heads as they are), so keys and values are never copied per query head."""
     if query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-        heads = query.shape[1]
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query, expand_kv(key, heads), expand_kv(value, heads), 0.0, True, scale=scale
-        )
-        return out, lse.to(torch.float32)
+        batch, heads, q_len, dim = query.shape
+        kv_heads = key.shape[1]
+        g = heads // kv_heads
+        grouped = query.reshape(batch, kv_heads, g, q_len, dim)
+        outs, lses = [], []
+        for j in range(g):
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                grouped[:, :, j], key, value, 0.0, True, scale=scale
+            )
+            outs.append(out)
+            lses.append(lse)
+        out = torch.stack(outs, dim=2).reshape(batch, heads, q_len, value.shape[-1])
+        return out, torch.stack(lses, dim=2).reshape(batch, heads, q_len).to(torch.float32)
     q_len, k_len = query.shape[2], key.shape[2]
     causal = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril()
     return attention_with_lse(query, key, value, causal, scale)

@@ -33,9 +33,8 @@ from collections.abc import Callable
 import torch
 
 from ..core.rope_info import RopeInfo
-from ..core.rope import rotate
 from .interface import PairLogits
-from .kernels import attention_with_lse, expand_kv, merge_attention, pair_scores, rotate_by
+from .kernels import attention_with_lse, merge_attention, offset_table, pair_scores, rotate_by, rotate_from_table
 from .masks import AttentionMask, query_key_positions
 
 #: Query rows per chunk: memory is O(QUERY_CHUNK × keys) per head, masked work O(n × QUERY_CHUNK). 256 was the
@@ -83,14 +82,16 @@ class SelfExtendAttention:
         self.warn_past_reach = warn_past_reach
         self.chunk = int(chunk)
         self._warned = False
-        self._key_table: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (inv_freq, cos, sin)
+        #: ropekit's own decoding cache entry, beside transformers' KV cache: the group-rotated keys
+        #: (see :meth:`_cached_group_keys`).
+        self._group_keys: _GroupKeyCache | None = None
 
     def __repr__(self) -> str:
         return f"SelfExtendAttention(group_size={self.group_size}, window_size={self.window_size})"
 
     def _maybe_warn(self, q_pos: torch.Tensor) -> None:
         """Warn once (per installed model: only layer 0's instance warns) when an input runs past the reach."""
-        if not self.warn_past_reach or self._warned or self.reach is None:
+        if not self.warn_past_reach or self._warned or self.reach is None or torch.compiler.is_compiling():
             return
         longest = int(q_pos.max().item()) + 1
         if longest > self.reach:
@@ -114,6 +115,15 @@ class SelfExtendAttention:
         self._maybe_warn(q_pos)
 
         mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
+        if torch.compiler.is_compiling():  # traced: no host sync, no branch on tensor values
+            return self._attend_traced(query, key, value, mask, q_pos, k_pos, scaling).transpose(1, 2).contiguous(), None
+        if q_len == 1 and k_len > 1 and mask.is_causal:
+            # cached decoding without padding: key positions are consecutive by construction (key_positions) and
+            # the oldest key is k_len − 1 positions away — decided from shapes alone
+            if k_len - 1 < self.window_size:
+                return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+            out = self._attend_decode(query, key, value, mask, q_pos, k_pos, scaling)
+            return out.transpose(1, 2).contiguous(), None
         seen_keys = mask.seen_keys()  # (B|1, Lk): keys some query attends to
         active = mask.active_queries()  # (B|1, Lq): queries that attend to something
         big = torch.iinfo(torch.long).max
@@ -159,35 +169,49 @@ class SelfExtendAttention:
 
     def _group_rotated(self, query, key, value, q_pos, k_pos):
         """Queries moved to ``⌊i/G⌋ + W − ⌊W/G⌋`` and keys to ``⌊j/G⌋`` (LCEG Eq. 13) by extra rotations
-        ``p_group − p_true``; keys and values expanded to the query heads (GQA) once."""
+        ``p_group − p_true``. Keys and values keep their KV heads (the kernels fold grouped query heads)."""
         G, W = self.group_size, self.window_size
-        heads = query.shape[1]
         inv_freq = self.inv_freq().to(query.device)
         q_group = rotate_by(query, group_query_position(q_pos, G, W) - q_pos, inv_freq)
         k_group = self._rotate_keys_to_groups(key, k_pos, inv_freq)
-        return q_group, expand_kv(key, heads), expand_kv(k_group, heads), expand_kv(value, heads)
+        return q_group, key, k_group, value
 
     def _rotate_keys_to_groups(self, key, k_pos, inv_freq):
         """Keys rotated from ``j`` to ``⌊j/G⌋``: the same as ``rotate_by(key, ⌊j/G⌋ − j, inv_freq)``.
 
-        The rotation of a key depends only on its position, so its cos/sin come from a table kept per layer
-        (grown by doubling) instead of being recomputed for every cached key at every decoding step — the
-        trigonometry was most of Self-Extend's per-token decoding cost.
+        The rotation of a key depends only on its position, so its cos/sin come from one table shared by all
+        layers (:func:`~ropekit.attention.kernels.offset_table`, grown by doubling) instead of being recomputed
+        per layer.
         """
-        if k_pos.numel() == 0 or int(k_pos.min()) < 0:
+        if k_pos.numel() == 0 or torch.compiler.is_compiling():
             return rotate_by(key, group_key_position(k_pos, self.group_size) - k_pos, inv_freq)
-        need = int(k_pos.max()) + 1
-        table = self._key_table
-        if table is None or table[1].shape[0] < need or table[1].device != key.device or not torch.equal(table[0], inv_freq):
-            size = max(need, 2 * table[1].shape[0] if table is not None else 1024)
-            pos = torch.arange(size, device=key.device)
-            offsets = (group_key_position(pos, self.group_size) - pos).to(torch.float32)
-            freqs = offsets[:, None] * inv_freq.to(device=key.device, dtype=torch.float32)
-            emb = torch.cat((freqs, freqs), dim=-1)
-            table = self._key_table = (inv_freq.clone(), emb.cos(), emb.sin())
-        cos = table[1][k_pos][:, None].to(key.dtype)  # (B or 1, 1, Lk, rot)
-        sin = table[2][k_pos][:, None].to(key.dtype)
-        return rotate(key, cos, sin)
+        lo, hi = torch.aminmax(k_pos)
+        if int(lo) < 0:
+            return rotate_by(key, group_key_position(k_pos, self.group_size) - k_pos, inv_freq)
+        table = offset_table("group_key", self.group_size, int(hi) + 1, inv_freq, key.dtype)
+        return rotate_from_table(key, k_pos, table)
+
+    def _cached_group_keys(self, key, k_pos, upto: int, inv_freq) -> torch.Tensor:
+        """``key[:, :, :upto]`` rotated to the group positions ``⌊j/G⌋`` (LCEG Eq. 13), kept between decoding steps.
+
+        Cached decoding would otherwise re-rotate every cached key at every step. This entry, which ropekit owns
+        beside transformers' KV cache, keeps the rotated keys in a buffer grown by doubling and rotates only the
+        keys that became group keys since the last step. It is reused only when it belongs to the same cache:
+        same batch/heads/dtype/device, no more keys than now, and the last key it rotated and the key positions'
+        offset are unchanged (a new prompt, a cropped cache or another batch rebuilds it) — otherwise the result
+        is the same, only slower.
+        """
+        entry = self._group_keys
+        if entry is not None and not entry.matches(key, k_pos, upto):
+            entry = None
+        start = 0 if entry is None else entry.length
+        if entry is None:
+            entry = self._group_keys = _GroupKeyCache(key, upto)
+        if upto > start:
+            new = rotate_by(key[:, :, start:upto], group_key_position(k_pos[:, start:upto], self.group_size)
+                            - k_pos[:, start:upto], inv_freq)
+            entry.append(new, key, k_pos, upto)
+        return entry.keys(upto)
 
     def _attend_decode(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
         """LCEG Eq. 13 for one new query per sequence (cached decoding), positions consecutive.
@@ -214,7 +238,7 @@ class SelfExtendAttention:
         parts = [attention_with_lse(fold(query), key[:, :, lo:], value[:, :, lo:], visible(lo, k_len), scale=scaling)]
         if lo > 0:
             q_group = rotate_by(query, group_query_position(q_pos, self.group_size, W) - q_pos, inv_freq)
-            k_group = self._rotate_keys_to_groups(key[:, :, :lo], k_pos[:, :lo], inv_freq)
+            k_group = self._cached_group_keys(key, k_pos, lo, inv_freq)
             parts.append(attention_with_lse(fold(q_group), k_group, value[:, :, :lo], visible(0, lo), scale=scaling))
         out = merge_attention(parts)[0] if len(parts) > 1 else parts[0][0]
         return out.reshape(batch, heads, 1, dim)
@@ -281,6 +305,30 @@ class SelfExtendAttention:
             outs.append(merge_attention(parts)[0] if len(parts) > 1 else parts[0][0])
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
+    def _attend_traced(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
+        """LCEG Eq. 13 without a host sync or a branch on tensor values (what ``torch.compile(fullgraph=True)``
+        traces): per chunk of query rows, the neighbour part (``i − j < W``) and the group part (``i − j ≥ W``)
+        over the keys up to the chunk's last key index — both always computed (an empty part has
+        ``lse = −∞`` and merges as nothing). Memory O(chunk × Lk); the mask must be one whose reading needs no
+        sync (none, or transformers' 4-D boolean mask)."""
+        W = self.window_size
+        q_len, k_len = query.shape[2], key.shape[2]
+        off = k_len - q_len
+        inv_freq = self.inv_freq().to(query.device)
+        q_group = rotate_by(query, group_query_position(q_pos, self.group_size, W) - q_pos, inv_freq)
+        k_group = rotate_by(key, group_key_position(k_pos, self.group_size) - k_pos, inv_freq)
+        outs = []
+        for a in range(0, q_len, self.chunk):
+            b = min(a + self.chunk, q_len)
+            hi = min(k_len, b + off)
+            near = (q_pos[:, a:b, None] - k_pos[:, None, :hi] < W)[:, None]
+            ok = mask.block(a, b, 0, hi)
+            parts = [attention_with_lse(query[:, :, a:b], key[:, :, :hi], value[:, :, :hi], ok & near, scale=scaling),
+                     attention_with_lse(q_group[:, :, a:b], k_group[:, :, :hi], value[:, :, :hi], ok & ~near,
+                                        scale=scaling)]
+            outs.append(merge_attention(parts)[0])
+        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
     def _attend_general(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
         """LCEG Eq. 13 pair by pair from positions (any position pattern): per chunk of query rows, the
         neighbour part (``i − j < W``) and the group part (``i − j ≥ W``) over all keys up to the chunk's
@@ -303,6 +351,41 @@ class SelfExtendAttention:
                                                 scale=scaling))
             outs.append(merge_attention(parts)[0] if len(parts) > 1 else parts[0][0])
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+class _GroupKeyCache:
+    """One layer's group-rotated keys ``R_{⌊j/G⌋} k_j`` for key indices ``[0, length)`` (see
+    :meth:`SelfExtendAttention._cached_group_keys`), in a buffer whose capacity doubles."""
+
+    def __init__(self, key: torch.Tensor, upto: int):
+        batch, heads, _, dim = key.shape
+        self.buffer = key.new_empty(batch, heads, max(upto, 64), dim)
+        self.length = 0
+        self.last = None  # (B, H_kv, D): the last key rotated, as it was
+        self.shift = None  # (B|1,): position − index of the keys
+
+    def matches(self, key: torch.Tensor, k_pos: torch.Tensor, upto: int) -> bool:
+        buf = self.buffer
+        if (buf.shape[0], buf.shape[1], buf.shape[3]) != (key.shape[0], key.shape[1], key.shape[3]):
+            return False
+        if buf.dtype != key.dtype or buf.device != key.device or self.length > upto or self.length == 0:
+            return False
+        if self.shift.shape != k_pos[:, 0].shape:
+            return False
+        return bool(torch.equal(self.last, key[:, :, self.length - 1]) and torch.equal(self.shift, k_pos[:, 0]))
+
+    def append(self, rotated: torch.Tensor, key: torch.Tensor, k_pos: torch.Tensor, upto: int) -> None:
+        if upto > self.buffer.shape[2]:
+            grown = self.buffer.new_empty(*self.buffer.shape[:2], max(upto, 2 * self.buffer.shape[2]), self.buffer.shape[3])
+            grown[:, :, :self.length] = self.buffer[:, :, :self.length]
+            self.buffer = grown
+        self.buffer[:, :, self.length:upto] = rotated
+        self.length = upto
+        self.last = key[:, :, upto - 1].clone()
+        self.shift = k_pos[:, 0].clone()
+
+    def keys(self, upto: int) -> torch.Tensor:
+        return self.buffer[:, :, :upto]
 
 
 def make_self_extend(info: RopeInfo, inv_freq: Callable[[], torch.Tensor], layer_idx: int, *, group_size: int,
