@@ -269,11 +269,15 @@ def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
 
 
 def _raw_landmarks(key, k_pos, landmark_index, heads, inv_freq) -> torch.Tensor:
-    """Landmark keys rotated back to position 0, expanded to the query heads: (B, H, blocks, D) float64.
+    """Landmark keys rotated back to position 0, expanded to the query heads: (B, H, blocks, D) in float32
+    (float64 only for float64 inputs; never float64 on an accelerator that runs a half-precision model).
 
-    At position 0 a query can score all of them at one distance; float64, so that the ranking is decided by
-    the keys and not by the rounding of this computation."""
-    raw = _rotate_per_head(key[:, :, landmark_index].double(), -k_pos[:, None, landmark_index], inv_freq)
+    At position 0 a query can score all of them at one distance. Stable in float32: the angle of the rotation
+    back, ``(−p)·θ_i``, is rounded exactly as the model's own rotation ``p·θ_i`` was (one float32 product, the
+    sign exact), so the two cancel up to the rounding of cos/sin — the ranking is decided by the keys, not by an
+    angle error that would grow with the position ``p``."""
+    raw = _rotate_per_head(key[:, :, landmark_index].to(_score_dtype(key.dtype)), -k_pos[:, None, landmark_index],
+                           inv_freq)
     return expand_kv(raw, heads)
 
 
@@ -295,9 +299,9 @@ def _select_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landmarks
     # score every candidate as if its landmark sat at the farthest kept place: `chosen` blocks before the window
     score_at = window_offset[None] + chosen * block - (block - 1)  # relative distance query → landmark
     if identical_landmarks:  # every score is the same: only the tie rule is left
-        scores = torch.zeros(batch, heads, rows, older, dtype=torch.float64, device=device)
-    else:
-        q_scoring = _rotate_per_head(q.double(), (score_at - q_pos)[:, None], inv_freq)  # at `score_at`; landmarks at 0
+        scores = torch.zeros(batch, heads, rows, older, dtype=raw_landmarks.dtype, device=device)
+    else:  # the query moved to the relative distance `score_at` (small), landmarks at 0
+        q_scoring = _rotate_per_head(q.to(raw_landmarks.dtype), (score_at - q_pos)[:, None], inv_freq)
         scores = torch.matmul(q_scoring, raw_landmarks[:, :, :older].transpose(-1, -2))
     scores = scores.masked_fill(~candidate[:, None], NEG_INF)
     # the best `picks`; equal scores go to the more recent block (at layer 0 every landmark key is the same
