@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
@@ -80,7 +81,8 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except RopekitError as e:
-        err.print(f"[bold red]error:[/] {e.one_line()}", highlight=False, soft_wrap=True)
+        # the message is text, not markup: "pip install 'ropekit[ray]'" must keep its brackets
+        err.print(f"[bold red]error:[/] {escape(e.one_line())}", highlight=False, soft_wrap=True)
         raise SystemExit(e.exit_code) from None
     except typer.Exit as e:
         raise SystemExit(e.exit_code) from None
@@ -91,10 +93,10 @@ def main() -> None:
         if isinstance(e, TyperException) or hasattr(e, "format_message"):  # typer's vendored click errors
             message = e.format_message().strip()
             if message:  # empty when help was already printed (no arguments)
-                err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+                err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
             raise SystemExit(getattr(e, "exit_code", 2) or 2) from None
         if os.environ.get("ROPEKIT_DEBUG"):
             raise
-        err.print(f"[bold red]internal error:[/] {type(e).__name__}: {e} (set ROPEKIT_DEBUG=1 for the traceback)",
+        err.print(f"[bold red]internal error:[/] {escape(f'{type(e).__name__}: {e}')} (set ROPEKIT_DEBUG=1 for the traceback)",
                   highlight=False, soft_wrap=True)
         raise SystemExit(1) from None

@@ -48,6 +48,9 @@ def study_cmd(
     preset: Optional[str] = typer.Option(None, "--preset", help="A built-in study: quick, smollm2, lceg-llama2-7b."),
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Study directory (default: study-NAME); holds study.sqlite."),
     workers: int = typer.Option(1, "--workers", "-w", help="Worker processes sharing the pieces (threads split between them)."),
+    backend: str = typer.Option("local", "--backend", help="local (processes on this machine) or ray (every piece a Ray task)."),
+    address: Optional[str] = typer.Option(None, "--address", help="ray: the cluster (auto, or HOST:PORT of its head); "
+                                          "default: start a local one."),
     show: bool = typer.Option(False, "--show", help="Print the config (a preset's YAML) and exit."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the report when the study finishes."),
     json_out: bool = typer.Option(False, "--json", help="Print the final status (or `status`) as JSON."),
@@ -88,9 +91,13 @@ def study_cmd(
 
         resolve_model(cfg.model)  # a missing path fails here, in one line, before a study directory exists
 
+    if backend == "ray":
+        from ..study.ray_backend import require_ray
+
+        require_ray()  # a missing package is one line before anything is printed or written
     study_dir = out_dir or Path(f"study-{cfg.name}")
     err.print(f"study [bold]{cfg.name}[/]: {len(cfg.variants)} variants × {len(cfg.evals)} evaluations → {study_dir}/study.sqlite")
-    status = run_study(cfg, study_dir, workers=workers)
+    status = run_study(cfg, study_dir, workers=workers, backend=backend, address=address)
     paths = None
     if report:
         from ..study import write_report

@@ -1,6 +1,7 @@
 """``ropekit study``: run a controlled comparison piece by piece into the study's SQLite store.
 
-The study (:mod:`ropekit.study.config`) is cut into pieces (:func:`plan`):
+The study (:mod:`ropekit.study.config`) is cut into pieces (:func:`ropekit.study.pieces.plan`, which also
+computes each one):
 
 * ``pretrain:base`` — the built-in base model (:func:`ropekit.train.builtin_base.pretrain_base`; cached,
   so a second study reuses it), when the config's model is ``builtin-base``;
@@ -13,189 +14,41 @@ A piece runs once its prerequisites are done (an evaluation needs its variant's 
 the base model). Workers claim pieces through the store (:meth:`StudyStore.begin_piece`): any number of
 processes can work on one study, and a piece whose worker died (killed, crashed) is claimed again. A piece
 that raises is marked failed with its one-line error and the study goes on with the pieces that do not
-depend on it; running the study again retries it. Nothing finished is ever recomputed.
+depend on it; running the study again retries it. Nothing finished is ever recomputed. With
+``backend="ray"`` the same pieces run as Ray tasks and this process is the store's only writer
+(:mod:`ropekit.study.ray_backend`).
 """
 
 from __future__ import annotations
 
-import io
-import json
 import multiprocessing
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import runtime
 from ..errors import RopekitError
-from ..eval import get_task
-from ..eval.common import EvalContext, prepare_model
-from ..install import load, rope_info
-from ..models.byte_tokenizer import byte_tokenizer
+from ..install import rope_info
 from ..models.loading import load_model
-from ..runtime.devices import worker_device
 from ..runtime import default_threads, quiet_transformers, torch_threads
-from ..train.builtin_base import describe, pretrain_base
-from ..train.trainer import METRICS_FILE, train
-from .config import BUILTIN_BASE, StudyConfig, Variant, parse_study, train_config_for
-from .store import StoreRecordWriter, StudyStore, key_fields_for, open_study
+from ..runtime.devices import worker_device
+from .config import StudyConfig, parse_study
+from .pieces import (
+    PRETRAIN,
+    PlannedPiece,
+    _variant_order,
+    base_model_path,
+    blocked,
+    execute_piece,
+    piece_error,
+    placement,
+    plan,
+)
+from .ray_backend import require_ray, run_on_ray
+from .store import StudyStore, open_study
 
-PRETRAIN = "pretrain:base"
-RUNS_DIR = "runs"
-
-
-@dataclass(frozen=True)
-class PlannedPiece:
-    id: str
-    kind: str
-    label: str | None
-    task: str | None = None
-    needs: tuple[str, ...] = ()
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-def plan(config: StudyConfig) -> list[PlannedPiece]:
-    """Every piece of the study in the order one worker runs them: the base model, then variant by variant
-    its training and its evaluations (so results of the first methods appear early)."""
-    pieces: list[PlannedPiece] = []
-    base_needs: tuple[str, ...] = ()
-    if config.model == BUILTIN_BASE:
-        pieces.append(PlannedPiece(PRETRAIN, "pretrain", "base", params={"seed": config.seed}))
-        base_needs = (PRETRAIN,)
-    for v in config.variants:
-        needs = base_needs
-        if v.trained:
-            pieces.append(PlannedPiece(f"train:{v.label}", "train", v.label, needs=base_needs,
-                                       params={"method": v.method, **v.params}))
-            needs = (f"train:{v.label}",)
-        for task in config.evals:
-            pieces.append(PlannedPiece(f"eval:{task}:{v.label}", "eval", v.label, task=task, needs=needs,
-                                       params={"method": v.method, **v.params}))
-    return pieces
-
-
-def _variant_order(config: StudyConfig) -> list[str]:
-    return [v.label for v in config.variants]
-
-
-# ---- models ------------------------------------------------------------------------------------------------
-def base_model_path(config: StudyConfig, store: StudyStore) -> str:
-    """The base model every variant starts from: the pre-trained built-in model's directory, or the config's model."""
-    if config.model != BUILTIN_BASE:
-        return config.model
-    for a in store.artifacts(PRETRAIN):
-        if a["name"] == "model" and Path(a["path"]).is_dir():
-            return a["path"]
-    return str(pretrain_base(config.seed, progress=False))  # the cache was cleared since: rebuild it
-
-
-def placement(config: StudyConfig, device: str | None = None):
-    """The study's ``device``/``dtype``/``attn`` keys (default ``auto``) resolved against this machine
-    (:func:`ropekit.runtime.devices.resolve_devices`); ``device`` overrides the config's (a worker's own GPU)."""
-    from ..runtime.devices import resolve_devices
-
-    return resolve_devices(device or getattr(config, "device", "auto") or "auto", getattr(config, "dtype", "auto") or "auto",
-                           getattr(config, "attn", "auto") or "auto")
-
-
-def _load_base(config: StudyConfig, store: StudyStore, device: str | None = None):
-    plan_ = placement(config, device)
-    loaded = load_model(base_model_path(config, store), device=plan_.device, dtype=plan_.dtype,
-                        attn_implementation=plan_.attn)
-    return loaded.model, loaded.tokenizer
-
-
-def _load_trained(path: str | Path, plan_=None):
-    from transformers import AutoTokenizer
-
-    with quiet_transformers():
-        model = load(path)
-        if plan_ is not None:
-            model = model.to(device=plan_.device, dtype=plan_.torch_dtype)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True) if (Path(path) / "tokenizer_config.json").is_file() else None
-    if tokenizer is None:
-        tokenizer = byte_tokenizer()
-    return model, tokenizer
-
-
-# ---- pieces ------------------------------------------------------------------------------------------------
-class _Sink:
-    """Sample-level progress of the running piece, shown on the study's bar."""
-
-    def __init__(self, report):
-        self.report = report
-        self.total = None
-        self.n = 0
-
-    def set_total(self, total: int) -> None:
-        self.total = total
-        self.report(self.n, self.total)
-
-    def advance(self, n: int = 1, description: str | None = None) -> None:
-        self.n += n
-        self.report(self.n, self.total)
-
-
-def _run_pretrain(config: StudyConfig, store: StudyStore, piece: PlannedPiece, report, threads: int | None) -> dict[str, Any]:
-    path = pretrain_base(config.seed, progress=False, threads=threads, on_step=report)
-    meta = describe(path)
-    return {"artifacts": {"model": str(path)},
-            "metrics": [{"step": meta["settings"]["steps"], "loss": meta["final_loss"]}]}
-
-
-def _run_train(config: StudyConfig, store: StudyStore, piece: PlannedPiece, study_dir: Path, report,
-               threads: int | None) -> dict[str, Any]:
-    variant = config.variant(piece.label)
-    out = study_dir / RUNS_DIR / variant.label
-    cfg = train_config_for(config, variant, base_model_path(config, store), out)
-    total = cfg.train.max_steps
-    if threads is not None:
-        cfg.train.threads = threads
-
-    def on_step(info):
-        report(info.step, total)
-
-    from rich.console import Console
-
-    # the study's bar shows the step; the trainer's own lines would interleave with it
-    result = train(cfg, resume=True, progress=False, callbacks=[on_step], console=Console(file=io.StringIO()))
-    metrics = []
-    path = out / METRICS_FILE
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                metrics.append(json.loads(line))
-    artifacts = {"model": str(result.final_dir)} if result.final_dir else {}
-    return {"artifacts": artifacts, "metrics": metrics}
-
-
-def _eval_model(config: StudyConfig, store: StudyStore, variant: Variant, lengths: list[int], device: str | None = None):
-    """``(model, tokenizer, method, params)`` of a variant, ready to evaluate, on the study's device (or ``device``)."""
-    if variant.trained:
-        trained = [a["path"] for a in store.artifacts(f"train:{variant.label}") if a["name"] == "model"]
-        if not trained:
-            raise RopekitError(f"the training of '{variant.label}' left no model", "run the study again to retrain it")
-        model, tokenizer = _load_trained(trained[0], placement(config, device))
-        record = getattr(model.config, "ropekit", None) or {}
-        return model, tokenizer, record.get("method") or "plain", dict(record.get("params") or {})
-    model, tokenizer = _load_base(config, store, device)
-    variant_model, params = prepare_model(model, variant.method, dict(variant.params), lengths)
-    return variant_model, tokenizer, variant.method or "plain", params
-
-
-def _run_eval(config: StudyConfig, store: StudyStore, piece: PlannedPiece, report, device: str | None = None) -> dict[str, Any]:
-    variant = config.variant(piece.label)
-    options = dict(config.evals[piece.task])
-    module = get_task(piece.task)
-    model, tokenizer, method, params = _eval_model(config, store, variant, options["lengths"], device)
-    model.eval()
-    ctx = EvalContext(task=piece.task, model=model, tokenizer=tokenizer, method=method, params=params,
-                      seed=config.seed, writer=StoreRecordWriter(store, piece.id, key_fields_for(piece.task)),
-                      progress=_Sink(report))
-    module.run(ctx, **options)
-    return {}
-
+__all__ = ["BACKENDS", "PRETRAIN", "PlannedPiece", "initialize", "plan", "run_piece", "run_study", "work"]
 
 def run_piece(config: StudyConfig, store: StudyStore, piece: PlannedPiece, study_dir: Path, report=lambda n, total: None,
               threads: int | None = None, device: str | None = None) -> None:
@@ -204,19 +57,11 @@ def run_piece(config: StudyConfig, store: StudyStore, piece: PlannedPiece, study
     ``device`` overrides the study's ``device`` key for evaluations (a worker's own GPU)."""
     started = time.perf_counter()
     try:
-        if piece.kind == "pretrain":
-            out = _run_pretrain(config, store, piece, report, threads)
-        elif piece.kind == "train":
-            out = _run_train(config, store, piece, study_dir, report, threads)
-        else:
-            out = _run_eval(config, store, piece, report, device)
+        out = execute_piece(config, store, piece, study_dir, report, threads, device)
     except (KeyboardInterrupt, SystemExit):
         raise
-    except RopekitError as err:
-        store.fail_piece(piece.id, f"{err.problem} ({err.fix})" if err.fix else err.problem)
-        return
     except Exception as err:  # noqa: BLE001 - a failed piece must not take the rest of the study down
-        store.fail_piece(piece.id, err)
+        store.fail_piece(piece.id, piece_error(err))
         return
     store.finish_piece(piece.id, metrics=out.get("metrics", ()), artifacts=out.get("artifacts"),
                        seconds=time.perf_counter() - started)
@@ -225,14 +70,6 @@ def run_piece(config: StudyConfig, store: StudyStore, piece: PlannedPiece, study
 # ---- scheduling --------------------------------------------------------------------------------------------
 def _statuses(store: StudyStore) -> dict[str, str]:
     return {p["id"]: p["status"] for p in store.pieces()}
-
-
-def _blocked(piece: PlannedPiece, status: dict[str, str], by_id: dict[str, PlannedPiece], failed_now: set[str]) -> bool:
-    """True when a prerequisite failed in this run (directly or through its own prerequisites)."""
-    for need in piece.needs:
-        if need in failed_now or _blocked(by_id[need], status, by_id, failed_now):
-            return True
-    return False
 
 
 def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, report_progress=None, report_done=None,
@@ -254,7 +91,7 @@ def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, repor
             runnable, waiting = None, False
             for p in pieces:
                 st = status.get(p.id, "pending")
-                if st == "done" or p.id in failed_now or _blocked(p, status, by_id, failed_now):
+                if st == "done" or p.id in failed_now or blocked(p, status, by_id, failed_now):
                     continue
                 if all(status.get(n) == "done" for n in p.needs) and store.begin_piece(
                         p.id, kind=p.kind, method=p.label, params=p.params, task=p.task):
@@ -314,16 +151,29 @@ def _record_window(config: StudyConfig, store: StudyStore) -> None:
         pass
 
 
-def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, progress: bool = True, console=None) -> dict[str, Any]:
+BACKENDS = ("local", "ray")
+
+
+def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, progress: bool = True, console=None,
+              backend: str = "local", address: str | None = None) -> dict[str, Any]:
     """Run every unfinished piece of ``config`` into ``study_dir/study.sqlite``; returns the store's status.
 
-    ``workers`` processes share the work (each with ``cores // workers`` threads); with one, the work runs in
-    this process with threads chosen per piece from the current load. The display (:func:`ropekit.runtime.progress`)
-    shows finished pieces, the piece running and its samples, and keeps one line per finished piece.
+    ``backend="local"``: ``workers`` processes share the work (each with ``cores // workers`` threads); with one,
+    the work runs in this process with threads chosen per piece from the current load. ``backend="ray"``: every
+    piece is a Ray task on the cluster at ``address`` (a local one when None) and this process is the only
+    writer of the store (:mod:`ropekit.study.ray_backend`). The display (:func:`ropekit.runtime.progress`) shows
+    finished pieces, the piece running and its samples, and keeps one line per finished piece.
     """
     study_dir = Path(study_dir)
+    if backend not in BACKENDS:
+        raise RopekitError(f"unknown backend '{backend}'", f"choose one of {', '.join(BACKENDS)}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise RopekitError(f"--workers {workers!r} is not a positive whole number", "pass --workers 1 (or more)")
+    if backend == "ray":
+        if workers != 1:
+            raise RopekitError("--workers applies to the local backend", "drop --workers: Ray runs as many pieces as "
+                               "the cluster's resources allow")
+        require_ray()  # a missing package fails here, before the study directory exists
     placement(config)  # an impossible device/dtype/attn fails here, in one line, before anything loads
     store = initialize(study_dir, config)
     started = time.time()
@@ -335,7 +185,15 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
     try:
         with runtime.progress(f"study {config.name}", total=len(pieces), completed=done_count(), console=console,
                               enabled=progress) as bar, quiet_transformers():
-            if workers == 1:
+            if backend == "ray":
+                def on_ray_done(piece_id: str, outcome: str) -> None:
+                    bar.log(f"{outcome}: {piece_id}")
+                    bar.update(completed=done_count())
+                    if piece_id == PRETRAIN:
+                        _record_window(config, store)
+
+                run_on_ray(config, study_dir, store, address=address, on_done=on_ray_done)
+            elif workers == 1:
                 current = {"id": ""}
 
                 def on_piece(p: PlannedPiece) -> None:

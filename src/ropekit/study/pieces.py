@@ -1,0 +1,210 @@
+"""The pieces of a study and how one is computed: the plan (base model, trainings, evaluations, with their
+prerequisites), the models each piece loads, and :func:`execute_piece`, which computes a piece without deciding
+where its results go — the local scheduler (:mod:`ropekit.study.runner`) commits them to the store as they come,
+a Ray task (:mod:`ropekit.study.ray_backend`) returns them to the driver."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import RopekitError
+from ..eval import get_task
+from ..eval.common import EvalContext, prepare_model
+from ..install import load
+from ..models.byte_tokenizer import byte_tokenizer
+from ..models.loading import load_model
+from ..runtime import quiet_transformers
+from ..train.builtin_base import describe, pretrain_base
+from ..train.trainer import METRICS_FILE, train
+from .config import BUILTIN_BASE, StudyConfig, Variant, train_config_for
+from .store import StoreRecordWriter, StudyStore, key_fields_for
+
+PRETRAIN = "pretrain:base"
+RUNS_DIR = "runs"
+
+
+@dataclass(frozen=True)
+class PlannedPiece:
+    id: str
+    kind: str
+    label: str | None
+    task: str | None = None
+    needs: tuple[str, ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def plan(config: StudyConfig) -> list[PlannedPiece]:
+    """Every piece of the study in the order one worker runs them: the base model, then variant by variant
+    its training and its evaluations (so results of the first methods appear early)."""
+    pieces: list[PlannedPiece] = []
+    base_needs: tuple[str, ...] = ()
+    if config.model == BUILTIN_BASE:
+        pieces.append(PlannedPiece(PRETRAIN, "pretrain", "base", params={"seed": config.seed}))
+        base_needs = (PRETRAIN,)
+    for v in config.variants:
+        needs = base_needs
+        if v.trained:
+            pieces.append(PlannedPiece(f"train:{v.label}", "train", v.label, needs=base_needs,
+                                       params={"method": v.method, **v.params}))
+            needs = (f"train:{v.label}",)
+        for task in config.evals:
+            pieces.append(PlannedPiece(f"eval:{task}:{v.label}", "eval", v.label, task=task, needs=needs,
+                                       params={"method": v.method, **v.params}))
+    return pieces
+
+
+def _variant_order(config: StudyConfig) -> list[str]:
+    return [v.label for v in config.variants]
+
+
+# ---- models ------------------------------------------------------------------------------------------------
+def base_model_path(config: StudyConfig, store) -> str:
+    """The base model every variant starts from: the pre-trained built-in model's directory, or the config's model.
+
+    ``store`` is anything with the store's ``artifacts(piece)`` (the store itself, or a Ray task's
+    :class:`~ropekit.study.ray_backend.ArtifactView`)."""
+    if config.model != BUILTIN_BASE:
+        return config.model
+    for a in store.artifacts(PRETRAIN):
+        if a["name"] == "model" and Path(a["path"]).is_dir():
+            return a["path"]
+    return str(pretrain_base(config.seed, progress=False))  # the cache was cleared since: rebuild it
+
+
+def placement(config: StudyConfig, device: str | None = None):
+    """The study's ``device``/``dtype``/``attn`` keys (default ``auto``) resolved against this machine
+    (:func:`ropekit.runtime.devices.resolve_devices`); ``device`` overrides the config's (a worker's own GPU)."""
+    from ..runtime.devices import resolve_devices
+
+    return resolve_devices(device or getattr(config, "device", "auto") or "auto", getattr(config, "dtype", "auto") or "auto",
+                           getattr(config, "attn", "auto") or "auto")
+
+
+def _load_base(config: StudyConfig, store, device: str | None = None):
+    plan_ = placement(config, device)
+    loaded = load_model(base_model_path(config, store), device=plan_.device, dtype=plan_.dtype,
+                        attn_implementation=plan_.attn)
+    return loaded.model, loaded.tokenizer
+
+
+def _load_trained(path: str | Path, plan_=None):
+    from transformers import AutoTokenizer
+
+    with quiet_transformers():
+        model = load(path)
+        if plan_ is not None:
+            model = model.to(device=plan_.device, dtype=plan_.torch_dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True) if (Path(path) / "tokenizer_config.json").is_file() else None
+    if tokenizer is None:
+        tokenizer = byte_tokenizer()
+    return model, tokenizer
+
+
+# ---- pieces ------------------------------------------------------------------------------------------------
+class _Sink:
+    """Sample-level progress of the running piece, shown on the study's bar."""
+
+    def __init__(self, report):
+        self.report = report
+        self.total = None
+        self.n = 0
+
+    def set_total(self, total: int) -> None:
+        self.total = total
+        self.report(self.n, self.total)
+
+    def advance(self, n: int = 1, description: str | None = None) -> None:
+        self.n += n
+        self.report(self.n, self.total)
+
+
+def _run_pretrain(config: StudyConfig, store: StudyStore, piece: PlannedPiece, report, threads: int | None) -> dict[str, Any]:
+    path = pretrain_base(config.seed, progress=False, threads=threads, on_step=report)
+    meta = describe(path)
+    return {"artifacts": {"model": str(path)},
+            "metrics": [{"step": meta["settings"]["steps"], "loss": meta["final_loss"]}]}
+
+
+def _run_train(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path, report,
+               threads: int | None) -> dict[str, Any]:
+    variant = config.variant(piece.label)
+    out = study_dir / RUNS_DIR / variant.label
+    cfg = train_config_for(config, variant, base_model_path(config, store), out)
+    total = cfg.train.max_steps
+    if threads is not None:
+        cfg.train.threads = threads
+
+    def on_step(info):
+        report(info.step, total)
+
+    from rich.console import Console
+
+    # the study's bar shows the step; the trainer's own lines would interleave with it
+    result = train(cfg, resume=True, progress=False, callbacks=[on_step], console=Console(file=io.StringIO()))
+    metrics = []
+    path = out / METRICS_FILE
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                metrics.append(json.loads(line))
+    artifacts = {"model": str(result.final_dir)} if result.final_dir else {}
+    return {"artifacts": artifacts, "metrics": metrics}
+
+
+def _eval_model(config: StudyConfig, store, variant: Variant, lengths: list[int], device: str | None = None):
+    """``(model, tokenizer, method, params)`` of a variant, ready to evaluate, on the study's device (or ``device``)."""
+    if variant.trained:
+        trained = [a["path"] for a in store.artifacts(f"train:{variant.label}") if a["name"] == "model"]
+        if not trained:
+            raise RopekitError(f"the training of '{variant.label}' left no model", "run the study again to retrain it")
+        model, tokenizer = _load_trained(trained[0], placement(config, device))
+        record = getattr(model.config, "ropekit", None) or {}
+        return model, tokenizer, record.get("method") or "plain", dict(record.get("params") or {})
+    model, tokenizer = _load_base(config, store, device)
+    variant_model, params = prepare_model(model, variant.method, dict(variant.params), lengths)
+    return variant_model, tokenizer, variant.method or "plain", params
+
+
+def _run_eval(config: StudyConfig, store, piece: PlannedPiece, report, device: str | None = None, writer=None) -> dict[str, Any]:
+    variant = config.variant(piece.label)
+    options = dict(config.evals[piece.task])
+    module = get_task(piece.task)
+    model, tokenizer, method, params = _eval_model(config, store, variant, options["lengths"], device)
+    model.eval()
+    if writer is None:
+        writer = StoreRecordWriter(store, piece.id, key_fields_for(piece.task))
+    ctx = EvalContext(task=piece.task, model=model, tokenizer=tokenizer, method=method, params=params,
+                      seed=config.seed, writer=writer, progress=_Sink(report))
+    module.run(ctx, **options)
+    return {}
+
+
+def execute_piece(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path, report=lambda n, total: None,
+                  threads: int | None = None, device: str | None = None, writer=None) -> dict[str, Any]:
+    """Compute one piece: ``{"metrics": …, "artifacts": …}`` (evaluation samples go to ``writer``, by default
+    straight into ``store``). ``store`` only needs ``artifacts(piece)`` when ``writer`` is given."""
+    if piece.kind == "pretrain":
+        return _run_pretrain(config, store, piece, report, threads)
+    if piece.kind == "train":
+        return _run_train(config, store, piece, study_dir, report, threads)
+    return _run_eval(config, store, piece, report, device, writer)
+
+
+def piece_error(err: BaseException) -> str | BaseException:
+    """What a failed piece records: a RopekitError's one line, any other exception as it is."""
+    if isinstance(err, RopekitError):
+        return f"{err.problem} ({err.fix})" if err.fix else err.problem
+    return err
+
+
+
+def blocked(piece: PlannedPiece, status: dict[str, str], by_id: dict[str, PlannedPiece], failed_now: set[str]) -> bool:
+    """True when a prerequisite failed in this run (directly or through its own prerequisites)."""
+    for need in piece.needs:
+        if need in failed_now or blocked(by_id[need], status, by_id, failed_now):
+            return True
+    return False

@@ -1,0 +1,162 @@
+"""The study on Ray: every piece a Ray task, the driver the only writer of the results store.
+
+``ropekit study CONFIG --backend ray [--address auto|HOST:PORT]`` connects to a Ray cluster (or starts a local
+one) and runs the pieces of :func:`ropekit.study.pieces.plan` as tasks with the resources the config asks for
+(``resources: {train: {gpus: 8}, eval: {gpus: 1}}``; CPUs default to one per task). Order and semantics are the
+local backend's:
+
+* the driver claims a piece in the store (:meth:`StudyStore.begin_piece`, as worker ``host:pid`` of the
+  driver) only when its prerequisites are done, submits it, and commits what the task returns — metrics and
+  artifacts, and an evaluation's samples in the same transaction that marks it done — so no worker ever opens
+  the SQLite file (it may sit on the driver's local disk; a network file system is never written by two hosts);
+* a task receives what it may read of the store — the artifacts of finished pieces and the samples an
+  interrupted evaluation already scored (skipped, as with ``--resume``);
+* a task whose worker dies is retried by Ray (``max_retries``); a piece that raises is marked failed with its
+  one-line error and the study goes on without what depends on it;
+* a driver killed mid-study leaves its claimed pieces "running" under a dead ``host:pid``: the next run
+  reclaims and re-runs them, and never re-runs a finished one.
+
+Checkpoints and trained models are written under the study directory by the tasks, so on a multi-node
+cluster that directory must be on storage every node sees (the SQLite file stays the driver's alone).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import RopekitError
+from ..eval.records import RecordWriter
+from .config import StudyConfig, parse_study
+from .pieces import PlannedPiece, blocked, execute_piece, piece_error, plan
+from .store import StudyStore, key_fields_for
+
+#: Ray retries a task this many times when its worker process dies.
+MAX_RETRIES = 3
+
+
+class ArtifactView:
+    """The part of the store a task reads: ``artifacts(piece)`` of the pieces finished before it was submitted."""
+
+    def __init__(self, artifacts: list[dict[str, Any]]):
+        self._rows = list(artifacts)
+
+    def artifacts(self, piece: str | None = None) -> list[dict[str, Any]]:
+        return [r for r in self._rows if piece is None or r["piece"] == piece]
+
+
+class CollectingWriter(RecordWriter):
+    """An evaluation's record writer inside a task: knows the samples already stored, keeps the new ones."""
+
+    def __init__(self, done: list[dict[str, Any]], key_fields):
+        super().__init__(None, resume=False, key_fields=tuple(key_fields))
+        for record in done:
+            self.done[self.key(record)] = record
+        self.new: list[dict[str, Any]] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        super().write(record)
+        self.new.append(record)
+
+
+def run_remote_piece(config_dict: dict[str, Any], study_dir: str, piece: PlannedPiece, artifacts: list[dict[str, Any]],
+                     done_samples: list[dict[str, Any]], threads: int) -> dict[str, Any]:
+    """The body of one Ray task: compute ``piece`` and return ``{"out", "samples", "error", "seconds"}``."""
+    from ..runtime import quiet_transformers, torch_threads
+
+    started = time.perf_counter()
+    config = parse_study(config_dict)
+    writer = CollectingWriter(done_samples, key_fields_for(piece.task)) if piece.kind == "eval" else None
+    try:
+        with quiet_transformers(), torch_threads(threads):
+            out = execute_piece(config, ArtifactView(artifacts), piece, Path(study_dir), threads=threads, writer=writer)
+        error = None
+    except Exception as err:  # noqa: BLE001 - returned to the driver, which records it on the piece
+        out, error = {}, piece_error(err)
+        error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return {"out": out, "samples": writer.new if writer else [], "error": error,
+            "seconds": time.perf_counter() - started}
+
+
+def _resources(config: StudyConfig, kind: str) -> dict[str, float]:
+    """``num_cpus``/``num_gpus`` of a piece kind from the config's ``resources`` (one CPU by default)."""
+    wanted = dict((getattr(config, "resources", None) or {}).get(kind) or {})
+    return {"num_cpus": float(wanted.get("cpus", 1)), "num_gpus": float(wanted.get("gpus", 0))}
+
+
+def require_ray():
+    try:
+        import ray
+    except ImportError:
+        raise RopekitError("--backend ray needs the ray package, which is not installed",
+                           "pip install 'ropekit[ray]' (or use the default --backend local)") from None
+    return ray
+
+
+def run_on_ray(config: StudyConfig, study_dir: Path, store: StudyStore, *, address: str | None = None,
+               on_done=None, poll: float = 0.2) -> None:
+    """Run every unfinished piece of ``config`` as Ray tasks; ``on_done(piece_id, status)`` after each commit."""
+    ray = require_ray()
+    started_here = False
+    if not ray.is_initialized():
+        try:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(include_dashboard=False, log_to_driver=False)
+        except (ConnectionError, RuntimeError) as err:
+            raise RopekitError(f"could not reach a Ray cluster at '{address}': {str(err).splitlines()[0]}",
+                               "start one (`ray start --head`) or pass --address auto / HOST:PORT of a running head") from None
+        started_here = True
+    remote = ray.remote(max_retries=MAX_RETRIES)(run_remote_piece)
+    pieces = plan(config)
+    by_id = {p.id: p for p in pieces}
+    config_dict = config.as_dict()
+    in_flight: dict[Any, PlannedPiece] = {}
+    failed_now: set[str] = set()
+    try:
+        while True:
+            status = {p["id"]: p["status"] for p in store.pieces()}
+            submitted = {p.id for p in in_flight.values()}
+            for p in pieces:
+                if p.id in submitted or p.id in failed_now or status.get(p.id) == "done":
+                    continue
+                if blocked(p, status, by_id, failed_now) or not all(status.get(n) == "done" for n in p.needs):
+                    continue
+                if not store.begin_piece(p.id, kind=p.kind, method=p.label, params=p.params, task=p.task):
+                    continue
+                done = store.samples(piece=p.id, raw=True) if p.kind == "eval" else []
+                resources = _resources(config, p.kind)
+                threads = max(1, int(resources["num_cpus"]))
+                ref = remote.options(**resources).remote(config_dict, str(study_dir), p, store.artifacts(), done, threads)
+                in_flight[ref] = p
+            if not in_flight:
+                left = [p for p in pieces if status.get(p.id) != "done" and p.id not in failed_now]
+                if all(blocked(p, status, by_id, failed_now) for p in left):
+                    return  # done, or only pieces behind a failure of this run are left
+                time.sleep(poll)  # a piece claimed by another live worker: wait for it
+                continue
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=None)
+            for ref in ready:
+                piece = in_flight.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except Exception as err:  # noqa: BLE001 - the task died past its retries
+                    result = {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+                if result.get("error"):
+                    store.fail_piece(piece.id, result["error"])
+                    failed_now.add(piece.id)
+                    if on_done:
+                        on_done(piece.id, "failed")
+                    continue
+                out = result["out"]
+                store.finish_piece(piece.id, samples=result["samples"], metrics=out.get("metrics", ()),
+                                   artifacts=out.get("artifacts"),
+                                   key_fields=key_fields_for(piece.task) if piece.kind == "eval" else None,
+                                   seconds=result["seconds"])
+                if on_done:
+                    on_done(piece.id, "done")
+    finally:
+        if started_here:
+            ray.shutdown()

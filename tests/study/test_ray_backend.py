@@ -1,0 +1,105 @@
+"""The study on a local Ray cluster (CPU, 2 workers): the same database as the local backend, also after the
+driver is killed with SIGKILL mid-study and run again; the driver is the store's only writer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from test_runner import SMALL, _assert_same, _dump
+
+from ropekit.errors import RopekitError
+from ropekit.study.config import parse_study
+from ropekit.study.runner import run_study
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'ropekit[ray]')")
+
+
+@pytest.fixture(scope="module")
+def local_reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("study-local")
+    status = run_study(parse_study(SMALL), out, progress=False)
+    assert status["by_status"]["done"] == 7
+    return out
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_ray_gives_the_local_backends_database_and_only_the_driver_writes(local_reference, ray_cluster, tmp_path):
+    status = run_study(parse_study(SMALL), tmp_path, progress=False, backend="ray")
+    assert status["by_status"]["done"] == 7
+    _assert_same(_dump(local_reference / "study.sqlite"), _dump(tmp_path / "study.sqlite"))
+    db = sqlite3.connect(tmp_path / "study.sqlite")
+    workers = {w for (w,) in db.execute("SELECT worker FROM pieces")}
+    db.close()
+    assert workers == {f"{os.uname().nodename}:{os.getpid()}"}  # every claim is the driver's
+
+
+def _done(path) -> int | None:
+    if not path.is_file():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.2)
+        try:
+            return db.execute("SELECT COUNT(*) FROM pieces WHERE status = 'done'").fetchone()[0]
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+
+
+def test_driver_killed_mid_study_resumes_to_the_same_database(local_reference, tmp_path):
+    config = tmp_path / "small.yaml"
+    config.write_text(yaml.safe_dump(SMALL))
+    out = tmp_path / "ray"
+    cmd = [sys.executable, "-m", "ropekit.cli", "study", str(config), "--out", str(out), "--no-report", "--backend", "ray"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        done = _done(out / "study.sqlite")
+        if done is not None and done >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the study ended before the driver could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray cluster it started
+    proc.wait()
+    db = sqlite3.connect(out / "study.sqlite")  # writable: recovers the killed writer's WAL
+    before = db.execute("SELECT COUNT(*) FROM pieces WHERE status = 'done'").fetchone()[0]
+    finished = dict(db.execute("SELECT id, finished FROM pieces WHERE status = 'done'").fetchall())
+    db.close()
+    assert 2 <= before < 7
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    _assert_same(_dump(local_reference / "study.sqlite"), _dump(out / "study.sqlite"))
+    db = sqlite3.connect(out / "study.sqlite")
+    after = dict(db.execute("SELECT id, finished FROM pieces").fetchall())
+    db.close()
+    assert all(after[piece] == when for piece, when in finished.items())  # finished pieces were not re-run
+
+
+def test_workers_with_ray_and_unknown_backends_are_one_line(tmp_path):
+    with pytest.raises(RopekitError, match="--workers applies to the local backend"):
+        run_study(parse_study(SMALL), tmp_path / "a", workers=2, progress=False, backend="ray")
+    with pytest.raises(RopekitError, match="unknown backend"):
+        run_study(parse_study(SMALL), tmp_path / "b", progress=False, backend="slurm")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_without_the_ray_package_the_backend_is_one_line_and_exit_2(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray → ImportError, as on a machine without it
+    config = tmp_path / "small.yaml"
+    config.write_text(yaml.safe_dump(SMALL))
+    code, _, err = run_cli("study", str(config), "--out", str(tmp_path / "s"), "--backend", "ray")
+    assert code == 2 and "pip install 'ropekit[ray]'" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "s").exists()
