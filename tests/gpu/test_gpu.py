@@ -1,0 +1,137 @@
+"""GPU checks (``-m gpu``; skipped in one line without CUDA): every attention method in bfloat16 under sdpa and
+flash_attention_2 with padded batches, and a 32k-token Self-Extend / LM-Infinite prefill on a 1B-shaped random
+model within a memory bound that an n × n score matrix would break.
+
+References: the same extended model in float32 on the CPU (whose paths the CPU suite checks against naive
+O(n²) definitions), each padded row against the row alone, and plain transformers inside the window.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ropekit
+from ropekit.models.tiny import TINY_WINDOW, build_tiny_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU (run -m gpu on a machine with one)"),
+]
+
+#: Every method that replaces or changes attention, with parameters that take inputs past the tiny window.
+ATTENTION_METHODS = {
+    "self_extend": dict(factor=4),
+    "lm_infinite": dict(factor=4),
+    "landmark": dict(factor=4),
+    "dual_chunk": dict(factor=4),
+    "longlora": dict(factor=4),
+    "abf": dict(factor=4),
+    "harpe": dict(factor=4),
+}
+#: bfloat16 logits of a random tiny model: ~3 significant digits, logits of order 1.
+ATOL_BF16 = 6e-2
+
+
+def _kernels():
+    kernels = ["sdpa"]
+    try:
+        import flash_attn  # noqa: F401
+
+        kernels.append("flash_attention_2")
+    except ImportError:
+        pass
+    return kernels
+
+
+def _model(method: str, attn: str, device: str, dtype: torch.dtype):
+    model = build_tiny_model("llama", seed=0, attn_implementation=attn if attn != "flash_attention_2" else "sdpa")
+    if attn == "flash_attention_2":
+        model = model.to(dtype)  # flash_attention_2 refuses float32 weights
+        model.set_attn_implementation("flash_attention_2")
+    model = ropekit.extend(model, method, **ATTENTION_METHODS[method])
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _batch(device: str, length: int = 3 * TINY_WINDOW):
+    """A left-padded batch (as generate builds it) and its rows alone."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 256, (2, length), generator=gen)
+    mask = torch.ones(2, length, dtype=torch.long)
+    mask[1, :37] = 0
+    return ids.to(device), mask.to(device)
+
+
+@pytest.mark.parametrize("attn", _kernels())
+@pytest.mark.parametrize("method", sorted(ATTENTION_METHODS))
+def test_bf16_padded_batch_matches_rows_alone_and_float32_cpu(method, attn):
+    model = _model(method, attn, "cuda", torch.bfloat16)
+    ids, mask = _batch("cuda")
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        batch = model(ids, attention_mask=mask, position_ids=pos).logits.float()
+        alone = model(ids[1:, 37:], position_ids=pos[1:, 37:]).logits.float()
+    assert not torch.isnan(batch[mask.bool()]).any()  # (landmark masks its own token: −∞ there)
+    if method != "landmark":  # landmark's blocks follow key indices: padding moves them (float32 on CPU too)
+        torch.testing.assert_close(batch[1, 37:], alone[0], atol=ATOL_BF16, rtol=0)
+
+    reference = _model(method, "sdpa", "cpu", torch.float32)
+    with torch.no_grad():
+        want = reference(ids[:1].cpu()).logits
+        got = model(ids[:1]).logits.float().cpu()
+    torch.testing.assert_close(got, want, atol=ATOL_BF16, rtol=0)
+
+
+@pytest.mark.parametrize("attn", _kernels())
+@pytest.mark.parametrize("method", ["self_extend", "lm_infinite"])
+def test_bf16_cached_generate_equals_the_uncached_forward(method, attn):
+    """Greedy generation with the KV cache on the GPU follows the uncached forward's argmax (bf16 ties aside)."""
+    model = _model(method, attn, "cuda", torch.bfloat16)
+    ids, _ = _batch("cuda")
+    prompt = ids[:1]
+    with torch.no_grad():
+        out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
+                             min_new_tokens=8, do_sample=False, pad_token_id=0)
+        logits = model(out[:, :-1]).logits[0, prompt.shape[1] - 1:]
+    agree = (logits.argmax(-1) == out[0, prompt.shape[1]:]).float().mean()
+    assert agree >= 0.75, agree
+
+
+def _one_b_model(device: str = "cuda"):
+    """A random model of Llama-3.2-1B's shape (2048 wide, 16 layers, 32 heads / 8 KV heads of 64) with a 4k window,
+    in bfloat16 — only the shape matters for memory and speed."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    with torch.device(device):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    return model
+
+
+@pytest.mark.parametrize("method", ["self_extend", "lm_infinite"])
+def test_32k_prefill_of_a_1b_shaped_model_stays_within_memory(method):
+    n = 32768
+    model = ropekit.extend(_one_b_model(), method, factor=8)
+    ids = torch.randint(3, 32000, (1, n), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        logits = model(ids, use_cache=False, logits_to_keep=1).logits
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    assert torch.isfinite(logits).all()
+    # one layer's n × n scores for 32 heads in bf16 would be 64 GiB; activations of a 1B model at 32k are ~1 GiB,
+    # and ropekit's blocks are O(n · chunk) per head
+    assert extra < 12 * 2**30, f"{extra / 2**30:.1f} GiB above the weights"
+
+
+def test_device_auto_resolves_to_this_gpu():
+    from ropekit.runtime.devices import resolve_devices
+
+    plan = resolve_devices()
+    assert plan.device == "cuda:0" and plan.dtype in ("bfloat16", "float16")
+    assert plan.attn in ("flash_attention_2", "sdpa")
