@@ -25,7 +25,7 @@ class ABF(Method):
     name = "abf"
     title = "Adjusted base frequency"
     summary = "Replace the RoPE base with a larger one (default 500,000); meant for continual pre-training."
-    reference = "Xiong et al. 2023, arXiv 2309.16039; Entropy-ABF (paper 001) Table 1"
+    reference = "Xiong et al. 2023, arXiv 2309.16039; Entropy-ABF (Zhang et al. 2024, arXiv 2401.07004) Table 1"
     params = (NEW_BASE, DECLARED_FACTOR)
     needs_training = True
     uses_factor = False
@@ -65,7 +65,7 @@ class EntropyABF(ABF):
     name = "entropy_abf"
     title = "Entropy-aware ABF"
     summary = "ABF plus logit scale max(log_c i, 1) on layers ≥ 2 to keep attention entropy stable."
-    reference = "Zhang et al. 2024, arXiv 2401.07004 (paper 001) Eq. 5"
+    reference = "Zhang et al. 2024, arXiv 2401.07004 (Entropy-ABF) Eq. 5"
     params = (
         NEW_BASE,
         Param("scale_context", int, original_window, "c in log_c i: the pretrained window", minimum=2),

@@ -44,7 +44,7 @@ class CLEX(Method):
     name = "clex"
     title = "CLEX (continuous length extrapolation)"
     summary = "Frequencies as a learned, continuous function of the length (neural ODE on log θ); trained."
-    reference = "Chen et al. 2024, ICLR, arXiv 2310.16450 (CLEX); LCEG (paper 002) §3"
+    reference = "Chen et al. 2024, ICLR, arXiv 2310.16450 (CLEX); LCEG (Lu et al. 2024, arXiv 2409.12181) §3"
     params = (
         Param("max_factor", int, _default_max_factor, "t_max: the largest scale trained and served; inputs "
               "beyond t_max·C reuse t_max", minimum=1),

@@ -35,7 +35,7 @@ class DynamicNTK(Method):
     name = "dynamic_ntk"
     title = "Dynamic NTK"
     summary = "NTK base recomputed from the input length; optionally frozen below a trained length (LCEG)."
-    reference = "emozilla 2023; Fu et al. 2024; LCEG (paper 002) §7.8, Tables 13–15"
+    reference = "emozilla 2023; Fu et al. 2024; LCEG (Lu et al. 2024, arXiv 2409.12181) §7.8, Tables 13–15"
     params = (
         FACTOR,
         ORIGINAL_WINDOW,

@@ -34,7 +34,7 @@ class HARPE(Method):
     name = "harpe"
     title = "HARPE (head-adaptive RoPE)"
     summary = "One RoPE base per attention head (per KV group), chosen by a peak-valley search; train single-stage."
-    reference = "Lian et al. 2024, arXiv 2412.07171 (paper 004) Eq. 6–10, Algorithm 1"
+    reference = "Lian et al. 2025, arXiv 2412.07171 (HARPE, COLING 2025) Eq. 6–10, Algorithm 1"
     params = (
         Param("strategy", str, "peak_valley", "how bases are chosen", choices=("peak_valley", "uniform", "explicit")),
         Param("bases", list, None, "explicit bases, one per KV group (strategy=explicit)"),

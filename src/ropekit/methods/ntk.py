@@ -20,7 +20,7 @@ class NTKAware(Method):
     name = "ntk"
     title = "NTK-aware scaling"
     summary = "Raise the base to b·s^(d/(d−2)): low frequencies interpolated, high ones kept; works without training."
-    reference = "bloc97 2023 (reddit r/LocalLLaMA); LCEG (paper 002) Eq. 9; PoSE (paper 003) §3.1"
+    reference = "bloc97 2023 (reddit r/LocalLLaMA); LCEG (Lu et al. 2024, arXiv 2409.12181) Eq. 9; PoSE (Zhu et al. 2024, arXiv 2309.10400) §3.1"
     params = (FACTOR, ROPE_THETA)
     composition = "θ'_i = θ^eff_i · s^(−2i/(d−2)) (the base change as a per-pair ratio); the model's attention factor kept"
 

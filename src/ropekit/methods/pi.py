@@ -20,7 +20,7 @@ class PositionInterpolation(Method):
     name = "pi"
     title = "Position Interpolation"
     summary = "Divide every RoPE frequency by s (positions m → m/s); best after fine-tuning at the target length."
-    reference = "Chen et al. 2023, arXiv 2306.15595; LCEG (paper 002) Eq. 8"
+    reference = "Chen et al. 2023, arXiv 2306.15595; LCEG (Lu et al. 2024, arXiv 2409.12181) Eq. 8"
     params = (FACTOR, ROPE_THETA)
     needs_training = True
     composition = "θ'_i = θ^eff_i / s; the model's attention factor kept"

@@ -33,7 +33,7 @@ class YaRN(_ByParts):
     name = "yarn"
     title = "YaRN"
     summary = "NTK-by-parts frequencies plus attention temperature 0.1·ln s + 1; strong with little fine-tuning."
-    reference = "Peng et al. 2023, arXiv 2309.00071; LCEG (paper 002) Eq. 10"
+    reference = "Peng et al. 2023, arXiv 2309.00071; LCEG (Lu et al. 2024, arXiv 2409.12181) Eq. 10"
     params = (
         FACTOR,
         ORIGINAL_WINDOW,
