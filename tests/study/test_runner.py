@@ -136,7 +136,7 @@ def test_every_preset_parses_and_quick_has_the_issue_s_methods():
     quick = load_study_config(preset="quick")
     methods = {(v.method, v.trained) for v in quick.variants}
     for wanted in [(None, False), ("pi", True), ("ntk", False), ("ntk", True), ("dynamic_ntk", False),
-                   ("dynamic_yarn", False), ("ntk_by_parts", True), ("yarn", True), ("abf", True), ("entropy_abf", True), ("harpe", True),
+                   ("dynamic_yarn", False), ("longrope", False), ("ntk_by_parts", True), ("yarn", True), ("abf", True), ("entropy_abf", True), ("harpe", True),
                    ("self_extend", False), ("lm_infinite", False), ("longlora", True), ("clex", True),
                    ("landmark", True)]:
         assert wanted in methods, wanted
@@ -302,3 +302,32 @@ def test_cli_study_status_show_and_errors(run_cli, reference_study, tmp_path):
     bad.write_text(yaml.safe_dump({**SMALL, "model": str(tmp_path / "no-such-model")}))
     code, _, stderr = run_cli("study", str(bad), "--out", str(tmp_path / "never"))
     assert code != 0 and "does not exist" in stderr and not (tmp_path / "never").exists()
+
+
+def test_a_search_variant_runs_longrope_search_and_evaluates_its_export(tmp_path):
+    raw = {**SMALL, "variants": [{"label": "lr-search", "search": {"evaluations": 6, "documents": 1}}],
+           "evals": {"ppl": {"lengths": [256], "samples": 1, "score_mode": "truncate"}}}
+    raw.pop("recipe")
+    cfg = parse_study(raw)
+    assert [p.id for p in plan(cfg)] == ["search:lr-search", "eval:ppl:lr-search"]
+    status = run_study(cfg, tmp_path, progress=False)
+    assert status["by_status"]["done"] == 2, status["failed"]
+    result = json.loads((tmp_path / "search" / "lr-search" / "result.json").read_text())
+    assert result["evaluations"] == 6
+    db = sqlite3.connect(tmp_path / "study.sqlite")
+    (record,) = [json.loads(r) for (r,) in db.execute("SELECT record FROM samples")]
+    seconds = db.execute("SELECT seconds FROM pieces WHERE id = 'search:lr-search'").fetchone()[0]
+    db.close()
+    assert record["method"] == "longrope" and record["params"]["long_factor"] == result["best"]["long_factor"]
+    assert seconds > 0  # the search's cost is the piece's compute time
+
+
+@pytest.mark.parametrize("variant, words", [
+    ({"label": "s", "method": "yarn", "search": True}, "searches LongRoPE factors"),
+    ({"label": "s", "search": True, "params": {"factor": 2}}, "the search finds the factors"),
+    ({"label": "s", "search": {"evaluations": 2}}, "search.evaluations"),
+    ({"label": "s", "search": {"budget": 8}}, "unknown key"),
+])
+def test_bad_search_variants_are_one_line(variant, words):
+    with pytest.raises(RopekitError, match=words):
+        parse_study({**SMALL, "variants": [variant]})

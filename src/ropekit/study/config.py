@@ -18,6 +18,8 @@ A study config is a YAML mapping (``ropekit study CONFIG.yaml``, or a preset: ``
         method: yarn
         params: {factor: 4}
         finetune: {data: {seq_len: 256, pose: {target_length: 1024}}}
+      - {label: lr-search, search: {evaluations: 64}}  # LongRoPE factors searched for target_length (ropekit search;
+                                                       #   evaluations, documents, population, fixed_pairs)
     evals:                     # task → options of that task's run() (see `ropekit eval --help`)
       ppl: {lengths: [256, 512, 1024, 2048], samples: 4, score_mode: truncate}
       passkey: {lengths: [256, 1024, 2048], depths: [0.1, 0.5, 0.9], trials: 2}
@@ -40,7 +42,9 @@ from typing import Any
 from ..errors import RopekitError
 
 TOP_KEYS = ("name", "model", "seed", "target_length", "window", "recipe", "variants", "evals", "description")
-VARIANT_KEYS = ("label", "method", "params", "finetune", "note")
+VARIANT_KEYS = ("label", "method", "params", "finetune", "search", "note")
+#: Keys of a variant's ``search:`` (LongRoPE's factor search, :mod:`ropekit.search`), with their minimum.
+SEARCH_KEYS = {"evaluations": 4, "documents": 1, "population": 4, "fixed_pairs": 0}
 #: Keys the recipe may not set: the study decides them per variant.
 RECIPE_FORBIDDEN = ("method", "stages")
 #: The built-in base model's name in a study config.
@@ -90,14 +94,28 @@ class Variant:
     #: None: evaluated as installed (frozen); a dict: fine-tuned with the recipe deep-merged with these overrides.
     finetune: dict[str, Any] | None = None
     note: str | None = None
+    #: None, or the settings of a LongRoPE factor search (``method`` is then ``longrope``, its factors the result).
+    search: dict[str, Any] | None = None
 
     @property
     def trained(self) -> bool:
         return self.finetune is not None
 
+    @property
+    def produced_by(self) -> str | None:
+        """The piece whose model this variant evaluates (its training or its search), or None (frozen)."""
+        if self.finetune is not None:
+            return f"train:{self.label}"
+        if self.search is not None:
+            return f"search:{self.label}"
+        return None
+
     def as_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "method": self.method, "params": dict(self.params), "finetune": self.finetune,
-                "note": self.note}
+        out = {"label": self.label, "method": self.method, "params": dict(self.params), "finetune": self.finetune,
+               "note": self.note}
+        if self.search is not None:  # only when given: the recorded configuration of older studies stays the same
+            out["search"] = dict(self.search)
+        return out
 
 
 @dataclass
@@ -136,7 +154,17 @@ def _parse_variant(raw, i: int, recipe: dict) -> Variant:
         _fail(f"{key}.label", f"must be a short name of letters, digits and . _ + -, got {label!r}", "write e.g. `label: yarn-ft`")
     method = raw.get("method")
     params = dict(_mapping(raw.get("params"), f"{key}.params"))
-    if method is not None:
+    search = _parse_search(raw.get("search"), key)
+    if search is not None:
+        if method not in (None, "longrope"):
+            _fail(f"{key}.search", f"searches LongRoPE factors, but the variant's method is {method!r}",
+                  "drop `method:` (or write method: longrope)")
+        if params:
+            _fail(f"{key}.params", "given with search: the search finds the factors", "drop params")
+        if raw.get("finetune") not in (None, False):
+            _fail(f"{key}.search", "and finetune in one variant", "search in one variant, fine-tune in another")
+        method = "longrope"
+    if method is not None and search is None:
         from ..train.config import check_method_params
 
         if not isinstance(method, str):
@@ -160,7 +188,23 @@ def _parse_variant(raw, i: int, recipe: dict) -> Variant:
     if finetune is not None and not recipe:
         _fail(f"{key}.finetune", "asks for training but the study has no recipe", "add a `recipe:` section (data + train)")
     note = raw.get("note")
-    return Variant(label=label, method=method, params=params, finetune=finetune, note=str(note) if note else None)
+    return Variant(label=label, method=method, params=params, finetune=finetune, note=str(note) if note else None,
+                   search=search)
+
+
+def _parse_search(raw, key: str) -> dict[str, Any] | None:
+    """A variant's ``search:`` — ``true`` or a mapping of :data:`SEARCH_KEYS` (whole numbers) — or None."""
+    if raw is None or raw is False:
+        return None
+    raw = {} if raw is True else _mapping(raw, f"{key}.search")
+    _unknown(f"{key}.search.", raw, tuple(SEARCH_KEYS))
+    out = {}
+    for name, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < SEARCH_KEYS[name]:
+            _fail(f"{key}.search.{name}", f"must be a whole number ≥ {SEARCH_KEYS[name]}, got {value!r}",
+                  f"write e.g. `{name}: {max(SEARCH_KEYS[name], 4)}`")
+        out[name] = value
+    return out
 
 
 def _check_evals(raw) -> dict[str, dict[str, Any]]:

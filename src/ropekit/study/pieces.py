@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from .store import StoreRecordWriter, StudyStore, key_fields_for
 
 PRETRAIN = "pretrain:base"
 RUNS_DIR = "runs"
+SEARCH_DIR = "search"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,10 @@ def plan(config: StudyConfig) -> list[PlannedPiece]:
             pieces.append(PlannedPiece(f"train:{v.label}", "train", v.label, needs=base_needs,
                                        params={"method": v.method, **v.params}))
             needs = (f"train:{v.label}",)
+        elif v.search is not None:
+            pieces.append(PlannedPiece(f"search:{v.label}", "search", v.label, needs=base_needs,
+                                       params={"method": v.method, "search": dict(v.search)}))
+            needs = (f"search:{v.label}",)
         for task in config.evals:
             pieces.append(PlannedPiece(f"eval:{task}:{v.label}", "eval", v.label, task=task, needs=needs,
                                        params={"method": v.method, **v.params}))
@@ -155,12 +161,29 @@ def _run_train(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path,
     return {"artifacts": artifacts, "metrics": metrics}
 
 
+def _run_search(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path, report, threads: int | None) -> dict[str, Any]:
+    """LongRoPE's factor search for the study's target length on the base model (:mod:`ropekit.search`), into
+    ``DIR/search/LABEL``; resumable like a training (finished candidates are read back)."""
+    from ..search import SearchSettings, run_search
+
+    variant = config.variant(piece.label)
+    base = base_model_path(config, store)
+    loaded = load_model(base)
+    settings = SearchSettings(model=base, target_length=config.target_length, seed=config.seed,
+                              **{"evaluations": 64, **variant.search})
+    out = study_dir / SEARCH_DIR / variant.label
+    result = run_search(loaded.model, loaded.tokenizer, settings, out, progress=False)
+    # one metrics row: the search's objective (perplexity at the target on its documents) and its evaluations
+    return {"artifacts": {"model": str(out / "model")},
+            "metrics": [{"step": result["evaluations"], "loss": math.log(result["best"]["perplexity"])}]}
+
+
 def _eval_model(config: StudyConfig, store, variant: Variant, lengths: list[int], device: str | None = None):
     """``(model, tokenizer, method, params)`` of a variant, ready to evaluate, on the study's device (or ``device``)."""
-    if variant.trained:
-        trained = [a["path"] for a in store.artifacts(f"train:{variant.label}") if a["name"] == "model"]
+    if variant.produced_by is not None:
+        trained = [a["path"] for a in store.artifacts(variant.produced_by) if a["name"] == "model"]
         if not trained:
-            raise RopekitError(f"the training of '{variant.label}' left no model", "run the study again to retrain it")
+            raise RopekitError(f"'{variant.produced_by}' left no model", "run the study again to redo it")
         model, tokenizer = _load_trained(trained[0], placement(config, device))
         record = getattr(model.config, "ropekit", None) or {}
         return model, tokenizer, record.get("method") or "plain", dict(record.get("params") or {})
@@ -191,6 +214,8 @@ def execute_piece(config: StudyConfig, store, piece: PlannedPiece, study_dir: Pa
         return _run_pretrain(config, store, piece, report, threads)
     if piece.kind == "train":
         return _run_train(config, store, piece, study_dir, report, threads)
+    if piece.kind == "search":
+        return _run_search(config, store, piece, study_dir, report, threads)
     return _run_eval(config, store, piece, report, device, writer)
 
 

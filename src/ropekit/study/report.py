@@ -567,6 +567,8 @@ def _kinds(pieces: list[dict[str, Any]]) -> dict[str, str]:
     for p in pieces:
         if p["kind"] == "train" and p["method"] and p["method"] != stats.PLAIN:
             kinds[p["method"]] = "fine-tuned"
+        elif p["kind"] == "search" and p["method"]:
+            kinds[p["method"]] = "searched"  # LongRoPE factors found by search, evaluated frozen
     return kinds
 
 

@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # Python 3.11's typing.Self, for 3.10 too
 SCHEMA_VERSION = 1
 #: File name of a study's database inside its directory.
 DB_NAME = "study.sqlite"
-KINDS = ("train", "eval", "pretrain")
+KINDS = ("train", "eval", "pretrain", "search")
 STATUSES = ("pending", "running", "done", "failed")
 #: Fields every evaluation record carries (as :data:`ropekit.eval.common.COMMON_KEY_FIELDS`).
 COMMON_KEY_FIELDS = ("task", "method", "params", "length")
@@ -72,7 +72,7 @@ CREATE TABLE manifest (
 );
 CREATE TABLE pieces (
     id       TEXT PRIMARY KEY,                -- "train:yarn", "eval:passkey:yarn"
-    kind     TEXT NOT NULL CHECK (kind IN ('train', 'eval', 'pretrain')),
+    kind     TEXT NOT NULL CHECK (kind IN ('train', 'eval', 'pretrain', 'search')),
     method   TEXT,                            -- the study's label of the method variant
     params   TEXT NOT NULL DEFAULT '{}',      -- JSON
     task     TEXT,
