@@ -180,13 +180,14 @@ def test_one_rotation_table_for_all_layers():
     kernels._TABLES.clear()
     inv = INV_FREQ.float()
     layers = [SelfExtendAttention(lambda: inv, 4, 8) for _ in range(6)]
-    key = torch.randn(1, 2, 3000, DIM)
+    key = torch.randn(1, 2, 3000, DIM, generator=torch.Generator().manual_seed(3))
     pos = torch.arange(3000)[None]
     outs = [layer._rotate_keys_to_groups(key, pos, inv) for layer in layers]
     tables = [t for tag, t in kernels._TABLES.items() if tag[0] == "group_key"]
     assert len(tables) == 1 and tables[0][1].shape[0] == 4096  # 1024 → doubled past 3000
     want = torch.stack([_rot(key[0, h], pos[0] // 4 - pos[0]) for h in range(2)])[None]
-    torch.testing.assert_close(outs[3].double(), want, rtol=1e-5, atol=1e-4)
+    # float32 angles of offsets up to ~2250 rad are off by ~1e-4 rad from float64's: errors ~|k|·1e-4
+    torch.testing.assert_close(outs[3].double(), want, rtol=0, atol=1e-3)
     bf = layers[0]._rotate_keys_to_groups(key.bfloat16(), pos, inv)  # a bfloat16 model gets a bfloat16 table
     assert bf.dtype == torch.bfloat16 and any(t[1].dtype == torch.bfloat16 for t in kernels._TABLES.values())
 

@@ -240,7 +240,12 @@ class SelfExtendAttention:
             q_group = rotate_by(query, group_query_position(q_pos, self.group_size, W) - q_pos, inv_freq)
             k_group = self._cached_group_keys(key, k_pos, lo, inv_freq)
             parts.append(attention_with_lse(fold(q_group), k_group, value[:, :, :lo], visible(0, lo), scale=scaling))
-        out = merge_attention(parts)[0] if len(parts) > 1 else parts[0][0]
+        if len(parts) == 1:
+            out = parts[0][0]
+        else:  # the log-sum-exp merge of two parts in one step: o = o_g + (o_n − o_g)·σ(l_n − l_g)
+            (o_n, l_n), (o_g, l_g) = parts
+            w = torch.sigmoid(l_n - l_g).nan_to_num_(0.5).unsqueeze(-1).to(o_n.dtype)  # both empty: 0 either way
+            out = torch.lerp(o_g, o_n, w)
         return out.reshape(batch, heads, 1, dim)
 
     def _attend_banded(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
