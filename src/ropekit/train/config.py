@@ -6,7 +6,7 @@ files)::
     model:                      # or just `model: tiny`
       name: tiny                # *required*: a MODEL as `ropekit.models.loading.load_model` accepts it
                                 #   (tiny, tiny-<family>, a directory, a .gguf, smollm2, org/name), or
-                                #   tiny-pretrained: the demo's pre-trained tiny Llama (ropekit.demo)
+                                #   tiny-pretrained: the pre-trained tiny Llama built by ropekit.train.builtin_base
       dtype: float32            # float32 | bfloat16 | float16: the dtype the weights are loaded in
       attn_implementation: sdpa # sdpa | eager | flash_attention_2 | flex_attention …
       gradient_checkpointing: false
@@ -36,7 +36,7 @@ files)::
       max_grad_norm: 1.0        # null or 0: no clipping (the norm is still logged)
       precision: fp32           # fp32 | bf16 (autocast; master weights stay in the loaded dtype)
       seed: 0
-      threads: null             # CPU threads (null: one CPU process uses ropekit.demo.default_threads(), 2 or 1
+      threads: null             # CPU threads (null: one CPU process uses ropekit.runtime.threads.default_threads(), 2 or 1
                                 #   on a busy machine; under a launcher torch's setting is kept)
       deterministic: true       # torch.use_deterministic_algorithms(True, warn_only=True)
       ema: {decay: 0.999, every: 1}     # or null
