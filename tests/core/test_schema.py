@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 import pytest
 from pydantic import Field, ValidationError, field_validator
@@ -20,8 +20,8 @@ class Section(StrictModel):
     lr: float = Field(default=2e-5, gt=0, le=1, examples=["2.0e-5"])
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     name: str = Field(default="x", min_length=1)
-    stages: list[Stage] = []
-    extra: Optional[Stage] = None
+    stages: list[Stage] = Field(default_factory=list)
+    extra: Stage | None = None
 
     @field_validator("name")
     @classmethod

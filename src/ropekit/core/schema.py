@@ -86,11 +86,11 @@ def config_error(err: ValidationError, model: type[BaseModel], *, prefix: str = 
     if kind == "missing":
         return error_cls(f"{key}: missing", write.replace("write", "add", 1) if write else f"add `{leaf}:`")
     if kind in ("bool_type", "bool_parsing"):
-        return error_cls(f"{key}: must be true or false, got {repr(value)}", f"write {leaf}: true or false")
+        return error_cls(f"{key}: must be true or false, got {value!r}", f"write {leaf}: true or false")
     if kind in ("int_type", "int_parsing", "int_from_float"):
-        return error_cls(f"{key}: must be a whole number, got {repr(value)}", write or f"write e.g. {leaf}: 1")
+        return error_cls(f"{key}: must be a whole number, got {value!r}", write or f"write e.g. {leaf}: 1")
     if kind in ("float_type", "float_parsing", "finite_number"):
-        return error_cls(f"{key}: must be a number, got {repr(value)}", write or f"write e.g. {leaf}: 1.0")
+        return error_cls(f"{key}: must be a number, got {value!r}", write or f"write e.g. {leaf}: 1.0")
     bounds = {"greater_than_equal": ("≥", "ge"), "greater_than": (">", "gt"),
               "less_than_equal": ("≤", "le"), "less_than": ("<", "lt")}
     if kind in bounds:
@@ -98,15 +98,15 @@ def config_error(err: ValidationError, model: type[BaseModel], *, prefix: str = 
         return error_cls(f"{key}: must be {op} {ctx[name]:g}, got {value:g}", write or f"write {leaf} {op} {ctx[name]:g}")
     if kind == "literal_error":
         choices = [c.strip().strip("'") for c in str(ctx.get("expected", "")).replace(" or ", ", ").split(", ")]
-        return error_cls(f"{key}: must be one of {', '.join(choices)}, got {repr(value)}",
+        return error_cls(f"{key}: must be one of {', '.join(choices)}, got {value!r}",
                          write or f"write e.g. {leaf}: {choices[0]}")
     if kind in ("string_type", "string_too_short"):
-        return error_cls(f"{key}: must be a non-empty string, got {repr(value)}", write or f"write e.g. {leaf}: NAME")
+        return error_cls(f"{key}: must be a non-empty string, got {value!r}", write or f"write e.g. {leaf}: NAME")
     if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return error_cls(f"{key}: must be a mapping of keys to values, got {repr(value)}",
+        return error_cls(f"{key}: must be a mapping of keys to values, got {value!r}",
                          f"write it as `{leaf}:` with indented keys")
     if kind in ("list_type", "tuple_type", "too_short", "too_long"):
-        return error_cls(f"{key}: must be a list, got {repr(value)}", write or f"write e.g. {leaf}: [ ... ]")
+        return error_cls(f"{key}: must be a list, got {value!r}", write or f"write e.g. {leaf}: [ ... ]")
     if kind == "value_error":
         # A validator's own message already reads "PROBLEM — FIX" or is a full problem sentence.
         cause = ctx.get("error")
