@@ -20,7 +20,7 @@ class Section(StrictModel):
     lr: float = Field(default=2e-5, gt=0, le=1, examples=["2.0e-5"])
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     name: str = Field(default="x", min_length=1)
-    stages: list[Stage] = Field(default_factory=list)
+    stages: list[Stage] = Field(default_factory=list, min_length=1)
     extra: Stage | None = None
 
     @field_validator("name")
@@ -65,6 +65,7 @@ def line(raw, prefix="train", error_cls=RopekitError) -> str:
     ({"extra": 5}, "train.extra: must be a mapping of keys to values, got 5. write it as `extra:` with indented keys."),
     ({"name": ""}, "train.name: must be a non-empty string, got ''. write e.g. name: NAME."),
     ({"name": "a b"}, "train.name: must not contain spaces."),
+    ({"stages": []}, "train.stages: must have at least 1 item(s), got []. write e.g. stages: [ ... ]."),
 ])
 def test_one_line_messages(raw, expected):
     assert line(raw) == expected

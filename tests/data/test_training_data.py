@@ -194,7 +194,7 @@ def test_sft_source_items(tmp_path):
 
 
 @pytest.mark.parametrize("spec,needle", [
-    ({"sources": [{"path": "builtin"}], "colour": 1}, "unknown key 'colour'"),
+    ({"sources": [{"path": "builtin"}], "colour": 1}, "^data.colour: unknown key"),
     ({"sources": []}, "sources"),
     ({"sources": [{"path": "builtin", "kind": "video"}]}, "kind"),
     ({"sources": [{"path": "builtin", "weight": 0}]}, "weight"),

@@ -17,7 +17,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import RopekitError
 
-__all__ = ["StrictModel", "config_error", "key_path"]
+__all__ = ["ConfigProblem", "StrictModel", "config_error", "key_path"]
+
+
+class ConfigProblem(ValueError):
+    """Raised by a model validator: the problem and its fix; :func:`config_error` puts the key path in front.
+    (A ValueError, because pydantic wraps only those with the location of the failing value.)"""
+
+    def __init__(self, problem: str, fix: str | None = None):
+        super().__init__(problem)
+        self.problem, self.fix = problem, fix
 
 
 class StrictModel(BaseModel):
@@ -105,12 +114,15 @@ def config_error(err: ValidationError, model: type[BaseModel], *, prefix: str = 
     if kind in ("dict_type", "model_type", "model_attributes_type"):
         return error_cls(f"{key}: must be a mapping of keys to values, got {value!r}",
                          f"write it as `{leaf}:` with indented keys")
-    if kind in ("list_type", "tuple_type", "too_short", "too_long"):
+    if kind == "too_short":
+        return error_cls(f"{key}: must have at least {ctx.get('min_length', 1)} item(s), got {value!r}",
+                         write or f"write e.g. {leaf}: [ ... ]")
+    if kind in ("list_type", "tuple_type", "too_long"):
         return error_cls(f"{key}: must be a list, got {value!r}", write or f"write e.g. {leaf}: [ ... ]")
     if kind == "value_error":
         # A validator's own message already reads "PROBLEM — FIX" or is a full problem sentence.
         cause = ctx.get("error")
-        if isinstance(cause, RopekitError):
+        if isinstance(cause, ConfigProblem):
             return error_cls(f"{key}: {cause.problem}", cause.fix)
         return error_cls(f"{key}: {str(cause or first['msg']).removeprefix('Value error, ')}", write)
     return error_cls(f"{key}: {first['msg']}", write)

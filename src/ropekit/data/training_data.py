@@ -75,11 +75,13 @@ import pickle
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import torch
+from pydantic import Field, ValidationError, field_validator, model_validator
 from torch.utils.data import Dataset
 
+from ..core.schema import ConfigProblem, StrictModel, config_error
 from ..errors import RopekitError
 from . import pose as pose_lib
 from .packing import (
@@ -96,12 +98,6 @@ BUILTIN_LABEL = "builtin:python-stdlib-train"
 BUILTIN_MAX_BYTES = 64 * 1024 * 1024
 KINDS = ("text", "sft")
 DOCUMENT_MODES = ("whole", "packed")
-_TOP_KEYS = ("sources", "packing", "pose", "randpos", "num_sequences", "shuffle")
-_SOURCE_KEYS = ("path", "kind", "weight", "max_documents", "upsample_long", "min_tokens")
-_PACKING_KEYS = ("reset_positions", "document_mask", "pack_sft", "drop_last")
-_POSE_KEYS = ("target_length", "chunks", "offset", "documents")
-_RANDPOS_KEYS = ("target_length", "offset", "documents")
-_UPSAMPLE_KEYS = ("threshold", "factor", "mode")
 _TOKENIZE_BATCH = 256
 
 
@@ -139,37 +135,86 @@ class DataSpec:
     shuffle: bool = True
 
 
-def _where(path: str) -> str:
-    return f"data.{path}"
+class _Upsample(StrictModel):
+    threshold: Any = None
+    factor: Any = None
+    mode: Any = "downsample_short"
+
+    @model_validator(mode="after")
+    def _both(self):
+        if self.threshold is None or self.factor is None:
+            raise ConfigProblem("needs threshold and factor", "e.g. upsample_long: {threshold: 4096, factor: 10}")
+        return self
 
 
-def _mapping(value, where: str, allowed: tuple[str, ...]) -> dict:
-    if not isinstance(value, dict):
-        raise RopekitError(f"{_where(where)} is a {type(value).__name__}, not a mapping",
-                           f"write it as a mapping with keys {', '.join(allowed)}")
-    unknown = sorted(set(map(str, value)) - set(allowed))
-    if unknown:
-        raise RopekitError(f"unknown key '{unknown[0]}' in {_where(where)}", f"use only {', '.join(allowed)}")
-    return value
+class _Source(StrictModel):
+    path: str = Field(examples=["builtin"])
+    kind: Literal["text", "sft"] = "text"
+    weight: float = Field(default=1.0, gt=0, examples=[1.0])
+    max_documents: int | None = Field(default=None, ge=1, examples=[1000])
+    upsample_long: _Upsample | None = None
+    min_tokens: int = Field(default=0, ge=0, examples=[0])
+
+    @model_validator(mode="after")
+    def _kind_rules(self):
+        if not self.path.strip():
+            raise ConfigProblem("path is empty", "give every source a path (or 'builtin')")
+        if self.kind == "text" and self.min_tokens:
+            raise ConfigProblem("min_tokens applies to sft sources only",
+                                "remove it, or use upsample_long to favour long documents")
+        if self.kind == "sft" and self.path.strip().lower() == "builtin":
+            raise ConfigProblem("the built-in corpus is text, not conversations",
+                                "give an sft source a .jsonl file of conversations")
+        return self
 
 
-def _bool(value, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise RopekitError(f"{_where(where)} is {value!r}, not true/false", f"set {_where(where)}: true or false")
-    return value
+class _Packing(StrictModel):
+    reset_positions: bool = False
+    document_mask: bool = False
+    pack_sft: bool = True
+    drop_last: bool = True
 
 
-def _int(value, where: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise RopekitError(f"{_where(where)} is {value!r}, not an integer ≥ {minimum}",
-                           f"set {_where(where)} to an integer ≥ {minimum}")
-    return value
+class _RandPos(StrictModel):
+    target_length: int = Field(ge=3, examples=[1024])
+    offset: str = Field(default="uniform", examples=["uniform"])
+    documents: Literal["whole", "packed"] = "whole"
+    _modes: ClassVar[tuple[str, ...]] = pose_lib.RANDPOS_OFFSET_MODES
+
+    @field_validator("offset")
+    @classmethod
+    def _offset(cls, value: str) -> str:
+        # PoSE and RandPos accept different modes, so the choice is checked against the class's own list.
+        if value not in cls._modes:
+            raise ConfigProblem(f"must be one of {', '.join(cls._modes)}, got {value!r}", f"write e.g. offset: {cls._modes[0]}")
+        return value
 
 
-def _choice(value, where: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise RopekitError(f"{_where(where)} is {value!r}", f"choose one of {', '.join(choices)}")
-    return value
+class _PoSE(_RandPos):
+    chunks: int = Field(default=2, ge=1, examples=[2])
+    _modes: ClassVar[tuple[str, ...]] = pose_lib.OFFSET_MODES
+
+
+class _Spec(StrictModel):
+    sources: list[_Source] = Field(min_length=1, examples=["[{path: builtin}]"])
+    packing: _Packing | None = None
+    pose: _PoSE | None = None
+    randpos: _RandPos | None = None
+    num_sequences: int | None = Field(default=None, ge=1, examples=[1000])
+    shuffle: bool = True
+
+    @model_validator(mode="after")
+    def _positions(self):
+        if self.pose is not None and self.randpos is not None:
+            raise ConfigProblem("pose and randpos are both set", "choose one way to simulate long positions")
+        chosen = "pose" if self.pose is not None else "randpos" if self.randpos is not None else None
+        packing = self.packing or _Packing()
+        if chosen and (packing.reset_positions or packing.document_mask):
+            raise ConfigProblem(f"{chosen} cannot be combined with packing.reset_positions/document_mask",
+                                f"{chosen} sets the position ids itself; turn those packing options off")
+        if chosen and any(s.kind == "sft" for s in self.sources):
+            raise ConfigProblem(f"{chosen} applies to text sources only", "remove the sft sources, or the position method")
+        return self
 
 
 def validate_data_spec(spec: dict | None, seq_len: int) -> DataSpec:
@@ -178,75 +223,30 @@ def validate_data_spec(spec: dict | None, seq_len: int) -> DataSpec:
         raise RopekitError(f"sequence length {seq_len!r} is not an integer ≥ 2", "train on sequences of at least 2 tokens")
     if spec is None:
         spec = {"sources": [{"path": "builtin"}]}
-    spec = _mapping(spec, "(section)", _TOP_KEYS)
-    raw_sources = spec.get("sources")
-    if not isinstance(raw_sources, list) or not raw_sources:
-        raise RopekitError("data.sources is missing or empty", "list at least one source, e.g. sources: [{path: builtin}]")
-    sources = []
-    for i, raw in enumerate(raw_sources):
-        where = f"sources[{i}]"
-        raw = _mapping(raw, where, _SOURCE_KEYS)
-        path = raw.get("path")
-        if not isinstance(path, str) or not path.strip():
-            raise RopekitError(f"{_where(where)}.path is missing", "give every source a path (or 'builtin')")
-        kind = _choice(raw.get("kind", "text"), f"{where}.kind", KINDS)
-        weight = raw.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-            raise RopekitError(f"{_where(where)}.weight is {weight!r}, not a positive number", "set a weight > 0, e.g. 1.0")
-        max_docs = raw.get("max_documents")
-        if max_docs is not None:
-            max_docs = _int(max_docs, f"{where}.max_documents", 1)
-        up = raw.get("upsample_long")
-        if up is not None:
-            up = _mapping(up, f"{where}.upsample_long", _UPSAMPLE_KEYS)
-            if "threshold" not in up or "factor" not in up:
-                raise RopekitError(f"{_where(where)}.upsample_long needs threshold and factor",
-                                   "e.g. upsample_long: {threshold: 4096, factor: 10}")
-            up = UpsampleConfig(up["threshold"], up["factor"], up.get("mode", "downsample_short"))
-        min_tokens = _int(raw.get("min_tokens", 0), f"{where}.min_tokens", 0)
-        if kind == "text" and min_tokens:
-            raise RopekitError(f"{_where(where)}.min_tokens applies to sft sources only",
-                               "remove it, or use upsample_long to favour long documents")
-        if kind == "sft" and path.strip().lower() == "builtin":
-            raise RopekitError(f"{_where(where)}: the built-in corpus is text, not conversations",
-                               "give an sft source a .jsonl file of conversations")
-        sources.append(SourceSpec(path, kind, float(weight), max_docs, up, min_tokens))
-    packing = _mapping({} if spec.get("packing") is None else spec["packing"], "packing", _PACKING_KEYS)
-    reset = _bool(packing.get("reset_positions", False), "packing.reset_positions")
-    doc_mask = _bool(packing.get("document_mask", False), "packing.document_mask")
-    pack_sft = _bool(packing.get("pack_sft", True), "packing.pack_sft")
-    drop_last = _bool(packing.get("drop_last", True), "packing.drop_last")
+    try:
+        parsed = _Spec.model_validate(spec)
+    except ValidationError as err:
+        raise config_error(err, _Spec, prefix="data") from None
+    sources = tuple(
+        SourceSpec(s.path, s.kind, float(s.weight), s.max_documents,
+                   UpsampleConfig(s.upsample_long.threshold, s.upsample_long.factor, s.upsample_long.mode)
+                   if s.upsample_long is not None else None, s.min_tokens)
+        for s in parsed.sources)
+    packing = parsed.packing or _Packing()
     positions = None
-    if spec.get("pose") is not None and spec.get("randpos") is not None:
-        raise RopekitError("data.pose and data.randpos are both set", "choose one way to simulate long positions")
-    for method, keys in (("pose", _POSE_KEYS), ("randpos", _RANDPOS_KEYS)):
-        raw = spec.get(method)
+    for method, raw in (("pose", parsed.pose), ("randpos", parsed.randpos)):
         if raw is None:
             continue
-        raw = _mapping(raw, method, keys)
-        if "target_length" not in raw:
-            raise RopekitError(f"data.{method}.target_length is missing", "set the context length to simulate, e.g. 1024")
-        target = _int(raw["target_length"], f"{method}.target_length", seq_len + 1)
-        chunks = 2
-        if method == "pose":
-            chunks = _int(raw.get("chunks", 2), "pose.chunks", 1)
-            if chunks > seq_len:
-                raise RopekitError(f"data.pose.chunks {chunks} exceeds the sequence length {seq_len}",
-                                   "use 2 chunks, as the PoSE paper")
-        modes = pose_lib.OFFSET_MODES if method == "pose" else pose_lib.RANDPOS_OFFSET_MODES
-        offset = _choice(raw.get("offset", "uniform"), f"{method}.offset", modes)
-        documents = _choice(raw.get("documents", "whole"), f"{method}.documents", DOCUMENT_MODES)
-        if reset or doc_mask:
-            raise RopekitError(f"data.{method} cannot be combined with packing.reset_positions/document_mask",
-                               f"{method} sets the position ids itself; turn those packing options off")
-        if any(s.kind == "sft" for s in sources):
-            raise RopekitError(f"data.{method} applies to text sources only", "remove the sft sources, or the position method")
-        positions = PositionSpec(method, target, chunks, offset, documents)
-    num = spec.get("num_sequences")
-    if num is not None:
-        num = _int(num, "num_sequences", 1)
-    shuffle = _bool(spec.get("shuffle", True), "shuffle")
-    return DataSpec(tuple(sources), reset, doc_mask, pack_sft, drop_last, positions, num, shuffle)
+        # Checks against the sequence length stay out of the model: seq_len is not part of the section.
+        if raw.target_length <= seq_len:
+            raise RopekitError(f"data.{method}.target_length: must be > the sequence length {seq_len}, got {raw.target_length}",
+                               f"write e.g. target_length: {4 * seq_len}")
+        chunks = getattr(raw, "chunks", 2)
+        if chunks > seq_len:
+            raise RopekitError(f"data.pose.chunks {chunks} exceeds the sequence length {seq_len}", "use 2 chunks, as the PoSE paper")
+        positions = PositionSpec(method, raw.target_length, chunks, raw.offset, raw.documents)
+    return DataSpec(sources, packing.reset_positions, packing.document_mask, packing.pack_sft, packing.drop_last,
+                    positions, parsed.num_sequences, parsed.shuffle)
 
 
 # ---- identities for the cache ------------------------------------------------------------------------
