@@ -331,3 +331,17 @@ def test_a_search_variant_runs_longrope_search_and_evaluates_its_export(tmp_path
 def test_bad_search_variants_are_one_line(variant, words):
     with pytest.raises(RopekitError, match=words):
         parse_study({**SMALL, "variants": [variant]})
+
+
+def test_placement_and_resources_are_checked_and_not_part_of_the_studys_identity():
+    cfg = parse_study({**SMALL, "device": "cuda:1", "dtype": "bfloat16", "attn": "sdpa",
+                       "resources": {"train": {"gpus": 8}, "eval": {"gpus": 1, "cpus": 4}}})
+    assert (cfg.device, cfg.dtype, cfg.attn) == ("cuda:1", "bfloat16", "sdpa")
+    assert cfg.resources == {"train": {"gpus": 8.0}, "eval": {"gpus": 1.0, "cpus": 4.0}}
+    assert cfg.as_dict() == parse_study(SMALL).as_dict()  # moving a study to a GPU does not make it another study
+    assert parse_study(cfg.as_dict(placement=True)).resources == cfg.resources
+    for key, value, words in (("device", "gpu", "device"), ("dtype", "fp8", "dtype"), ("attn", "flash", "attn"),
+                              ("resources", {"training": {"gpus": 1}}, "unknown key"),
+                              ("resources", {"eval": {"gpus": -1}}, "resources.eval.gpus")):
+        with pytest.raises(RopekitError, match=words):
+            parse_study({**SMALL, key: value})

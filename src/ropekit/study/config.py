@@ -20,6 +20,9 @@ A study config is a YAML mapping (``ropekit study CONFIG.yaml``, or a preset: ``
         finetune: {data: {seq_len: 256, pose: {target_length: 1024}}}
       - {label: lr-search, search: {evaluations: 64}}  # LongRoPE factors searched for target_length (ropekit search;
                                                        #   evaluations, documents, population, fixed_pairs)
+    device: auto               # auto | cpu | cuda | cuda:N | mps (dtype: auto | float32 | bfloat16 | float16;
+                               #   attn: auto | sdpa | eager | flash_attention_2 | flex_attention)
+    resources: {train: {gpus: 8}, eval: {gpus: 1}}   # what each piece kind asks Ray for (--backend ray)
     evals:                     # task → options of that task's run() (see `ropekit eval --help`)
       ppl: {lengths: [256, 512, 1024, 2048], samples: 4, score_mode: truncate}
       passkey: {lengths: [256, 1024, 2048], depths: [0.1, 0.5, 0.9], trials: 2}
@@ -41,7 +44,11 @@ from typing import Any
 
 from ..errors import RopekitError
 
-TOP_KEYS = ("name", "model", "seed", "target_length", "window", "recipe", "variants", "evals", "description")
+TOP_KEYS = ("name", "model", "seed", "target_length", "window", "recipe", "variants", "evals", "description",
+            "device", "dtype", "attn", "resources")
+#: Piece kinds a ``resources:`` entry may name, and the resources each may ask for (``--backend ray``).
+RESOURCE_KINDS = ("pretrain", "train", "search", "eval")
+RESOURCE_KEYS = ("cpus", "gpus")
 VARIANT_KEYS = ("label", "method", "params", "finetune", "search", "note")
 #: Keys of a variant's ``search:`` (LongRoPE's factor search, :mod:`ropekit.search`), with their minimum.
 SEARCH_KEYS = {"evaluations": 4, "documents": 1, "population": 4, "fixed_pairs": 0}
@@ -129,11 +136,22 @@ class StudyConfig:
     seed: int = 0
     window: int | None = None
     description: str | None = None
+    #: Where evaluations run (``auto``: CUDA with bf16 when a GPU is present, else CPU float32) and with which kernel.
+    device: str = "auto"
+    dtype: str = "auto"
+    attn: str = "auto"
+    #: What each piece kind asks Ray for (``--backend ray``): ``{kind: {"cpus": n, "gpus": n}}``.
+    resources: dict[str, dict[str, float]] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "model": self.model, "seed": self.seed, "target_length": self.target_length,
-                "window": self.window, "recipe": copy.deepcopy(self.recipe), "description": self.description,
-                "variants": [v.as_dict() for v in self.variants], "evals": copy.deepcopy(self.evals)}
+    def as_dict(self, placement: bool = False) -> dict[str, Any]:
+        """The study's identity (what the results database records; a directory refuses another one). With
+        ``placement``, also where it runs (device, dtype, attn, resources), which may change between runs."""
+        out = {"name": self.name, "model": self.model, "seed": self.seed, "target_length": self.target_length,
+               "window": self.window, "recipe": copy.deepcopy(self.recipe), "description": self.description,
+               "variants": [v.as_dict() for v in self.variants], "evals": copy.deepcopy(self.evals)}
+        if placement:
+            out.update(device=self.device, dtype=self.dtype, attn=self.attn, resources=copy.deepcopy(self.resources))
+        return out
 
     def variant(self, label: str) -> Variant:
         for v in self.variants:
@@ -281,10 +299,44 @@ def parse_study(raw: Any, source: str = "study config") -> StudyConfig:
             _fail("variants", f"use the label '{label}' twice", "give every variant its own label")
     config = StudyConfig(name=name.strip(), model=model.strip(), target_length=target, variants=variants,
                          evals=_check_evals(raw.get("evals")), recipe=recipe, seed=seed, window=window,
-                         description=raw.get("description"))
+                         description=raw.get("description"), resources=_parse_resources(raw.get("resources")),
+                         **_placement_keys(raw))
     if recipe:
         _check_recipe(config)
     return config
+
+
+def _placement_keys(raw: dict) -> dict[str, str]:
+    """``device``/``dtype``/``attn`` (default ``auto``), checked against the choices; whether this machine has
+    the device is checked when the study starts (:func:`ropekit.runtime.devices.resolve_devices`)."""
+    from ..runtime.devices import ATTN_CHOICES, DTYPE_CHOICES
+
+    out = {}
+    for key, choices in (("dtype", DTYPE_CHOICES), ("attn", ATTN_CHOICES)):
+        value = raw.get(key, "auto")
+        if value not in choices:
+            _fail(key, f"must be one of {', '.join(choices)}, got {value!r}", f"write e.g. `{key}: auto`")
+        out[key] = value
+    device = raw.get("device", "auto")
+    if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
+        _fail("device", f"must be auto, cpu, cuda, cuda:N or mps, got {device!r}", "write e.g. `device: auto`")
+    out["device"] = device
+    return out
+
+
+def _parse_resources(raw) -> dict[str, dict[str, float]]:
+    """``resources: {train: {gpus: 8}, eval: {gpus: 1, cpus: 4}}``: what each piece kind asks Ray for."""
+    resources = _mapping(raw, "resources")
+    _unknown("resources.", resources, RESOURCE_KINDS)
+    out: dict[str, dict[str, float]] = {}
+    for kind, wanted in resources.items():
+        wanted = _mapping(wanted, f"resources.{kind}")
+        _unknown(f"resources.{kind}.", wanted, RESOURCE_KEYS)
+        for name, value in wanted.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                _fail(f"resources.{kind}.{name}", f"must be a number ≥ 0, got {value!r}", f"write e.g. `{name}: 1`")
+        out[kind] = {k: float(v) for k, v in wanted.items()}
+    return out
 
 
 def train_config_for(config: StudyConfig, variant: Variant, model_path: str, out_dir: str | Path):

@@ -112,7 +112,7 @@ def run_on_ray(config: StudyConfig, study_dir: Path, store: StudyStore, *, addre
     remote = ray.remote(max_retries=MAX_RETRIES)(run_remote_piece)
     pieces = plan(config)
     by_id = {p.id: p for p in pieces}
-    config_dict = config.as_dict()
+    config_dict = config.as_dict(placement=True)
     in_flight: dict[Any, PlannedPiece] = {}
     failed_now: set[str] = set()
     try:
