@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import ropekit
+from layer_records import record_layers, sharpen
 from ropekit.attention.interface import attention_modules
 from ropekit.core.hf_compat import cache_argument, output_cache
 from ropekit.errors import RopekitError
@@ -63,33 +64,6 @@ def naive_dca(q, k, v, q_pos, k_pos, allowed, chunk_size, local_size, theta32, s
     return (torch.softmax(logits, dim=-1).nan_to_num(0.0) @ v).transpose(1, 2)
 
 
-def _sharpen(model, k: float = 3.0) -> None:
-    with torch.no_grad():
-        for attn in attention_modules(model):
-            if hasattr(attn, "query_key_value"):
-                w = attn.query_key_value.weight.view(attn.config.num_attention_heads, 3, attn.head_size, -1)
-                w[:, :2] *= k
-            else:
-                attn.q_proj.weight *= k
-                attn.k_proj.weight *= k
-
-
-def _record(model) -> dict[int, list[dict]]:
-    records: dict[int, list[dict]] = {}
-    for attn in attention_modules(model):
-        inner = attn.ropekit_attend
-
-        def wrapped(module, query, key, value, attention_mask, *, inner=inner, **kw):
-            out = inner(module, query, key, value, attention_mask, **kw)
-            records.setdefault(module.layer_idx, []).append(
-                {"q": query.detach().clone(), "k": key.detach().clone(), "v": value.detach().clone(),
-                 "out": out[0].detach().clone(), "scaling": kw["scaling"]})
-            return out
-
-        attn.ropekit_attend = wrapped
-    return records
-
-
 def _ids(batch, length, seed=0):
     return torch.randint(3, 250, (batch, length), generator=torch.Generator().manual_seed(seed))
 
@@ -113,14 +87,14 @@ CASES = {
 def test_every_layer_equals_the_naive_reference(case):
     family, kv, kernel, size, local, n, rows = CASES[case]
     model = build_tiny_model(family, seed=2, **({"num_kv_heads": kv} if family != "gpt_neox" else {}))
-    _sharpen(model)
+    sharpen(model)
     if kernel != "sdpa":
         model.set_attn_implementation(kernel)
     ropekit.extend(model, "dual_chunk", chunk_size=size, local_size=local)
     if rows:
         for attn in attention_modules(model):
             attn.ropekit_attend.chunk = rows
-    records = _record(model)
+    records = record_layers(model)
     with torch.no_grad():
         model(_ids(1, n))
     pos = torch.arange(n)[None]
@@ -144,7 +118,7 @@ def test_inputs_within_one_chunk_are_the_plain_model_bit_for_bit():
 
 def test_kv_cache_chunked_prefill_and_padding_equal_the_full_forward():
     model = build_tiny_model("llama", seed=1)
-    _sharpen(model)
+    sharpen(model)
     ropekit.extend(model, "dual_chunk", chunk_size=48, local_size=6)
     ids = _ids(1, 190, seed=3)
     argument = cache_argument(model)

@@ -24,6 +24,7 @@ from transformers import DynamicCache
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import ropekit
+from layer_records import record_layers, sharpen as sharpen_qk
 import ropekit.methods.self_extend  # registers the method
 from ropekit.attention.interface import attention_modules
 from ropekit.errors import RopekitError
@@ -85,36 +86,6 @@ def naive_self_extend(q, k, v, q_pos, k_pos, allowed, G, W, theta32, scale, floo
 
 
 # ---------------------------------------------------------------- helpers
-def _sharpen(model, k: float = 3.0) -> None:
-    """Scale query/key projections so logits are O(1–10): positions then matter."""
-    with torch.no_grad():
-        for attn in attention_modules(model):
-            if hasattr(attn, "query_key_value"):  # gpt_neox: fused (q, k, v) per head
-                w = attn.query_key_value.weight.view(attn.config.num_attention_heads, 3, attn.head_size, -1)
-                w[:, :2] *= k
-            else:
-                attn.q_proj.weight *= k
-                attn.k_proj.weight *= k
-
-
-def _record(model) -> dict[int, list[dict]]:
-    """Wrap each layer's Self-Extend attention to record what it gets and returns."""
-    records: dict[int, list[dict]] = {}
-    for attn in attention_modules(model):
-        inner = attn.ropekit_attend
-
-        def wrapped(module, query, key, value, attention_mask, *, inner=inner, **kw):
-            out = inner(module, query, key, value, attention_mask, **kw)
-            records.setdefault(module.layer_idx, []).append(
-                {"q": query.detach().clone(), "k": key.detach().clone(), "v": value.detach().clone(),
-                 "out": out[0].detach().clone(), "scaling": kw["scaling"]}
-            )
-            return out
-
-        attn.ropekit_attend = wrapped
-    return records
-
-
 def _theta32(model) -> torch.Tensor:
     info = ropekit.rope_info(model)
     return (info.rope_theta ** (-torch.arange(0, info.rotary_dim, 2, dtype=torch.int64).float() / info.rotary_dim))
@@ -128,7 +99,7 @@ def _extended(family="llama", kernel="sdpa", sharpen=True, **params):
     kwargs = {"num_kv_heads": None} if family == "llama-mha" else {}
     model = build_tiny_model("llama" if family == "llama-mha" else family, **kwargs)
     if sharpen:
-        _sharpen(model)
+        sharpen_qk(model)
     if kernel != "sdpa":
         model.set_attn_implementation(kernel)
     ropekit.extend(model, "self_extend", **params)
@@ -173,7 +144,7 @@ def test_naive_reference_per_layer(case):
     model = _extended(family, kernel, **params)
     if chunk:
         _set_chunk(model, chunk)
-    records = _record(model)
+    records = record_layers(model)
     with torch.no_grad():
         model(_ids(1, n))
     pos = torch.arange(n)[None]
@@ -184,7 +155,7 @@ def test_naive_reference_per_layer(case):
 def test_group_size_not_dividing_window_uses_floor_division():
     """G = 3 ∤ W = 5: the paper's ⌊W/G⌋ (= 1), not LongLM 4.38's W/G (= 1.67)."""
     model = _extended("llama", group_size=3, window_size=5)
-    records = _record(model)
+    records = record_layers(model)
     n = 150
     with torch.no_grad():
         model(_ids(1, n, seed=4))
@@ -222,7 +193,7 @@ def test_padded_batch_matches_naive_and_single_sequences(side, kernel):
     model = _extended("llama", kernel, group_size=G, window_size=W)
     _set_chunk(model, 64)
     ids, mask, pos = _padded(side)
-    records = _record(model)
+    records = record_layers(model)
     with torch.no_grad():
         logits = model(ids, attention_mask=mask, position_ids=pos).logits
     L = ids.shape[1]
@@ -384,7 +355,7 @@ def test_position_jumps_take_the_general_path_and_match_naive(monkeypatch):
                         lambda self, *a, **k: calls.append(1) or general(self, *a, **k))
     pos = torch.cat([torch.arange(80), torch.arange(150, 250)])[None]
     n = pos.shape[1]
-    records = _record(model)
+    records = record_layers(model)
     with torch.no_grad():  # an explicit mask: without one transformers splits at the jump (notes §9)
         model(_ids(1, n, seed=10), attention_mask=torch.ones(1, n, dtype=torch.long), position_ids=pos)
     assert calls, "the general path did not run"

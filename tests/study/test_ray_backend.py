@@ -12,7 +12,7 @@ import time
 
 import pytest
 import yaml
-from test_runner import SMALL, _assert_same, _dump
+from test_runner import SMALL, _assert_same, _done_pieces, _dump
 
 from ropekit.errors import RopekitError
 from ropekit.study.config import parse_study
@@ -46,19 +46,6 @@ def test_ray_gives_the_local_backends_database_and_only_the_driver_writes(local_
     assert workers == {f"{os.uname().nodename}:{os.getpid()}"}  # every claim is the driver's
 
 
-def _done(path) -> int | None:
-    if not path.is_file():
-        return None
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.2)
-        try:
-            return db.execute("SELECT COUNT(*) FROM pieces WHERE status = 'done'").fetchone()[0]
-        finally:
-            db.close()
-    except sqlite3.Error:
-        return None
-
-
 def test_driver_killed_mid_study_resumes_to_the_same_database(local_reference, tmp_path):
     config = tmp_path / "small.yaml"
     config.write_text(yaml.safe_dump(SMALL))
@@ -67,7 +54,7 @@ def test_driver_killed_mid_study_resumes_to_the_same_database(local_reference, t
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
-        done = _done(out / "study.sqlite")
+        done = _done_pieces(out / "study.sqlite")
         if done is not None and done >= 2:
             break
         time.sleep(0.05)
