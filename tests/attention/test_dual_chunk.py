@@ -19,9 +19,9 @@ import copy
 
 import pytest
 import torch
+from layer_records import record_layers, sharpen
 
 import ropekit
-from layer_records import record_layers, sharpen
 from ropekit.attention.interface import attention_modules
 from ropekit.core.hf_compat import cache_argument, output_cache
 from ropekit.errors import RopekitError

@@ -18,15 +18,15 @@ import warnings
 
 import pytest
 import torch
-
-from ropekit.core.hf_compat import cache_argument
+from layer_records import record_layers
+from layer_records import sharpen as sharpen_qk
 from transformers import DynamicCache
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import ropekit
-from layer_records import record_layers, sharpen as sharpen_qk
 import ropekit.methods.self_extend  # registers the method
 from ropekit.attention.interface import attention_modules
+from ropekit.core.hf_compat import cache_argument
 from ropekit.errors import RopekitError
 from ropekit.models.tiny import build_tiny_model
 
