@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+from ._version import __version__ as __version__  # re-exported: ropekit.__version__
 
 #: Public name → the module that defines it.
 _PUBLIC = {

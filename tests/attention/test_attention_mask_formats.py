@@ -1,5 +1,5 @@
-"""Every ropekit layer attention (Self-Extend, LM-Infinite, S²-Attn in training mode, Landmark in training
-and retrieval mode) called with every mask format transformers passes (none, flash 2-D padding, sdpa 4-D
+"""Every ropekit layer attention (Self-Extend, LM-Infinite, Dual Chunk Attention, S²-Attn in training mode,
+Landmark in training and retrieval mode) called with every mask format transformers passes (none, flash 2-D padding, sdpa 4-D
 bool, eager 4-D additive, flex ``BlockMask``) on a batch with one right- and one left-padded row, with and
 without a KV cache: the fast path equals the naive per-pair reference of the method's own rule
 (:mod:`pair_reference`), given the canonical sdpa mask. A new method is one more entry in ``METHODS``."""
@@ -11,7 +11,12 @@ import torch
 from kernel_masks import FORMATS, kernel_mask
 from pair_reference import rule_attention
 
-from ropekit.attention.landmark import LANDMARKS_KWARG, LandmarkAttention, LandmarkInputs
+from ropekit.attention.dual_chunk import DualChunkAttention
+from ropekit.attention.landmark import (
+    LANDMARKS_KWARG,
+    LandmarkAttention,
+    LandmarkInputs,
+)
 from ropekit.attention.lm_infinite import LambdaAttention
 from ropekit.attention.s2_attn import ShiftedSparseAttention
 from ropekit.attention.self_extend import SelfExtendAttention
@@ -37,6 +42,8 @@ METHODS = {
     "self_extend": (lambda: SelfExtendAttention(inv_freq, group_size=4, window_size=16, chunk=24), "eval", True,
                     None),
     "lm_infinite": (lambda: LambdaAttention(20, 3, inv_freq, chunk_size=16), "eval", True, None),
+    # chunks of L = 30 − 4 = 26 tokens: the 72 keys span three, and every cached query lies past the first
+    "dual_chunk": (lambda: DualChunkAttention(inv_freq, 30, 4, chunk=16), "eval", True, None),
     "s2_attn": (lambda: ShiftedSparseAttention(0.25), "train", False, None),
     "landmark_grouped": (lambda: LandmarkAttention(inv_freq, BLOCK - 1, top_k=2, local_blocks=1, chunk=20), "train",
                          True, landmarks),

@@ -5,9 +5,18 @@ from __future__ import annotations
 from typing import Literal
 
 import pytest
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from ropekit.core.schema import StrictModel, config_error, key_path
+from ropekit.core.schema import (
+    ConfigProblem,
+    Name,
+    Number,
+    StrictModel,
+    WholeNumber,
+    config_error,
+    key_path,
+    validate,
+)
 from ropekit.errors import RopekitError
 
 
@@ -66,6 +75,8 @@ def line(raw, prefix="train", error_cls=RopekitError) -> str:
     ({"name": ""}, "train.name: must be a non-empty string, got ''. write e.g. name: NAME."),
     ({"name": "a b"}, "train.name: must not contain spaces."),
     ({"stages": []}, "train.stages: must have at least 1 item(s), got []. write e.g. stages: [ ... ]."),
+    ({"stages": [5]},
+     "train.stages[0]: must be a mapping of keys to values, got 5. write each item of `stages:` as indented keys (`- key: value`)."),
 ])
 def test_one_line_messages(raw, expected):
     assert line(raw) == expected
@@ -86,3 +97,67 @@ def test_key_path():
     assert key_path(("variants", 0, "method"), prefix="") == "variants[0].method"
     assert key_path(("lr",), prefix="train") == "train.lr"
     assert key_path((), prefix="train") == "train"
+
+
+class Yaml(StrictModel):
+    lr: Number = Field(default=1.0, gt=0, examples=["2.0e-5"])
+    steps: WholeNumber = Field(default=1, ge=1, examples=[1000])
+    name: Name = "x"
+
+
+@pytest.mark.parametrize("raw, parsed", [
+    ({"lr": "2e-5"}, {"lr": 2e-5}),  # YAML reads an exponent without a dot as a string
+    ({"lr": 3}, {"lr": 3.0}),
+    ({"steps": 1.0e4}, {"steps": 10000}),
+    ({"name": "  tiny "}, {"name": "tiny"}),
+])
+def test_yaml_types_accept_what_yaml_writes(raw, parsed):
+    model = Yaml.model_validate(raw)
+    for key, value in parsed.items():
+        assert getattr(model, key) == value and type(getattr(model, key)) is type(value)
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ({"lr": "fast"}, "lr: must be a number, got 'fast'"),
+    ({"lr": "inf"}, "lr: must be a number, got inf"),
+    ({"lr": float("nan")}, "lr: must be a number, got nan"),
+    ({"lr": True}, "lr: must be a number, got True"),
+    ({"steps": 2.5}, "steps: must be a whole number, got 2.5"),
+    ({"steps": True}, "steps: must be a whole number, got True"),
+    ({"steps": "10"}, "steps: must be a whole number, got '10'"),
+    ({"name": "  "}, "name: must be a non-empty string"),
+])
+def test_yaml_types_refuse_the_rest(raw, expected):
+    with pytest.raises(RopekitError) as info:
+        validate(Yaml, raw)
+    assert str(info.value).startswith(expected)
+
+
+class Study(StrictModel):
+    window: int = 1
+    target: int = 2
+    items: list[Stage] = Field(default_factory=list)
+
+    @field_validator("items")
+    @classmethod
+    def _distinct(cls, items):
+        if len(items) > 1 and items[0].seq_len == items[1].seq_len:
+            raise ConfigProblem("repeats the first length", "give every stage its own", key="[1].seq_len")
+        return items
+
+    @model_validator(mode="after")
+    def _beyond(self):
+        if self.target <= self.window:
+            raise ConfigProblem(f"{self.target} is not beyond the window {self.window}", "raise it", key="target",
+                                sentence=True)
+        return self
+
+
+def test_a_validator_names_a_key_below_its_own():
+    with pytest.raises(RopekitError) as info:
+        validate(Study, {"window": 4, "target": 3})
+    assert str(info.value) == "target 3 is not beyond the window 4. raise it."
+    with pytest.raises(RopekitError) as info:
+        validate(Study, {"items": [{"seq_len": 8}, {"seq_len": 8}]}, prefix="study", error_cls=MyError)
+    assert isinstance(info.value, MyError)
+    assert str(info.value) == "study.items[1].seq_len: repeats the first length. give every stage its own."

@@ -17,9 +17,9 @@ from ropekit.attention.interface import attention_modules
 from ropekit.errors import RopekitError
 from ropekit.eval import entropy as task
 from ropekit.eval.common import make_context
+from ropekit.install import extend
 from ropekit.models.byte_tokenizer import byte_tokenizer
 from ropekit.models.tiny import build_tiny_model
-from ropekit.install import extend
 
 N = 128  # tokens: twice the tiny window, so every method is past its pretrained range
 
@@ -146,6 +146,7 @@ def test_method_changes_are_inside_the_measured_logits(make_ids):
 @pytest.mark.parametrize("method,params,keys_last", [
     ("self_extend", {"group_size": 4, "window_size": 16}, N),
     ("lm_infinite", {"local_window": 32, "global_tokens": 4}, 32 + 4),
+    ("dual_chunk", {"chunk_size": 48, "local_size": 6}, N),  # chunks of 42: every query sees every earlier key
 ])
 def test_replaced_attention_entropy_equals_the_method_own_distribution(method, params, keys_last, make_ids):
     model = sharpened("llama")

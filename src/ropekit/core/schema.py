@@ -5,34 +5,88 @@ Configs are written by hand, so the base refuses what a lenient parser would gue
 would otherwise be ignored silently), ``"yes"`` or ``1`` for a bool, ``1.5`` for a whole number. The error
 names the key path as a user writes it (``train.lr``, ``stages[1].seq_len``), the problem, and an example.
 A field may carry its example as ``Field(..., examples=[VALUE])``; the first one is used in the fix.
+
+Validators raise :class:`ConfigProblem`: its ``key`` names a key below the one being validated (a check of a
+whole section that blames one of its keys), and ``sentence`` writes the key as the subject of the problem
+(``variants is missing or empty``) instead of in front of it (``variants: must be a list``).
+
+:data:`Number`, :data:`WholeNumber` and :data:`Name` are the field types hand-written YAML needs beyond the
+strict base: ``2e-5`` (read by YAML as a string) as a number, ``1.0e+4`` as a whole number, names stripped.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import typing
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    FiniteFloat,
+    StringConstraints,
+    ValidationError,
+)
 
 from ..errors import RopekitError
 
-__all__ = ["ConfigProblem", "StrictModel", "config_error", "key_path"]
+__all__ = ["ConfigProblem", "Name", "Number", "StrictModel", "WholeNumber", "config_error", "key_path", "validate"]
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ConfigProblem(ValueError):
-    """Raised by a model validator: the problem and its fix; :func:`config_error` puts the key path in front.
-    (A ValueError, because pydantic wraps only those with the location of the failing value.)"""
+    """Raised by a validator: the problem and its fix; :func:`config_error` puts the key path in front.
+    (A ValueError, because pydantic wraps only those with the location of the failing value.)
 
-    def __init__(self, problem: str, fix: str | None = None):
+    ``key``: the key the problem is about, relative to the value being validated (``"params.factor"`` from a
+    check of a whole ``method:`` section, ``"[1].name"`` from a check of a list). ``sentence``: the key is the
+    subject of ``problem`` (``KEY is missing``), not written in front of it (``KEY: PROBLEM``)."""
+
+    def __init__(self, problem: str, fix: str | None = None, *, key: str | None = None, sentence: bool = False):
         super().__init__(problem)
-        self.problem, self.fix = problem, fix
+        self.problem, self.fix, self.key, self.sentence = problem, fix, key, sentence
 
 
 class StrictModel(BaseModel):
     """Base of every config section: unknown keys forbidden, no type coercion (``strict``)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _number_from_yaml(value: Any) -> Any:
+    """YAML 1.1 reads an exponent without a dot (``2e-5``) as a string: such a string is the number it spells."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+def _whole_from_float(value: Any) -> Any:
+    """A float without a fractional part (``1.0e+4``) is the whole number it spells."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: A finite number; ``2e-5`` written without a dot (a string to YAML) included.
+Number = Annotated[FiniteFloat, BeforeValidator(_number_from_yaml)]
+#: A whole number; a float without a fractional part (``1.0e+4``) included, ``true`` and ``1.5`` not.
+WholeNumber = Annotated[int, BeforeValidator(_whole_from_float)]
+#: A non-empty string, surrounding blanks removed.
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+
+def validate(model: type[M], raw: Any, *, prefix: str = "", error_cls: type[RopekitError] = RopekitError) -> M:
+    """``model.model_validate(raw)``, its first problem raised as one :func:`config_error` line."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as err:
+        raise config_error(err, model, prefix=prefix, error_cls=error_cls) from None
 
 
 def key_path(loc: tuple[Any, ...], prefix: str = "") -> str:
@@ -112,8 +166,9 @@ def config_error(err: ValidationError, model: type[BaseModel], *, prefix: str = 
     if kind in ("string_type", "string_too_short"):
         return error_cls(f"{key}: must be a non-empty string, got {value!r}", write or f"write e.g. {leaf}: NAME")
     if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return error_cls(f"{key}: must be a mapping of keys to values, got {value!r}",
-                         f"write it as `{leaf}:` with indented keys")
+        fix = (f"write each item of `{leaf}:` as indented keys (`- key: value`)" if loc and isinstance(loc[-1], int)
+               else f"write it as `{leaf}:` with indented keys")
+        return error_cls(f"{key}: must be a mapping of keys to values, got {value!r}", fix)
     if kind == "too_short":
         return error_cls(f"{key}: must have at least {ctx.get('min_length', 1)} item(s), got {value!r}",
                          write or f"write e.g. {leaf}: [ ... ]")
@@ -123,6 +178,9 @@ def config_error(err: ValidationError, model: type[BaseModel], *, prefix: str = 
         # A validator's own message already reads "PROBLEM — FIX" or is a full problem sentence.
         cause = ctx.get("error")
         if isinstance(cause, ConfigProblem):
-            return error_cls(f"{key}: {cause.problem}", cause.fix)
+            if cause.key:
+                base = key_path(loc, prefix)
+                key = f"{base}{'' if cause.key.startswith('[') or not base else '.'}{cause.key}"
+            return error_cls(f"{key} {cause.problem}" if cause.sentence else f"{key}: {cause.problem}", cause.fix)
         return error_cls(f"{key}: {str(cause or first['msg']).removeprefix('Value error, ')}", write)
     return error_cls(f"{key}: {first['msg']}", write)

@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from .. import __version__
+from .._version import __version__
 from ..attention import PerHeadRotation, QueryLogitScale, install_transforms
 from ..attention.interface import attention_modules, kernel_of
 from ..core.rope_info import RopeInfo, layer_rope_types, primary_layer_type

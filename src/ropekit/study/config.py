@@ -27,31 +27,35 @@ A study config is a YAML mapping (``ropekit study CONFIG.yaml``, or a preset: ``
       ppl: {lengths: [256, 512, 1024, 2048], samples: 4, score_mode: truncate}
       passkey: {lengths: [256, 1024, 2048], depths: [0.1, 0.5, 0.9], trials: 2}
 
-Every problem is one line naming the key and the fix (:class:`StudyConfigError`). The parsed config is
-:class:`StudyConfig`; :meth:`StudyConfig.as_dict` is what the results database records as the study's
-configuration (a study directory refuses a different one).
+The file is checked by pydantic models (:class:`~ropekit.core.schema.StrictModel`, one per section, the
+recipe by :mod:`ropekit.train.config`); every problem is one line naming the key and the fix
+(:class:`StudyConfigError`). The parsed config is :class:`StudyConfig`; :meth:`StudyConfig.as_dict` is what the
+results database records as the study's configuration (a study directory refuses a different one).
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
+import inspect
 import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import (
+    BeforeValidator,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from ..core.schema import ConfigProblem, Name, StrictModel, config_error
 from ..errors import RopekitError
+from ..runtime.devices import ATTN_CHOICES, DTYPE_CHOICES
 
-TOP_KEYS = ("name", "model", "seed", "target_length", "window", "recipe", "variants", "evals", "description",
-            "device", "dtype", "attn", "resources")
-#: Piece kinds a ``resources:`` entry may name, and the resources each may ask for (``--backend ray``).
-RESOURCE_KINDS = ("pretrain", "train", "search", "eval")
-RESOURCE_KEYS = ("cpus", "gpus")
-VARIANT_KEYS = ("label", "method", "params", "finetune", "search", "note")
-#: Keys of a variant's ``search:`` (LongRoPE's factor search, :mod:`ropekit.search`), with their minimum.
-SEARCH_KEYS = {"evaluations": 4, "documents": 1, "population": 4, "fixed_pairs": 0}
 #: Keys the recipe may not set: the study decides them per variant.
 RECIPE_FORBIDDEN = ("method", "stages")
 #: The built-in base model's name in a study config.
@@ -63,34 +67,33 @@ class StudyConfigError(RopekitError):
     """A study config key is unknown, missing or has a bad value."""
 
 
-def _fail(key: str, problem: str, fix: str):
-    raise StudyConfigError(f"study config: {key} {problem}", fix)
+def _problem(problem: str, fix: str, key: str | None = None) -> ConfigProblem:
+    """A problem written with the key as its subject: ``variants is missing or empty``."""
+    return ConfigProblem(problem, fix, key=key, sentence=True)
 
 
-def _unknown(where: str, raw: dict, known) -> None:
-    from ..train.config import ConfigError
-    from ..train.config import _unknown as unknown_keys
-
-    try:
-        unknown_keys(where.rstrip("."), raw, known)
-    except ConfigError as err:
-        raise StudyConfigError(f"study config: {err.problem}", err.fix) from None
+def _is_token_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def _mapping(value, key: str) -> dict:
-    if value is None:
+def _token_count(value: Any) -> int:
+    if not _is_token_count(value):
+        raise _problem(f"must be a positive whole number, got {value!r}", "write a number of tokens, e.g. 1024")
+    return value
+
+
+#: A length in tokens: a whole number ≥ 1.
+TokenCount = Annotated[int, BeforeValidator(_token_count)]
+
+
+def _on_off(value: Any) -> Any:
+    """``true``: on with the defaults (``{}``); ``false`` or ``null``: off."""
+    if value is True:
         return {}
-    if not isinstance(value, dict):
-        _fail(key, f"must be a mapping, got {type(value).__name__}", f"write `{key}:` followed by indented `name: value` lines")
-    return value
+    return None if value is False else value
 
 
-def _positive_int(value, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        _fail(key, f"must be a positive whole number, got {value!r}", f"write e.g. `{key}: 1024`")
-    return value
-
-
+# ---- the parsed config -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Variant:
     """One row of the comparison: a method with its parameters, frozen or fine-tuned with the recipe."""
@@ -161,182 +164,239 @@ class StudyConfig:
                                f"choose one of {', '.join(v.label for v in self.variants)}")
 
 
-def _parse_variant(raw, i: int, recipe: dict) -> Variant:
-    key = f"variants[{i}]"
-    if isinstance(raw, str):
-        raw = {"label": raw, "method": None if raw in ("base", "plain") else raw}
-    raw = _mapping(raw, key)
-    _unknown(f"{key}.", raw, VARIANT_KEYS)
-    label = raw.get("label")
-    if not isinstance(label, str) or not _LABEL.match(label):
-        _fail(f"{key}.label", f"must be a short name of letters, digits and . _ + -, got {label!r}", "write e.g. `label: yarn-ft`")
-    method = raw.get("method")
-    params = dict(_mapping(raw.get("params"), f"{key}.params"))
-    search = _parse_search(raw.get("search"), key)
-    if search is not None:
-        if method not in (None, "longrope"):
-            _fail(f"{key}.search", f"searches LongRoPE factors, but the variant's method is {method!r}",
-                  "drop `method:` (or write method: longrope)")
-        if params:
-            _fail(f"{key}.params", "given with search: the search finds the factors", "drop params")
-        if raw.get("finetune") not in (None, False):
-            _fail(f"{key}.search", "and finetune in one variant", "search in one variant, fine-tune in another")
-        method = "longrope"
-    if method is not None and search is None:
-        from ..train.config import check_method_params
+# ---- the file, as written ----------------------------------------------------------------------------------
+class _Search(StrictModel):
+    """A variant's ``search:`` (``true``, or some of these): LongRoPE's factor search, :mod:`ropekit.search`.
+    A key left out takes the search's default."""
 
-        if not isinstance(method, str):
-            _fail(f"{key}.method", f"must be a method name, got {method!r}", "run `ropekit methods` to list them")
-        try:
-            params = check_method_params(method, params, f"{key}.params")
-        except RopekitError as err:
-            raise StudyConfigError(f"study config: {err.problem}", err.fix) from None
-    elif params:
-        _fail(f"{key}.params", "given without a method", "add `method: NAME` or drop params")
-    finetune = raw.get("finetune", False)
-    if finetune is True:
-        finetune = {}
-    elif finetune is False or finetune is None:
-        finetune = None
-    else:
-        finetune = copy.deepcopy(_mapping(finetune, f"{key}.finetune"))
-        for bad in RECIPE_FORBIDDEN:
-            if bad in finetune:
-                _fail(f"{key}.finetune.{bad}", "is set by the study itself", "drop it (the variant's method is its own key)")
-    if finetune is not None and not recipe:
-        _fail(f"{key}.finetune", "asks for training but the study has no recipe", "add a `recipe:` section (data + train)")
-    note = raw.get("note")
-    return Variant(label=label, method=method, params=params, finetune=finetune, note=str(note) if note else None,
-                   search=search)
+    evaluations: int | None = Field(default=None, ge=4, examples=[64])
+    documents: int | None = Field(default=None, ge=1, examples=[4])
+    population: int | None = Field(default=None, ge=4, examples=[16])
+    fixed_pairs: int | None = Field(default=None, ge=0, examples=[0])
 
 
-def _parse_search(raw, key: str) -> dict[str, Any] | None:
-    """A variant's ``search:`` — ``true`` or a mapping of :data:`SEARCH_KEYS` (whole numbers) — or None."""
-    if raw is None or raw is False:
-        return None
-    raw = {} if raw is True else _mapping(raw, f"{key}.search")
-    _unknown(f"{key}.search.", raw, tuple(SEARCH_KEYS))
-    out = {}
-    for name, value in raw.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < SEARCH_KEYS[name]:
-            _fail(f"{key}.search.{name}", f"must be a whole number ≥ {SEARCH_KEYS[name]}, got {value!r}",
-                  f"write e.g. `{name}: {max(SEARCH_KEYS[name], 4)}`")
-        out[name] = value
-    return out
+class _Variant(StrictModel):
+    """One item of ``variants:`` — or just a label (``base``/``plain``: the model as it is; else a method name)."""
+
+    label: str = Field(examples=["yarn-ft"])
+    method: str | None = Field(default=None, examples=["yarn"])
+    params: dict[str, Any] = Field(default_factory=dict, examples=["{factor: 4}"])
+    finetune: dict[str, Any] | None = Field(default=None, examples=["true"])
+    search: _Search | None = None
+    note: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, raw: Any) -> Any:
+        if isinstance(raw, str):
+            return {"label": raw, "method": None if raw in ("base", "plain") else raw}
+        return raw
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _no_params(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+    @field_validator("finetune", "search", mode="before")
+    @classmethod
+    def _optional_section(cls, value: Any) -> Any:
+        return _on_off(value)
+
+    @field_validator("label")
+    @classmethod
+    def _short_name(cls, label: str) -> str:
+        if not _LABEL.match(label):
+            raise _problem(f"must be a short name of letters, digits and . _ + -, got {label!r}", "write e.g. `label: yarn-ft`")
+        return label
+
+    @field_validator("finetune")
+    @classmethod
+    def _recipe_overrides_only(cls, finetune: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key in RECIPE_FORBIDDEN:
+            if key in (finetune or {}):
+                raise _problem("is set by the study itself", "drop it (the variant's method is its own key)", key=key)
+        return finetune
+
+    @model_validator(mode="after")
+    def _method_and_params(self) -> _Variant:
+        if self.search is not None:
+            if self.method not in (None, "longrope"):
+                raise _problem(f"searches LongRoPE factors, but the variant's method is {self.method!r}",
+                               "drop `method:` (or write method: longrope)", key="search")
+            if self.params:
+                raise _problem("given with search: the search finds the factors", "drop params", key="params")
+            if self.finetune is not None:
+                raise _problem("and finetune in one variant", "search in one variant, fine-tune in another", key="search")
+            self.method = "longrope"
+        elif self.method is not None:
+            from ..train.config import (
+                check_method_params,  # not at the top: ropekit.train imports torch
+            )
+
+            self.params = check_method_params(self.method, self.params, name_key="method")
+        elif self.params:
+            raise _problem("given without a method", "add `method: NAME` or drop params", key="params")
+        return self
+
+    def parsed(self) -> Variant:
+        search = None if self.search is None else self.search.model_dump(exclude_none=True)
+        return Variant(label=self.label, method=self.method, params=self.params, finetune=copy.deepcopy(self.finetune),
+                       note=str(self.note) if self.note else None, search=search)
 
 
-def _check_evals(raw) -> dict[str, dict[str, Any]]:
-    from ..eval import TASKS
+class _Ask(StrictModel):
+    """What one kind of piece asks Ray for."""
 
-    evals = _mapping(raw, "evals")
-    if not evals:
-        _fail("evals", "is missing or empty", "add e.g. `evals: {ppl: {lengths: [256, 512]}}`")
-    out = {}
-    for task, options in evals.items():
-        if task not in TASKS:
-            close = difflib.get_close_matches(str(task), list(TASKS), n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            _fail(f"evals.{task}", "is not an evaluation task", f"{hint}choose from {', '.join(TASKS)}")
-        options = copy.deepcopy(_mapping(options, f"evals.{task}"))
-        if task == "speed":
-            _fail("evals.speed", "is not run by studies yet", "measure speed with `ropekit eval speed --methods …`")
-        if "lengths" not in options:
-            _fail(f"evals.{task}.lengths", "is missing", "add e.g. `lengths: [256, 512, 1024]`")
-        lengths = options["lengths"]
-        if not isinstance(lengths, list) or not lengths:
-            _fail(f"evals.{task}.lengths", f"must be a list of token counts, got {lengths!r}", "write e.g. `lengths: [256, 512]`")
-        options["lengths"] = [_positive_int(n, f"evals.{task}.lengths[{j}]") for j, n in enumerate(lengths)]
-        for forbidden in ("plot", "out", "resume"):
-            if forbidden in options:
-                _fail(f"evals.{task}.{forbidden}", "is decided by the study", "drop it (figures come from `ropekit report`)")
-        import inspect
+    cpus: float | None = Field(default=None, ge=0, examples=[1])
+    gpus: float | None = Field(default=None, ge=0, examples=[1])
 
-        from ..eval import get_task
 
-        accepted = set(inspect.signature(get_task(task).run).parameters) - {"ctx"}
-        for opt in options:
-            if opt not in accepted:
-                _fail(f"evals.{task}.{opt}", "is not an option of this task", f"options: {', '.join(sorted(accepted - {'plot'}))}")
-        out[task] = options
-    return out
+class _Resources(StrictModel):
+    """``resources:`` — what each kind of piece asks Ray for (``--backend ray``)."""
+
+    pretrain: _Ask | None = None
+    train: _Ask | None = None
+    search: _Ask | None = None
+    eval: _Ask | None = None
+
+    def parsed(self) -> dict[str, dict[str, float]]:
+        return {kind: ask.model_dump(exclude_none=True) for kind, ask in self if ask is not None}
+
+
+class _Study(StrictModel):
+    """A study config as written (module doc)."""
+
+    name: Name = Field(examples=["my-study"])
+    model: Name = Field(examples=[BUILTIN_BASE])
+    seed: int = Field(default=0, ge=0, examples=[0])
+    target_length: TokenCount = Field(examples=[1024])
+    window: TokenCount | None = None
+    recipe: dict[str, Any] = Field(default_factory=dict)
+    variants: list[_Variant] = Field(default_factory=list, validate_default=True)
+    evals: dict[str, dict[str, Any]] = Field(default_factory=dict, validate_default=True)
+    description: Any = None
+    device: str = Field(default="auto", examples=["auto"])
+    dtype: Literal[DTYPE_CHOICES] = "auto"
+    attn: Literal[ATTN_CHOICES] = "auto"
+    resources: _Resources = Field(default_factory=_Resources)
+
+    @field_validator("recipe", "resources", mode="before")
+    @classmethod
+    def _empty_section(cls, raw: Any) -> Any:
+        return {} if raw is None else raw
+
+    @field_validator("recipe")
+    @classmethod
+    def _recipe_leaves_the_study_its_keys(cls, recipe: dict[str, Any]) -> dict[str, Any]:
+        for key in RECIPE_FORBIDDEN:
+            if key in recipe:
+                raise _problem("is set by the study itself", "drop it: each variant brings its own method", key=key)
+        for section, key, fix in (("model", "name", "drop it: the study's `model:` is every variant's base"),
+                                  ("output", "dir", "drop it: runs go to DIR/runs/LABEL")):
+            part = recipe.get(section)
+            if part is not None and not isinstance(part, dict):
+                raise ConfigProblem(f"must be a mapping of keys to values, got {part!r}",
+                                    f"write it as `{section}:` with indented keys", key=section)
+            if key in (part or {}):
+                raise _problem("is set by the study itself", fix, key=f"{section}.{key}")
+        return recipe
+
+    @field_validator("variants", mode="before")
+    @classmethod
+    def _some_variants(cls, raw: Any) -> Any:
+        if not isinstance(raw, list) or not raw:
+            raise _problem("is missing or empty",
+                           "add a list, e.g. `variants: [{label: base}, {label: pi, method: pi, params: {factor: 4}}]`")
+        return raw
+
+    @field_validator("variants")
+    @classmethod
+    def _labels_once(cls, variants: list[_Variant]) -> list[_Variant]:
+        labels = [v.label for v in variants]
+        for label in labels:
+            if labels.count(label) > 1:
+                raise _problem(f"use the label '{label}' twice", "give every variant its own label")
+        return variants
+
+    @field_validator("evals", mode="before")
+    @classmethod
+    def _some_evals(cls, raw: Any) -> Any:
+        if raw is None or raw == {}:
+            raise _problem("is missing or empty", "add e.g. `evals: {ppl: {lengths: [256, 512]}}`")
+        return raw
+
+    @field_validator("evals")
+    @classmethod
+    def _tasks_and_their_options(cls, evals: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Every task is one ``ropekit eval`` runs, with ``lengths`` and only options of its ``run()``."""
+        from ..eval import TASKS, get_task
+
+        for task, options in evals.items():
+            if task not in TASKS:
+                close = difflib.get_close_matches(str(task), list(TASKS), n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise _problem("is not an evaluation task", f"{hint}choose from {', '.join(TASKS)}", key=task)
+            if task == "speed":
+                raise _problem("is not run by studies yet", "measure speed with `ropekit eval speed --methods …`", key=task)
+            if "lengths" not in options:
+                raise _problem("is missing", "add e.g. `lengths: [256, 512, 1024]`", key=f"{task}.lengths")
+            lengths = options["lengths"]
+            if not isinstance(lengths, list) or not lengths:
+                raise _problem(f"must be a list of token counts, got {lengths!r}", "write e.g. `lengths: [256, 512]`",
+                               key=f"{task}.lengths")
+            for j, length in enumerate(lengths):
+                if not _is_token_count(length):
+                    raise _problem(f"must be a positive whole number, got {length!r}", "write a number of tokens, e.g. 1024",
+                                   key=f"{task}.lengths[{j}]")
+            for decided in ("plot", "out", "resume"):
+                if decided in options:
+                    raise _problem("is decided by the study", "drop it (figures come from `ropekit report`)",
+                                   key=f"{task}.{decided}")
+            accepted = set(inspect.signature(get_task(task).run).parameters) - {"ctx"}
+            for option in options:
+                if option not in accepted:
+                    raise _problem("is not an option of this task", f"options: {', '.join(sorted(accepted - {'plot'}))}",
+                                   key=f"{task}.{option}")
+        return evals
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, device: str) -> str:
+        """Checked for its form; whether this machine has it is checked when the study starts
+        (:func:`ropekit.runtime.devices.resolve_devices`)."""
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
+            raise _problem(f"must be auto, cpu, cuda, cuda:N or mps, got {device!r}", "write e.g. `device: auto`")
+        return device
+
+    @model_validator(mode="after")
+    def _consistent(self) -> _Study:
+        if self.window is not None and self.target_length <= self.window:
+            raise _problem(f"{self.target_length} is not beyond the window {self.window}",
+                           "choose a target length larger than the window", key="target_length")
+        for i, variant in enumerate(self.variants):
+            if variant.finetune is not None and not self.recipe:
+                raise _problem("asks for training but the study has no recipe", "add a `recipe:` section (data + train)",
+                               key=f"variants[{i}].finetune")
+        return self
 
 
 def parse_study(raw: Any, source: str = "study config") -> StudyConfig:
     """Validate a study config mapping into a :class:`StudyConfig`."""
     if not isinstance(raw, dict):
         raise StudyConfigError(f"{source} is not a YAML mapping", "start from `ropekit study --preset quick --show`")
-    _unknown("", raw, TOP_KEYS)
-    name = raw.get("name")
-    if not isinstance(name, str) or not name.strip():
-        _fail("name", "is missing", "add e.g. `name: my-study`")
-    model = raw.get("model")
-    if not isinstance(model, str) or not model.strip():
-        _fail("model", "is missing", f"add `model: {BUILTIN_BASE}` (the built-in base) or a model path/name")
-    if "target_length" not in raw:
-        _fail("target_length", "is missing", "add e.g. `target_length: 1024` (the length methods extend to)")
-    target = _positive_int(raw["target_length"], "target_length")
-    window = _positive_int(raw["window"], "window") if raw.get("window") is not None else None
-    if window is not None and target <= window:
-        _fail("target_length", f"{target} is not beyond the window {window}", "choose a target length larger than the window")
-    seed = raw.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        _fail("seed", f"must be a whole number ≥ 0, got {seed!r}", "write e.g. `seed: 0`")
-    recipe = copy.deepcopy(_mapping(raw.get("recipe"), "recipe"))
-    for bad in RECIPE_FORBIDDEN:
-        if bad in recipe:
-            _fail(f"recipe.{bad}", "is set by the study itself", "drop it: each variant brings its own method")
-    if "name" in _mapping(recipe.get("model"), "recipe.model"):
-        _fail("recipe.model.name", "is set by the study itself", "drop it: the study's `model:` is every variant's base")
-    if "dir" in _mapping(recipe.get("output"), "recipe.output"):
-        _fail("recipe.output.dir", "is set by the study itself", "drop it: runs go to DIR/runs/LABEL")
-    variants_raw = raw.get("variants")
-    if not isinstance(variants_raw, list) or not variants_raw:
-        _fail("variants", "is missing or empty", "add a list, e.g. `variants: [{label: base}, {label: pi, method: pi, params: {factor: 4}}]`")
-    variants = [_parse_variant(v, i, recipe) for i, v in enumerate(variants_raw)]
-    labels = [v.label for v in variants]
-    for label in labels:
-        if labels.count(label) > 1:
-            _fail("variants", f"use the label '{label}' twice", "give every variant its own label")
-    config = StudyConfig(name=name.strip(), model=model.strip(), target_length=target, variants=variants,
-                         evals=_check_evals(raw.get("evals")), recipe=recipe, seed=seed, window=window,
-                         description=raw.get("description"), resources=_parse_resources(raw.get("resources")),
-                         **_placement_keys(raw))
-    if recipe:
+    try:
+        written = _Study.model_validate(raw)
+    except ValidationError as err:
+        problem = config_error(err, _Study)
+        raise StudyConfigError(f"study config: {problem.problem}", problem.fix) from None
+    config = StudyConfig(name=written.name, model=written.model, target_length=written.target_length,
+                         variants=[v.parsed() for v in written.variants], evals=copy.deepcopy(written.evals),
+                         recipe=copy.deepcopy(written.recipe), seed=written.seed, window=written.window,
+                         description=written.description, device=written.device, dtype=written.dtype,
+                         attn=written.attn, resources=written.resources.parsed())
+    if config.recipe:
         _check_recipe(config)
     return config
-
-
-def _placement_keys(raw: dict) -> dict[str, str]:
-    """``device``/``dtype``/``attn`` (default ``auto``), checked against the choices; whether this machine has
-    the device is checked when the study starts (:func:`ropekit.runtime.devices.resolve_devices`)."""
-    from ..runtime.devices import ATTN_CHOICES, DTYPE_CHOICES
-
-    out = {}
-    for key, choices in (("dtype", DTYPE_CHOICES), ("attn", ATTN_CHOICES)):
-        value = raw.get(key, "auto")
-        if value not in choices:
-            _fail(key, f"must be one of {', '.join(choices)}, got {value!r}", f"write e.g. `{key}: auto`")
-        out[key] = value
-    device = raw.get("device", "auto")
-    if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
-        _fail("device", f"must be auto, cpu, cuda, cuda:N or mps, got {device!r}", "write e.g. `device: auto`")
-    out["device"] = device
-    return out
-
-
-def _parse_resources(raw) -> dict[str, dict[str, float]]:
-    """``resources: {train: {gpus: 8}, eval: {gpus: 1, cpus: 4}}``: what each piece kind asks Ray for."""
-    resources = _mapping(raw, "resources")
-    _unknown("resources.", resources, RESOURCE_KINDS)
-    out: dict[str, dict[str, float]] = {}
-    for kind, wanted in resources.items():
-        wanted = _mapping(wanted, f"resources.{kind}")
-        _unknown(f"resources.{kind}.", wanted, RESOURCE_KEYS)
-        for name, value in wanted.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                _fail(f"resources.{kind}.{name}", f"must be a number ≥ 0, got {value!r}", f"write e.g. `{name}: 1`")
-        out[kind] = {k: float(v) for k, v in wanted.items()}
-    return out
 
 
 def train_config_for(config: StudyConfig, variant: Variant, model_path: str, out_dir: str | Path):

@@ -1,4 +1,4 @@
-"""The training config: a YAML file in the style of axolotl / LLaMA-Factory, validated into dataclasses.
+"""The training config: a YAML file in the style of axolotl / LLaMA-Factory, validated by pydantic models.
 
 Sections (every key is optional unless marked *required*; ``ropekit train --example NAME`` prints complete
 files)::
@@ -57,20 +57,35 @@ files)::
                                 # a stage may set: name, steps, seq_len, method, data, lr, micro_batch_size,
                                 # grad_accum, reset_optimizer (fresh Adam moments); the rest is shared
 
-Every unknown key and bad value is a one-line :class:`~ropekit.errors.RopekitError` that names the key
-(``train.lr``) and says what to write instead.
+Every section is a :class:`~ropekit.core.schema.StrictModel` (``stages`` items too, as written; a stage's
+overrides are then merged over the top-level sections into a :class:`StageConfig`). Every unknown key and bad
+value is a one-line :class:`ConfigError` that names the key (``train.lr``) and says what to write instead.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
-import math
-from dataclasses import dataclass, field
+import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import (
+    BaseModel,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+
+from ..core.schema import (
+    ConfigProblem,
+    Name,
+    Number,
+    StrictModel,
+    WholeNumber,
+    validate,
+)
 from ..errors import RopekitError
 
 
@@ -78,163 +93,93 @@ class ConfigError(RopekitError):
     """A training config key is unknown, missing or has a bad value."""
 
 
-# ---- small typed readers ----------------------------------------------------------------------------
-def _fail(key: str, problem: str, fix: str):
-    raise ConfigError(f"{key}: {problem}", fix)
+def _validate(model: type[StrictModel], raw: Any, prefix: str = "") -> Any:
+    return validate(model, raw, prefix=prefix, error_cls=ConfigError)
 
 
-def _unknown(section: str, raw: dict, known) -> None:
-    for key in raw:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            where = f"{section}.{key}" if section else str(key)
-            _fail(where, "unknown key", f"{hint}known keys: {', '.join(known)}")
-
-
-def _mapping(value, key: str) -> dict:
-    if value is None:
+def _on_off(value: Any) -> Any:
+    """An optional section: ``true`` turns it on with its defaults, ``false`` (or ``null``) off."""
+    if value is True:
         return {}
-    if not isinstance(value, dict):
-        _fail(key, f"must be a mapping of keys to values, got {value!r}", f"write it as `{key.split('.')[-1]}:` with indented keys")
-    return value
-
-
-def _int(value, key: str, minimum: int | None = None, example: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and (not math.isfinite(value) or value != int(value))):
-        _fail(key, f"must be a whole number, got {value!r}", f"write e.g. {key.split('.')[-1]}: {example}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        _fail(key, f"must be ≥ {minimum}, got {value}", f"write e.g. {key.split('.')[-1]}: {max(example, minimum)}")
-    return value
-
-
-def _float(value, key: str, *, minimum: float | None = None, exclusive: bool = False, maximum: float | None = None,
-           example: str = "1.0") -> float:
-    if isinstance(value, str):  # YAML reads 2e-5 (without a dot) as a string
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        _fail(key, f"must be a number, got {value!r}", f"write e.g. {key.split('.')[-1]}: {example}")
-    value = float(value)
-    if minimum is not None and (value < minimum or (exclusive and value == minimum)):
-        op = ">" if exclusive else "≥"
-        _fail(key, f"must be {op} {minimum:g}, got {value:g}", f"write e.g. {key.split('.')[-1]}: {example}")
-    if maximum is not None and value > maximum:
-        _fail(key, f"must be ≤ {maximum:g}, got {value:g}", f"write e.g. {key.split('.')[-1]}: {example}")
-    return value
-
-
-def _bool(value, key: str) -> bool:
-    if not isinstance(value, bool):
-        _fail(key, f"must be true or false, got {value!r}", f"write {key.split('.')[-1]}: true or false")
-    return value
-
-
-def _choice(value, key: str, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        _fail(key, f"must be one of {', '.join(choices)}, got {value!r}", f"write e.g. {key.split('.')[-1]}: {choices[0]}")
-    return value
-
-
-def _str(value, key: str, example: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        _fail(key, f"must be a non-empty string, got {value!r}", f"write e.g. {key.split('.')[-1]}: {example}")
-    return value.strip()
-
-
-def _str_list(value, key: str, example: str) -> list[str]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) and v.strip() for v in value):
-        _fail(key, f"must be a non-empty list of names, got {value!r}", f"write e.g. {key.split('.')[-1]}: {example}")
-    return [v.strip() for v in value]
+    return None if value is False else value
 
 
 # ---- sections ----------------------------------------------------------------------------------------
-DTYPES = ("float32", "bfloat16", "float16")
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-SCHEDULES = ("constant", "linear", "cosine")
-PRECISIONS = ("fp32", "bf16")
-LORA_EXTRAS = ("embed", "norm")
 
 
-@dataclass
-class ModelConfig:
-    name: str
-    dtype: str = "float32"
-    attn_implementation: str = "sdpa"
+class ModelConfig(StrictModel):
+    """``model:`` — or just ``model: NAME``."""
+
+    name: Name = Field(examples=["tiny"])
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    attn_implementation: Name = Field(default="sdpa", examples=["sdpa"])
     gradient_checkpointing: bool = False
 
+    @model_validator(mode="before")
     @classmethod
-    def parse(cls, raw) -> ModelConfig:
-        if raw is None:
-            _fail("model", "missing", "add `model: tiny` (or a model directory, .gguf file or hub id)")
-        if isinstance(raw, str):
-            raw = {"name": raw}
-        raw = _mapping(raw, "model")
-        _unknown("model", raw, [f.name for f in dataclasses.fields(cls)])
-        if "name" not in raw:
-            _fail("model.name", "missing", "add e.g. `name: tiny` under model")
-        out = cls(name=_str(raw["name"], "model.name", "tiny"))
-        if "dtype" in raw:
-            dtype = _DTYPE_ALIASES.get(raw["dtype"], raw["dtype"]) if isinstance(raw["dtype"], str) else raw["dtype"]
-            out.dtype = _choice(dtype, "model.dtype", DTYPES)
-        if "attn_implementation" in raw:
-            out.attn_implementation = _str(raw["attn_implementation"], "model.attn_implementation", "sdpa")
-        if "gradient_checkpointing" in raw:
-            out.gradient_checkpointing = _bool(raw["gradient_checkpointing"], "model.gradient_checkpointing")
-        return out
+    def _shorthand(cls, raw: Any) -> Any:
+        return {"name": raw} if isinstance(raw, str) else raw
 
-
-@dataclass
-class MethodConfig:
-    """``name`` None means the model is trained as it is (no method installed)."""
-
-    name: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-
+    @field_validator("dtype", mode="before")
     @classmethod
-    def parse(cls, raw, key: str = "method", inherit: MethodConfig | None = None) -> MethodConfig:
-        """A method section; in a stage (``inherit`` given) a section without ``name`` merges its params over
-        the top-level method's."""
-        if raw is None:
-            return copy.deepcopy(inherit) if inherit is not None else cls()
+    def _dtype_alias(cls, value: Any) -> Any:
+        return _DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
+
+
+class MethodConfig(StrictModel):
+    """``method:`` — or ``method: NAME``, or ``method: none``; ``name`` None means the model is trained as it is
+    (no method installed). ``params`` are checked against the method (:func:`check_method_params`)."""
+
+    name: Name | None = Field(default=None, examples=["yarn"])
+    params: dict[str, Any] = Field(default_factory=dict, examples=["{factor: 4}"])
+
+    def __init__(self, name: str | None = None, params: dict[str, Any] | None = None, **unknown: Any):
+        """Positional arguments too: ``MethodConfig("pi", {"factor": 2.0})``. (Validating a section calls this
+        too, with the keys as written: ``unknown`` ones are refused by the strict base.)"""
+        super().__init__(name=name, params={} if params is None else params, **unknown)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, raw: Any) -> Any:
         if isinstance(raw, str):
-            raw = {"name": raw}
-        raw = _mapping(raw, key)
-        _unknown(key, raw, ["name", "params"])
-        params = _mapping(raw.get("params"), f"{key}.params")
-        if "name" in raw and raw["name"] is not None:
-            name = _str(raw["name"], f"{key}.name", "yarn")
-        elif inherit is not None:
-            name, params = inherit.name, {**inherit.params, **params}
+            return {"name": raw}
+        if isinstance(raw, dict) and "params" in raw and raw["params"] is None:
+            return {**raw, "params": {}}
+        return raw
+
+    @model_validator(mode="after")
+    def _known_method_and_params(self) -> MethodConfig:
+        if self.name is not None and self.name.lower() in ("none", "plain", "base"):
+            self.name = None
+        if self.name is None:
+            if self.params:
+                raise ConfigProblem("given without a method name", "add `name:` beside params (see `ropekit methods`)",
+                                    key="params")
         else:
-            name = None
-        if name is not None and name.lower() in ("none", "plain", "base"):
-            name = None
-        if name is None:
-            if params:
-                _fail(f"{key}.params", "given without a method name", f"add `name:` under {key} (see `ropekit methods`)")
-            return cls()
-        return cls(name=name, params=check_method_params(name, params, key))
+            self.params = check_method_params(self.name, self.params)
+        return self
 
 
-def check_method_params(name: str, params: dict[str, Any], key: str) -> dict[str, Any]:
-    """The method exists and every parameter has a known name and a valid value (model-independent checks;
-    the model-dependent ones run when the method is installed)."""
+def check_method_params(name: str, params: dict[str, Any], *, name_key: str = "name") -> dict[str, Any]:
+    """``params`` of method ``name``, coerced: the method exists and every parameter has a known name and a valid
+    value (model-independent checks; the model-dependent ones run when the method is installed). For validators:
+    raises :class:`~ropekit.core.schema.ConfigProblem` naming ``name_key`` or ``params.PARAM``."""
     from ..methods import get_method
 
     try:
         method = get_method(name)
     except RopekitError as err:
-        raise ConfigError(f"{key}.name: {err.problem}", err.fix) from None
+        raise ConfigProblem(err.problem, err.fix, key=name_key) from None
     out = {}
     for pname, value in params.items():
+        key = f"params.{pname}"
         if pname == "target_length":
-            out[pname] = _int(value, f"{key}.params.target_length", minimum=2, example=4096)
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+                raise ConfigProblem(f"must be a whole number ≥ 2, got {value!r}", "write e.g. target_length: 4096", key=key)
+            out[pname] = value
             continue
         try:
             param = method.param(pname)
@@ -242,13 +187,13 @@ def check_method_params(name: str, params: dict[str, Any], key: str) -> dict[str
             known = [p.name for p in method.params] + ["target_length"]
             close = difflib.get_close_matches(pname, known, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
-            _fail(f"{key}.params.{pname}", f"'{method.name}' has no such parameter", f"{hint}known: {', '.join(known)}")
+            raise ConfigProblem(f"'{method.name}' has no such parameter", f"{hint}known: {', '.join(known)}", key=key) from None
         try:
             out[pname] = param.coerce(method.name, value)
         except RopekitError as err:
-            raise ConfigError(f"{key}.params.{pname}: {err.problem}", err.fix.replace("--param ", "") if err.fix else None) from None
+            raise ConfigProblem(err.problem, err.fix.replace("--param ", "") if err.fix else None, key=key) from None
     if "target_length" in out and "factor" in out:
-        _fail(f"{key}.params", "both factor and target_length given", "keep only one of them")
+        raise ConfigProblem("both factor and target_length given", "keep only one of them", key="params")
     return out
 
 
@@ -256,238 +201,232 @@ def check_method_params(name: str, params: dict[str, Any], key: str) -> dict[str
 DATA_TRAINER_KEYS = ("seq_len", "num_workers", "shuffle", "cache_dir")
 
 
-@dataclass
-class DataConfig:
-    seq_len: int
-    spec: dict[str, Any] = field(default_factory=dict)
-    num_workers: int = 0
+class DataConfig(StrictModel):
+    """``data:`` — the keys the trainer reads; ``spec`` is the rest of the section as written (the data builder's
+    spec, checked against ``seq_len`` by :func:`ropekit.data.training_data.validate_data_spec`)."""
+
+    seq_len: WholeNumber = Field(ge=2, examples=[4096])
+    spec: dict[str, Any] = Field(default_factory=dict)
+    num_workers: WholeNumber = Field(default=0, ge=0, examples=[2])
     shuffle: bool = True
-    cache_dir: str | None = None
+    cache_dir: Name | None = Field(default=None, examples=["~/.cache/ropekit"])
 
+
+def _data_section(raw: Any) -> Any:
+    """A written ``data:`` section as :class:`DataConfig` input: the trainer's keys, and the rest as ``spec``."""
+    if not isinstance(raw, dict):
+        return raw
+    return {**{k: v for k, v in raw.items() if k in DATA_TRAINER_KEYS},
+            "spec": {k: copy.deepcopy(v) for k, v in raw.items() if k not in DATA_TRAINER_KEYS}}
+
+
+class EMAConfig(StrictModel):
+    """``train.ema:`` — an exponential moving average of the weights (``true``: these defaults)."""
+
+    decay: Number = Field(default=0.999, ge=0, lt=1, examples=[0.999])
+    every: WholeNumber = Field(default=1, ge=1, examples=[1])
+
+
+class LoRAConfig(StrictModel):
+    """``train.lora:`` — low-rank adapters (``true``: these defaults); ``trainable`` parts train in full."""
+
+    r: WholeNumber = Field(default=8, ge=1, examples=[8])
+    alpha: Number = Field(default=16.0, gt=0, examples=[16])
+    dropout: Number = Field(default=0.0, ge=0, le=0.99, examples=[0.0])
+    target_modules: list[Name] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+                                       examples=["[q_proj, v_proj]"])
+    trainable: list[Literal["embed", "norm"]] = Field(default_factory=lambda: ["embed", "norm"],
+                                                      examples=["[embed, norm] (LongLoRA trains both)"])
+
+    @field_validator("target_modules", mode="before")
     @classmethod
-    def parse(cls, raw, key: str = "data", base: DataConfig | None = None) -> DataConfig:
-        raw = _mapping(raw, key)
-        if base is None and "seq_len" not in raw:
-            _fail(f"{key}.seq_len", "missing", "add e.g. `seq_len: 4096` under data (tokens per training sequence)")
-        out = copy.deepcopy(base) if base is not None else cls(seq_len=0)
-        spec = {k: copy.deepcopy(v) for k, v in raw.items() if k not in DATA_TRAINER_KEYS}
-        out.spec = deep_merge(out.spec, spec) if base is not None else spec
-        if "seq_len" in raw:
-            out.seq_len = _int(raw["seq_len"], f"{key}.seq_len", minimum=2, example=4096)
-        if "num_workers" in raw:
-            out.num_workers = _int(raw["num_workers"], f"{key}.num_workers", minimum=0, example=2)
-        if "shuffle" in raw:
-            out.shuffle = _bool(raw["shuffle"], f"{key}.shuffle")
-        if "cache_dir" in raw:
-            out.cache_dir = None if raw["cache_dir"] is None else _str(raw["cache_dir"], f"{key}.cache_dir", "~/.cache/ropekit")
-        return out
+    def _one_module(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
-
-@dataclass
-class EMAConfig:
-    decay: float = 0.999
-    every: int = 1
-
+    @field_validator("trainable", mode="before")
     @classmethod
-    def parse(cls, raw, key: str = "train.ema") -> EMAConfig | None:
-        if raw is None or raw is False:
-            return None
-        if raw is True:
-            raw = {}
-        raw = _mapping(raw, key)
-        _unknown(key, raw, ["decay", "every"])
-        out = cls()
-        if "decay" in raw:
-            out.decay = _float(raw["decay"], f"{key}.decay", minimum=0.0, maximum=1.0, example="0.999")
-            if out.decay == 1.0:
-                _fail(f"{key}.decay", "1.0 would never move the average", "write a decay below 1, e.g. 0.999")
-        if "every" in raw:
-            out.every = _int(raw["every"], f"{key}.every", minimum=1, example=1)
-        return out
+    def _none_or_one(cls, value: Any) -> Any:
+        if value is None or value is False:
+            return []
+        return [value] if isinstance(value, str) else value
 
 
-@dataclass
-class LoRAConfig:
-    r: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    trainable: list[str] = field(default_factory=lambda: ["embed", "norm"])
-
-    @classmethod
-    def parse(cls, raw, key: str = "train.lora") -> LoRAConfig | None:
-        if raw is None or raw is False:
-            return None
-        if raw is True:
-            raw = {}
-        raw = _mapping(raw, key)
-        _unknown(key, raw, [f.name for f in dataclasses.fields(cls)])
-        out = cls()
-        if "r" in raw:
-            out.r = _int(raw["r"], f"{key}.r", minimum=1, example=8)
-        if "alpha" in raw:
-            out.alpha = _float(raw["alpha"], f"{key}.alpha", minimum=0.0, exclusive=True, example="16")
-        if "dropout" in raw:
-            out.dropout = _float(raw["dropout"], f"{key}.dropout", minimum=0.0, maximum=0.99, example="0.0")
-        if "target_modules" in raw:
-            out.target_modules = _str_list(raw["target_modules"], f"{key}.target_modules", "[q_proj, v_proj]")
-        if "trainable" in raw:
-            extras = [] if raw["trainable"] in (None, [], False) else _str_list(raw["trainable"], f"{key}.trainable", "[embed, norm]")
-            for extra in extras:
-                if extra not in LORA_EXTRAS:
-                    _fail(f"{key}.trainable", f"unknown entry '{extra}'", f"use any of {', '.join(LORA_EXTRAS)} (LongLoRA trains both)")
-            out.trainable = extras
-        return out
-
-
-@dataclass
-class GuardConfig:
+class GuardConfig(StrictModel):
     """Loss-spike / NaN guard: a step whose loss or gradient norm is not finite (``skip_nonfinite``), or
     whose loss exceeds ``spike_factor`` × the mean of the last ``spike_window`` applied steps, is skipped
     (no weight update, data consumed); training aborts once more than ``max_skipped`` steps were skipped."""
 
     skip_nonfinite: bool = True
-    spike_factor: float | None = None
-    spike_window: int = 32
-    max_skipped: int = 10
-
-    @classmethod
-    def parse(cls, raw, key: str = "train.guard") -> GuardConfig:
-        raw = _mapping(raw, key)
-        _unknown(key, raw, [f.name for f in dataclasses.fields(cls)])
-        out = cls()
-        if "skip_nonfinite" in raw:
-            out.skip_nonfinite = _bool(raw["skip_nonfinite"], f"{key}.skip_nonfinite")
-        if raw.get("spike_factor") is not None:
-            out.spike_factor = _float(raw["spike_factor"], f"{key}.spike_factor", minimum=1.0, exclusive=True, example="3.0")
-        if "spike_window" in raw:
-            out.spike_window = _int(raw["spike_window"], f"{key}.spike_window", minimum=1, example=32)
-        if "max_skipped" in raw:
-            out.max_skipped = _int(raw["max_skipped"], f"{key}.max_skipped", minimum=0, example=10)
-        return out
+    spike_factor: Number | None = Field(default=None, gt=1, examples=["3.0"])
+    spike_window: WholeNumber = Field(default=32, ge=1, examples=[32])
+    max_skipped: WholeNumber = Field(default=10, ge=0, examples=[10])
 
 
-@dataclass
-class TrainSection:
-    max_steps: int | None = None
-    lr: float = 2e-5
-    optimizer: str = "adamw"
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    schedule: str = "constant"
-    min_lr_ratio: float = 0.0
-    micro_batch_size: int = 1
-    grad_accum: int = 1
-    max_grad_norm: float | None = 1.0
-    precision: str = "fp32"
-    seed: int = 0
-    threads: int | None = None
+#: An Adam beta.
+_Beta = Annotated[Number, Field(ge=0, le=0.999999)]
+
+
+class TrainSection(StrictModel):
+    """``train:`` — the optimizer, the schedule and the loop."""
+
+    max_steps: WholeNumber | None = Field(default=None, ge=1, examples=[1000])
+    lr: Number = Field(default=2e-5, gt=0, examples=["2.0e-5"])
+    optimizer: Literal["adamw"] = "adamw"
+    betas: tuple[_Beta, _Beta] = Field(default=(0.9, 0.95), examples=["[0.9, 0.95]"])
+    eps: Number = Field(default=1e-8, gt=0, examples=["1.0e-8"])
+    weight_decay: Number = Field(default=0.0, ge=0, examples=["0.1"])
+    warmup_steps: WholeNumber = Field(default=0, ge=0, examples=[20])
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    min_lr_ratio: Number = Field(default=0.0, ge=0, le=1, examples=["0.1"])
+    micro_batch_size: WholeNumber = Field(default=1, ge=1, examples=[1])
+    grad_accum: WholeNumber = Field(default=1, ge=1, examples=[8])
+    max_grad_norm: Number | None = Field(default=1.0, gt=0, examples=["1.0"])
+    precision: Literal["fp32", "bf16"] = "fp32"
+    seed: WholeNumber = Field(default=0, ge=0, examples=[0])
+    threads: WholeNumber | None = Field(default=None, ge=1, examples=[2])
     deterministic: bool = True
     ema: EMAConfig | None = None
     lora: LoRAConfig | None = None
-    guard: GuardConfig = field(default_factory=GuardConfig)
+    guard: GuardConfig = Field(default_factory=GuardConfig)
 
+    @field_validator("betas", mode="before")
     @classmethod
-    def parse(cls, raw) -> TrainSection:
-        key = "train"
-        raw = _mapping(raw, key)
-        _unknown(key, raw, [f.name for f in dataclasses.fields(cls)])
-        out = cls()
-        if raw.get("max_steps") is not None:
-            out.max_steps = _int(raw["max_steps"], "train.max_steps", minimum=1, example=1000)
-        if "lr" in raw:
-            out.lr = _float(raw["lr"], "train.lr", minimum=0.0, exclusive=True, example="2.0e-5")
-        if "optimizer" in raw:
-            out.optimizer = _choice(raw["optimizer"], "train.optimizer", ("adamw",))
-        if "betas" in raw:
-            b = raw["betas"]
-            if not isinstance(b, (list, tuple)) or len(b) != 2:
-                _fail("train.betas", f"must be two numbers, got {b!r}", "write betas: [0.9, 0.95]")
-            out.betas = (
-                _float(b[0], "train.betas[0]", minimum=0.0, maximum=0.999999, example="0.9"),
-                _float(b[1], "train.betas[1]", minimum=0.0, maximum=0.999999, example="0.95"),
-            )
-        if "eps" in raw:
-            out.eps = _float(raw["eps"], "train.eps", minimum=0.0, exclusive=True, example="1.0e-8")
-        if "weight_decay" in raw:
-            out.weight_decay = _float(raw["weight_decay"], "train.weight_decay", minimum=0.0, example="0.1")
-        if "warmup_steps" in raw:
-            out.warmup_steps = _int(raw["warmup_steps"], "train.warmup_steps", minimum=0, example=20)
-        if "schedule" in raw:
-            out.schedule = _choice(raw["schedule"], "train.schedule", SCHEDULES)
-        if "min_lr_ratio" in raw:
-            out.min_lr_ratio = _float(raw["min_lr_ratio"], "train.min_lr_ratio", minimum=0.0, maximum=1.0, example="0.1")
-        if "micro_batch_size" in raw:
-            out.micro_batch_size = _int(raw["micro_batch_size"], "train.micro_batch_size", minimum=1, example=1)
-        if "grad_accum" in raw:
-            out.grad_accum = _int(raw["grad_accum"], "train.grad_accum", minimum=1, example=8)
-        if "max_grad_norm" in raw:
-            value = raw["max_grad_norm"]
-            out.max_grad_norm = None if value in (None, 0, 0.0) else _float(value, "train.max_grad_norm", minimum=0.0, exclusive=True, example="1.0")
-        if "precision" in raw:
-            out.precision = _choice(raw["precision"], "train.precision", PRECISIONS)
-        if "seed" in raw:
-            out.seed = _int(raw["seed"], "train.seed", minimum=0, example=0)
-        if raw.get("threads") is not None:
-            out.threads = _int(raw["threads"], "train.threads", minimum=1, example=2)
-        if "deterministic" in raw:
-            out.deterministic = _bool(raw["deterministic"], "train.deterministic")
-        out.ema = EMAConfig.parse(raw.get("ema"))
-        out.lora = LoRAConfig.parse(raw.get("lora"))
-        out.guard = GuardConfig.parse(raw.get("guard"))
-        return out
+    def _two_numbers(cls, value: Any) -> Any:
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise ConfigProblem(f"must be two numbers, got {value!r}", "write betas: [0.9, 0.95]")
+        return tuple(value)
+
+    @field_validator("max_grad_norm", mode="before")
+    @classmethod
+    def _zero_is_no_clipping(cls, value: Any) -> Any:
+        return None if value in (None, False, 0) else value
+
+    @field_validator("ema", "lora", mode="before")
+    @classmethod
+    def _optional_section(cls, value: Any) -> Any:
+        return _on_off(value)
+
+    @field_validator("guard", mode="before")
+    @classmethod
+    def _guard_defaults(cls, value: Any) -> Any:
+        return {} if value is None else value
 
 
-@dataclass
-class OutputConfig:
-    dir: str | None = None
-    save_every: int = 0
-    keep_last: int | None = 2
-    log_every: int = 10
+class WandbConfig(StrictModel):
+    """``output.wandb:`` — ``true``, or the run's project (default ``ropekit``), name and entity."""
+
+    project: Name | None = Field(default=None, examples=["ropekit"])
+    name: Name | None = Field(default=None, examples=["my-run"])
+    entity: Name | None = Field(default=None, examples=["my-team"])
+
+
+class OutputConfig(StrictModel):
+    """``output:`` — the run directory, checkpoints and logs."""
+
+    dir: Name | None = Field(default=None, examples=["runs/my-run"])
+    save_every: WholeNumber = Field(default=0, ge=0, examples=[100])
+    keep_last: WholeNumber | None = Field(default=2, ge=1, examples=[2])
+    log_every: WholeNumber = Field(default=10, ge=1, examples=[10])
     save_final: bool = True
     tensorboard: bool = False
-    wandb: dict[str, Any] | None = None
+    wandb: WandbConfig | None = None
 
+    @field_validator("wandb", mode="before")
     @classmethod
-    def parse(cls, raw) -> OutputConfig:
-        key = "output"
-        raw = _mapping(raw, key)
-        _unknown(key, raw, [f.name for f in dataclasses.fields(cls)])
-        out = cls()
-        if raw.get("dir") is not None:
-            out.dir = _str(raw["dir"], "output.dir", "runs/my-run")
-        if "save_every" in raw:
-            out.save_every = _int(raw["save_every"], "output.save_every", minimum=0, example=100)
-        if "keep_last" in raw:
-            out.keep_last = None if raw["keep_last"] is None else _int(raw["keep_last"], "output.keep_last", minimum=1, example=2)
-        if "log_every" in raw:
-            out.log_every = _int(raw["log_every"], "output.log_every", minimum=1, example=10)
-        if "save_final" in raw:
-            out.save_final = _bool(raw["save_final"], "output.save_final")
-        if "tensorboard" in raw:
-            out.tensorboard = _bool(raw["tensorboard"], "output.tensorboard")
-            if out.tensorboard:
-                _require_package("tensorboard", "output.tensorboard")
-        if raw.get("wandb") not in (None, False):
-            value = raw["wandb"]
-            value = {} if value is True else _mapping(value, "output.wandb")
-            _unknown("output.wandb", value, ["project", "name", "entity"])
-            out.wandb = {k: _str(v, f"output.wandb.{k}", "ropekit") for k, v in value.items()}
-            _require_package("wandb", "output.wandb")
-        return out
+    def _optional_section(cls, value: Any) -> Any:
+        return _on_off(value)
+
+    @field_serializer("wandb")
+    def _keys_given(self, wandb: WandbConfig | None) -> dict[str, str] | None:
+        return None if wandb is None else wandb.model_dump(exclude_none=True)
+
+    @model_validator(mode="after")
+    def _trackers_installed(self) -> OutputConfig:
+        for name, wanted in (("tensorboard", self.tensorboard), ("wandb", self.wandb is not None)):
+            if wanted and importlib.util.find_spec(name) is None:
+                raise ConfigProblem(f"needs the '{name}' package, which is not installed",
+                                    f"run `pip install {name}` or set {name}: false", key=name)
+        return self
 
 
-def _require_package(name: str, key: str) -> None:
-    import importlib.util
+class _Stage(StrictModel):
+    """One item of ``stages:`` as written: what the stage overrides (merged by :func:`_resolve_stage`)."""
 
-    if importlib.util.find_spec(name) is None:
-        _fail(key, f"needs the '{name}' package, which is not installed", f"run `pip install {name}` or set {key.split('.')[-1]}: false")
+    name: Name | None = Field(default=None, examples=["stage1"])
+    steps: WholeNumber = Field(ge=1, examples=[1000])
+    seq_len: WholeNumber | None = Field(default=None, ge=2, examples=[4096])
+    method: dict[str, Any] | None = Field(default=None, examples=["{params: {rope_theta: 2.0e+5}}"])
+    data: dict[str, Any] | None = Field(default=None, examples=["{sources: [{path: builtin}]}"])
+    lr: Number | None = Field(default=None, gt=0, examples=["2.0e-5"])
+    micro_batch_size: WholeNumber | None = Field(default=None, ge=1, examples=[1])
+    grad_accum: WholeNumber | None = Field(default=None, ge=1, examples=[8])
+    reset_optimizer: bool = False
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _shorthand(cls, raw: Any) -> Any:
+        return {"name": raw} if isinstance(raw, str) else raw
+
+    @model_validator(mode="after")
+    def _seq_len_once(self) -> _Stage:
+        if self.seq_len is not None and "seq_len" in (self.data or {}):
+            raise ConfigProblem("given twice (also under data)", "keep one of them", key="seq_len")
+        return self
 
 
-@dataclass
-class StageConfig:
+class _TrainFile(StrictModel):
+    """A training config as written: the sections, and the checks that span them."""
+
+    model: ModelConfig = Field(examples=["tiny"])
+    method: MethodConfig = Field(default_factory=MethodConfig)
+    data: DataConfig = Field(examples=["{seq_len: 4096}"])
+    train: TrainSection = Field(default_factory=TrainSection)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    stages: list[_Stage] | None = Field(default=None, min_length=1, examples=["[{steps: 100, seq_len: 4096}]"])
+
+    @field_validator("method", "train", "output", mode="before")
+    @classmethod
+    def _empty_section(cls, raw: Any) -> Any:
+        return {} if raw is None else raw
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _spec_apart(cls, raw: Any) -> Any:
+        return _data_section(raw)
+
+    @field_validator("stages")
+    @classmethod
+    def _named_once(cls, stages: list[_Stage] | None) -> list[_Stage] | None:
+        names: set[str] = set()
+        for i, stage in enumerate(stages or []):
+            stage.name = stage.name or f"stage{i + 1}"
+            if stage.name in names:
+                raise ConfigProblem(f"'{stage.name}' is used by an earlier stage", "give every stage its own name",
+                                    key=f"[{i}].name")
+            names.add(stage.name)
+        return stages
+
+    @model_validator(mode="after")
+    def _steps_agree(self) -> _TrainFile:
+        train = self.train
+        if self.stages is None:
+            if train.max_steps is None:
+                raise ConfigProblem("missing", "add e.g. `max_steps: 1000` under train (or a stages: list)",
+                                    key="train.max_steps")
+            steps = [train.max_steps]
+        else:
+            steps = [stage.steps for stage in self.stages]
+            if train.max_steps is not None and train.max_steps != sum(steps):
+                raise ConfigProblem(f"is {train.max_steps} but the stages add up to {sum(steps)} steps",
+                                    "drop train.max_steps (the stages define it) or make them agree", key="train.max_steps")
+        if train.warmup_steps >= min(steps) and train.schedule != "constant":
+            raise ConfigProblem(f"{train.warmup_steps} leaves no decay in a {min(steps)}-step stage",
+                                f"write warmup_steps below {min(steps)}", key="train.warmup_steps")
+        return self
+
+
+# ---- the resolved config -----------------------------------------------------------------------------
+class StageConfig(BaseModel):
     """One curriculum stage after merging its overrides over the top-level sections."""
 
     name: str
@@ -504,11 +443,7 @@ class StageConfig:
         return self.data.seq_len
 
 
-STAGE_KEYS = ("name", "steps", "seq_len", "method", "data", "lr", "micro_batch_size", "grad_accum", "reset_optimizer")
-
-
-@dataclass
-class TrainConfig:
+class TrainConfig(BaseModel):
     model: ModelConfig
     method: MethodConfig
     data: DataConfig
@@ -530,18 +465,19 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config (what ``config.yaml`` in the run directory holds; YAML/JSON-ready)."""
-        data = dataclasses.asdict(self)
-        data["train"]["betas"] = list(self.train.betas)
-        return _plain(data)
+        return _plain(self.model_dump())
 
     def with_overrides(self, *, out_dir: str | Path | None = None, max_steps: int | None = None) -> TrainConfig:
         """A copy with the CLI overrides applied: ``--out`` sets ``output.dir``; ``--max-steps`` sets
         ``train.max_steps`` (the schedule follows) or, with stages, stops the curriculum after that many steps."""
-        cfg = copy.deepcopy(self)
+        cfg = self.model_copy(deep=True)
         if out_dir is not None:
             cfg.output.dir = str(out_dir)
         if max_steps is not None:
-            max_steps = _int(max_steps, "--max-steps", minimum=1, example=10)
+            if isinstance(max_steps, bool) or not isinstance(max_steps, int):
+                raise ConfigError(f"--max-steps: must be a whole number, got {max_steps!r}", "write e.g. --max-steps 10")
+            if max_steps < 1:
+                raise ConfigError(f"--max-steps: must be ≥ 1, got {max_steps}", "write e.g. --max-steps 10")
             if cfg.curriculum:
                 cfg.stop_at = max_steps
             else:
@@ -574,40 +510,19 @@ def deep_merge(base: dict, override: dict) -> dict:
     return out
 
 
-TOP_KEYS = ("model", "method", "data", "train", "output", "stages")
-
-
 def parse_config(raw: Any, source: str = "config") -> TrainConfig:
     """Validate a config mapping (as read from YAML) into a :class:`TrainConfig`."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source} is not a YAML mapping of sections", "start from `ropekit train --example tiny-full`")
-    _unknown("", raw, TOP_KEYS)
-    model = ModelConfig.parse(raw.get("model"))
-    method = MethodConfig.parse(raw.get("method"))
-    if raw.get("data") is None:
-        _fail("data", "missing", "add a data section with at least `seq_len:` (see `ropekit train --example tiny-full`)")
-    data = DataConfig.parse(raw["data"])
-    train = TrainSection.parse(raw.get("train"))
-    output = OutputConfig.parse(raw.get("output"))
-    stages_raw = raw.get("stages")
-    if stages_raw is None:
-        if train.max_steps is None:
-            _fail("train.max_steps", "missing", "add e.g. `max_steps: 1000` under train (or a stages: list)")
-        stages = [StageConfig(name="main", steps=train.max_steps, method=method, data=data, lr=train.lr,
+    written = _validate(_TrainFile, raw)
+    train = written.train
+    if written.stages is None:
+        stages = [StageConfig(name="main", steps=train.max_steps, method=written.method, data=written.data, lr=train.lr,
                               micro_batch_size=train.micro_batch_size, grad_accum=train.grad_accum)]
-        curriculum = False
     else:
-        stages = _parse_stages(stages_raw, method, data, train)
-        total = sum(s.steps for s in stages)
-        if train.max_steps is not None and train.max_steps != total:
-            _fail("train.max_steps", f"is {train.max_steps} but the stages add up to {total} steps",
-                  "drop train.max_steps (the stages define it) or make them agree")
-        train.max_steps = total
-        curriculum = True
-    if train.warmup_steps >= min(s.steps for s in stages) and train.schedule != "constant":
-        shortest = min(s.steps for s in stages)
-        _fail("train.warmup_steps", f"{train.warmup_steps} leaves no decay in a {shortest}-step stage",
-              f"write warmup_steps below {shortest}")
+        stages = [_resolve_stage(i, stage, raw["data"], written) for i, stage in enumerate(written.stages)]
+        train.max_steps = sum(s.steps for s in stages)
+    curriculum = written.stages is not None
     from .data import validate_spec
 
     for i, stage in enumerate(stages):
@@ -618,40 +533,31 @@ def parse_config(raw: Any, source: str = "config") -> TrainConfig:
         except RopekitError as err:
             where = f"stages[{i}] ({stage.name}): " if curriculum else ""
             raise ConfigError(f"{where}{err.problem}", err.fix) from None
-    return TrainConfig(model=model, method=method, data=data, train=train, output=output, stages=stages, curriculum=curriculum)
+    return TrainConfig(model=written.model, method=written.method, data=written.data, train=train,
+                       output=written.output, stages=stages, curriculum=curriculum)
 
 
-def _parse_stages(raw, method: MethodConfig, data: DataConfig, train: TrainSection) -> list[StageConfig]:
-    if not isinstance(raw, list) or not raw:
-        _fail("stages", f"must be a non-empty list of stages, got {raw!r}", "write `stages:` followed by `- {steps: 100, seq_len: 4096}` items")
-    stages, names = [], set()
-    for i, item in enumerate(raw):
-        key = f"stages[{i}]"
-        item = _mapping(item, key)
-        _unknown(key, item, STAGE_KEYS)
-        if "steps" not in item:
-            _fail(f"{key}.steps", "missing", "give every stage its number of optimizer steps, e.g. steps: 1000")
-        name = _str(item["name"], f"{key}.name", f"stage{i + 1}") if "name" in item else f"stage{i + 1}"
-        if name in names:
-            _fail(f"{key}.name", f"'{name}' is used by an earlier stage", "give every stage its own name")
-        names.add(name)
-        stage_data_raw = dict(_mapping(item.get("data"), f"{key}.data"))
-        if "seq_len" in item:
-            if "seq_len" in stage_data_raw:
-                _fail(f"{key}.seq_len", "given twice (also under data)", "keep one of them")
-            stage_data_raw["seq_len"] = item["seq_len"]
-        stages.append(StageConfig(
-            name=name,
-            steps=_int(item["steps"], f"{key}.steps", minimum=1, example=1000),
-            method=MethodConfig.parse(item.get("method"), f"{key}.method", inherit=method),
-            data=DataConfig.parse(stage_data_raw, f"{key}.data", base=data),
-            lr=_float(item["lr"], f"{key}.lr", minimum=0.0, exclusive=True, example="2.0e-5") if "lr" in item else train.lr,
-            micro_batch_size=(_int(item["micro_batch_size"], f"{key}.micro_batch_size", minimum=1, example=1)
-                              if "micro_batch_size" in item else train.micro_batch_size),
-            grad_accum=_int(item["grad_accum"], f"{key}.grad_accum", minimum=1, example=8) if "grad_accum" in item else train.grad_accum,
-            reset_optimizer=_bool(item["reset_optimizer"], f"{key}.reset_optimizer") if "reset_optimizer" in item else False,
-        ))
-    return stages
+def _resolve_stage(i: int, stage: _Stage, data: dict, top: _TrainFile) -> StageConfig:
+    """Stage ``i`` with its overrides merged over the top-level sections (``data`` as written there): data
+    merges key by key; a method without a name adds its params to the top-level method's."""
+    key = f"stages[{i}]"
+    data = deep_merge(data, stage.data or {})
+    if stage.seq_len is not None:
+        data["seq_len"] = stage.seq_len
+    if stage.method is None:
+        method = top.method.model_copy(deep=True)
+    else:
+        written = stage.method
+        if written.get("name") is None and isinstance(written.get("params") or {}, dict):
+            written = {**written, "name": top.method.name, "params": {**top.method.params, **(written.get("params") or {})}}
+        method = _validate(MethodConfig, written, prefix=f"{key}.method")
+    return StageConfig(
+        name=stage.name, steps=stage.steps, method=method, data=_validate(DataConfig, _data_section(data), f"{key}.data"),
+        lr=top.train.lr if stage.lr is None else stage.lr,
+        micro_batch_size=top.train.micro_batch_size if stage.micro_batch_size is None else stage.micro_batch_size,
+        grad_accum=top.train.grad_accum if stage.grad_accum is None else stage.grad_accum,
+        reset_optimizer=stage.reset_optimizer,
+    )
 
 
 def load_config(path: str | Path) -> TrainConfig:

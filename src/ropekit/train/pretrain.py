@@ -18,14 +18,23 @@ from typing import Any
 
 import torch
 
+from .. import runtime
 from ..data.local_text import ByteTokenizer, corpus_digest, stdlib_documents
 from ..models.tiny import TINY_WINDOW, build_tiny_model
-from .. import runtime
-from ..runtime import cache_root, default_threads, deterministic, quiet_transformers, save_model_atomically, settings_key
+from ..runtime import (
+    cache_root,
+    default_threads,
+    deterministic,
+    quiet_transformers,
+    save_model_atomically,
+    settings_key,
+)
 
 #: Bump when training changes in a way the settings below do not capture (invalidates old caches).
 CACHE_FORMAT = 1
-#: File in a cached model directory that records how it was trained.
+#: File in a cached model directory that records how it was trained. The name (like ``model.ropekit_demo``)
+#: dates from when the demo was a library; it stays, because the cache key does not cover it: a new name would
+#: make every cached tiny model unreadable and silently retrain it, and the demo and its tests read the attribute.
 META_FILE = "ropekit_demo.json"
 
 #: The tiny model: a 3-layer byte-level Llama (≈0.56M parameters; head size 32). Three layers so that

@@ -427,8 +427,8 @@ class Trainer:
 
             # one W&B run per run directory, so that --resume continues it
             run_id = hashlib.sha1(str(self.out.resolve()).encode()).hexdigest()[:16]
-            run = wandb.init(project=out.wandb.get("project", "ropekit"), name=out.wandb.get("name"),
-                             entity=out.wandb.get("entity"), dir=str(self.out), config=json_safe(self.cfg.to_dict()),
+            run = wandb.init(project=out.wandb.project or "ropekit", name=out.wandb.name,
+                             entity=out.wandb.entity, dir=str(self.out), config=json_safe(self.cfg.to_dict()),
                              id=run_id, resume="allow")
 
             def wb(row):
