@@ -12,15 +12,16 @@ from __future__ import annotations
 import copy
 import re
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
 from ..errors import RopekitError
-from ..methods import get_method
 from ..install import extend, rope_info
+from ..methods import get_method
 from .records import RecordWriter
 
 #: Fields every record carries; with a task's own KEY_FIELDS they identify a sample for ``--resume``.
@@ -147,7 +148,10 @@ class EvalContext:
     params: dict[str, Any]
     seed: int = 0
     writer: RecordWriter = field(default_factory=lambda: RecordWriter(None, resume=False, key_fields=COMMON_KEY_FIELDS))
-    progress: "ProgressSink | None" = None
+    progress: ProgressSink | None = None
+    #: Fields added to every record this context writes (not part of a sample's identity), e.g. a study's
+    #: training seed.
+    tags: dict[str, Any] = field(default_factory=dict)
 
     def key(self, length: int, **fields: Any) -> dict[str, Any]:
         """The identity of one sample: common fields plus the task's own (depth, trial, sample id…)."""
@@ -162,7 +166,7 @@ class EvalContext:
 
     def write(self, key: dict[str, Any], **fields: Any) -> dict[str, Any]:
         """Write one finished sample (``score`` in [0, 1] where the task has one) and advance the bar."""
-        record = {**key, **fields}
+        record = {**key, **fields, **self.tags}
         self.writer.write(record)
         self.advance(1)
         return record
@@ -205,7 +209,7 @@ def make_context(
     seed: int = 0,
     out: str | None = None,
     resume: bool = False,
-    progress: "ProgressSink | None" = None,
+    progress: ProgressSink | None = None,
 ) -> EvalContext:
     """Install the method, open the results file (checking resume) and build the context."""
     variant, resolved = prepare_model(model, method, params, lengths)

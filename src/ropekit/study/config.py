@@ -6,6 +6,7 @@ A study config is a YAML mapping (``ropekit study CONFIG.yaml``, or a preset: ``
     name: quick
     model: builtin-base        # the built-in base model (pre-trained on first use), or any model ropekit loads
     seed: 0
+    seeds: [0, 1, 2]           # optional: train (and search) every such variant once per seed; frozen ones once
     target_length: 1024        # the length every method extends to (factors are set for it)
     recipe:                    # the ONE training recipe of every fine-tuned variant: a [train] config
       data: {seq_len: 1024, sources: [{path: builtin}]}     #   without model/method/output
@@ -13,6 +14,7 @@ A study config is a YAML mapping (``ropekit study CONFIG.yaml``, or a preset: ``
     variants:                  # evaluated in this order; label is what the report shows
       - {label: base}
       - {label: ntk, method: ntk, params: {factor: 4}}                      # frozen: evaluated as installed
+      - {label: base-ft, finetune: true}                                    # the control: plain RoPE, same recipe
       - {label: yarn-ft, method: yarn, params: {factor: 4}, finetune: true} # trained with the recipe
       - label: pose-yarn                                                    # recipe + overrides
         method: yarn
@@ -26,6 +28,8 @@ A study config is a YAML mapping (``ropekit study CONFIG.yaml``, or a preset: ``
     evals:                     # task → options of that task's run() (see `ropekit eval --help`)
       ppl: {lengths: [256, 512, 1024, 2048], samples: 4, score_mode: truncate}
       passkey: {lengths: [256, 1024, 2048], depths: [0.1, 0.5, 0.9], trials: 2}
+      ppl-same-targets:        # a second entry of one task: `task:` names it; records carry the entry's name
+        {task: ppl, lengths: [256, 512, 1024, 2048], samples: 4, score_mode: same_targets}
 
 The file is checked by pydantic models (:class:`~ropekit.core.schema.StrictModel`, one per section, the
 recipe by :mod:`ropekit.train.config`); every problem is one line naming the key and the fix
@@ -145,6 +149,21 @@ class StudyConfig:
     attn: str = "auto"
     #: What each piece kind asks Ray for (``--backend ray``): ``{kind: {"cpus": n, "gpus": n}}``.
     resources: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Training seeds: every fine-tuned (and searched) variant is trained once per seed; None means ``[seed]``.
+    seeds: list[int] | None = None
+
+    @property
+    def training_seeds(self) -> list[int]:
+        """The seeds each fine-tuned or searched variant is produced with (``seeds``, else just ``seed``)."""
+        return list(self.seeds) if self.seeds else [self.seed]
+
+    def eval_task(self, name: str) -> str:
+        """The evaluation task an ``evals:`` entry runs: its ``task:`` key, else its name."""
+        return str(self.evals[name].get("task", name))
+
+    def eval_options(self, name: str) -> dict[str, Any]:
+        """The options an ``evals:`` entry passes to its task's ``run()`` (everything but ``task:``)."""
+        return {k: copy.deepcopy(v) for k, v in self.evals[name].items() if k != "task"}
 
     def as_dict(self, placement: bool = False) -> dict[str, Any]:
         """The study's identity (what the results database records; a directory refuses another one). With
@@ -152,6 +171,8 @@ class StudyConfig:
         out = {"name": self.name, "model": self.model, "seed": self.seed, "target_length": self.target_length,
                "window": self.window, "recipe": copy.deepcopy(self.recipe), "description": self.description,
                "variants": [v.as_dict() for v in self.variants], "evals": copy.deepcopy(self.evals)}
+        if self.seeds is not None:  # only when given: the recorded configuration of older studies stays the same
+            out["seeds"] = list(self.seeds)
         if placement:
             out.update(device=self.device, dtype=self.dtype, attn=self.attn, resources=copy.deepcopy(self.resources))
         return out
@@ -269,6 +290,7 @@ class _Study(StrictModel):
     name: Name = Field(examples=["my-study"])
     model: Name = Field(examples=[BUILTIN_BASE])
     seed: int = Field(default=0, ge=0, examples=[0])
+    seeds: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, examples=["[0, 1, 2]"])
     target_length: TokenCount = Field(examples=[1024])
     window: TokenCount | None = None
     recipe: dict[str, Any] = Field(default_factory=dict)
@@ -301,6 +323,16 @@ class _Study(StrictModel):
                 raise _problem("is set by the study itself", fix, key=f"{section}.{key}")
         return recipe
 
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list[int] | None) -> list[int] | None:
+        if seeds is not None:
+            if not seeds:
+                raise _problem("is empty", "write e.g. `seeds: [0, 1, 2]`, or drop it for one seed")
+            if len(set(seeds)) != len(seeds):
+                raise _problem(f"repeat a seed: {seeds}", "list every seed once, e.g. `seeds: [0, 1, 2]`")
+        return seeds
+
     @field_validator("variants", mode="before")
     @classmethod
     def _some_variants(cls, raw: Any) -> Any:
@@ -331,32 +363,39 @@ class _Study(StrictModel):
         """Every task is one ``ropekit eval`` runs, with ``lengths`` and only options of its ``run()``."""
         from ..eval import TASKS, get_task
 
-        for task, options in evals.items():
+        for name, options in evals.items():
+            if not isinstance(options, dict):
+                raise _problem(f"must be a mapping of options, got {options!r}", "write e.g. `ppl: {lengths: [256, 512]}`",
+                               key=name)
+            task = options.get("task", name)
+            if "task" in options and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_+-]*", str(name)):
+                raise _problem("must be a short name of letters, digits and _ + -", "write e.g. `ppl-same-targets:`", key=name)
             if task not in TASKS:
                 close = difflib.get_close_matches(str(task), list(TASKS), n=1)
                 hint = f"did you mean '{close[0]}'? " if close else ""
-                raise _problem("is not an evaluation task", f"{hint}choose from {', '.join(TASKS)}", key=task)
+                where = f"{name}.task" if "task" in options else name
+                raise _problem("is not an evaluation task", f"{hint}choose from {', '.join(TASKS)}", key=where)
             if task == "speed":
-                raise _problem("is not run by studies yet", "measure speed with `ropekit eval speed --methods …`", key=task)
+                raise _problem("is not run by studies yet", "measure speed with `ropekit eval speed --methods …`", key=name)
             if "lengths" not in options:
-                raise _problem("is missing", "add e.g. `lengths: [256, 512, 1024]`", key=f"{task}.lengths")
+                raise _problem("is missing", "add e.g. `lengths: [256, 512, 1024]`", key=f"{name}.lengths")
             lengths = options["lengths"]
             if not isinstance(lengths, list) or not lengths:
                 raise _problem(f"must be a list of token counts, got {lengths!r}", "write e.g. `lengths: [256, 512]`",
-                               key=f"{task}.lengths")
+                               key=f"{name}.lengths")
             for j, length in enumerate(lengths):
                 if not _is_token_count(length):
                     raise _problem(f"must be a positive whole number, got {length!r}", "write a number of tokens, e.g. 1024",
-                                   key=f"{task}.lengths[{j}]")
+                                   key=f"{name}.lengths[{j}]")
             for decided in ("plot", "out", "resume"):
                 if decided in options:
                     raise _problem("is decided by the study", "drop it (figures come from `ropekit report`)",
-                                   key=f"{task}.{decided}")
-            accepted = set(inspect.signature(get_task(task).run).parameters) - {"ctx"}
+                                   key=f"{name}.{decided}")
+            accepted = (set(inspect.signature(get_task(task).run).parameters) - {"ctx"}) | {"task"}
             for option in options:
                 if option not in accepted:
-                    raise _problem("is not an option of this task", f"options: {', '.join(sorted(accepted - {'plot'}))}",
-                                   key=f"{task}.{option}")
+                    raise _problem("is not an option of this task", f"options: {', '.join(sorted(accepted - {'plot', 'task'}))}",
+                                   key=f"{name}.{option}")
         return evals
 
     @field_validator("device")
@@ -393,14 +432,16 @@ def parse_study(raw: Any, source: str = "study config") -> StudyConfig:
                          variants=[v.parsed() for v in written.variants], evals=copy.deepcopy(written.evals),
                          recipe=copy.deepcopy(written.recipe), seed=written.seed, window=written.window,
                          description=written.description, device=written.device, dtype=written.dtype,
-                         attn=written.attn, resources=written.resources.parsed())
+                         attn=written.attn, resources=written.resources.parsed(),
+                         seeds=list(written.seeds) if written.seeds is not None else None)
     if config.recipe:
         _check_recipe(config)
     return config
 
 
-def train_config_for(config: StudyConfig, variant: Variant, model_path: str, out_dir: str | Path):
-    """The [train] config of ``variant``: the recipe, the variant's overrides, its method and output."""
+def train_config_for(config: StudyConfig, variant: Variant, model_path: str, out_dir: str | Path, seed: int | None = None):
+    """The [train] config of ``variant``: the recipe, the variant's overrides, its method and output; ``seed`` (one
+    of the study's ``seeds``) replaces the training seed, which otherwise is the recipe's or the study's."""
     from ..train.config import deep_merge, parse_config
 
     raw = deep_merge(copy.deepcopy(config.recipe), copy.deepcopy(variant.finetune or {}))
@@ -410,6 +451,8 @@ def train_config_for(config: StudyConfig, variant: Variant, model_path: str, out
         del raw["method"]
     train = dict(raw.get("train") or {})
     train.setdefault("seed", config.seed)
+    if seed is not None:
+        train["seed"] = seed
     raw["train"] = train
     raw["output"] = {"save_every": 20, "keep_last": 1, **raw.get("output", {}), "dir": str(out_dir), "log_every": 1}
     return parse_config(raw, f"study recipe for '{variant.label}'")

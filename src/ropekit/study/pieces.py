@@ -37,29 +37,44 @@ class PlannedPiece:
     task: str | None = None
     needs: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)
+    #: The training seed of a fine-tuned or searched variant's piece when the study has several (else None).
+    seed: int | None = None
+
+
+def seed_suffix(config: StudyConfig, seed: int | None) -> str:
+    """``@seedN`` on the pieces (and run directories) of one seed when the study trains several, else ``""``."""
+    return f"@seed{seed}" if seed is not None and len(config.training_seeds) > 1 else ""
 
 
 def plan(config: StudyConfig) -> list[PlannedPiece]:
     """Every piece of the study in the order one worker runs them: the base model, then variant by variant
-    its training and its evaluations (so results of the first methods appear early)."""
+    its training and its evaluations (so results of the first methods appear early). With several ``seeds``
+    a fine-tuned or searched variant is produced and evaluated once per seed (``train:LABEL@seed1``, …);
+    frozen variants do not depend on a training seed and are evaluated once."""
     pieces: list[PlannedPiece] = []
     base_needs: tuple[str, ...] = ()
     if config.model == BUILTIN_BASE:
         pieces.append(PlannedPiece(PRETRAIN, "pretrain", "base", params={"seed": config.seed}))
         base_needs = (PRETRAIN,)
+    several = len(config.training_seeds) > 1
     for v in config.variants:
-        needs = base_needs
-        if v.trained:
-            pieces.append(PlannedPiece(f"train:{v.label}", "train", v.label, needs=base_needs,
-                                       params={"method": v.method, **v.params}))
-            needs = (f"train:{v.label}",)
-        elif v.search is not None:
-            pieces.append(PlannedPiece(f"search:{v.label}", "search", v.label, needs=base_needs,
-                                       params={"method": v.method, "search": dict(v.search)}))
-            needs = (f"search:{v.label}",)
-        for task in config.evals:
-            pieces.append(PlannedPiece(f"eval:{task}:{v.label}", "eval", v.label, task=task, needs=needs,
-                                       params={"method": v.method, **v.params}))
+        produced = v.trained or v.search is not None
+        for seed in (config.training_seeds if produced else [None]):
+            suffix = seed_suffix(config, seed)
+            seed_params = {"seed": seed} if several and seed is not None else {}
+            needs = base_needs
+            if v.trained:
+                pieces.append(PlannedPiece(f"train:{v.label}{suffix}", "train", v.label, needs=base_needs,
+                                           params={"method": v.method, **v.params, **seed_params}, seed=seed))
+                needs = (f"train:{v.label}{suffix}",)
+            elif v.search is not None:
+                pieces.append(PlannedPiece(f"search:{v.label}{suffix}", "search", v.label, needs=base_needs,
+                                           params={"method": v.method, "search": dict(v.search), **seed_params},
+                                           seed=seed))
+                needs = (f"search:{v.label}{suffix}",)
+            for task in config.evals:
+                pieces.append(PlannedPiece(f"eval:{task}:{v.label}{suffix}", "eval", v.label, task=task, needs=needs,
+                                           params={"method": v.method, **v.params, **seed_params}, seed=seed))
     return pieces
 
 
@@ -138,8 +153,8 @@ def _run_pretrain(config: StudyConfig, store: StudyStore, piece: PlannedPiece, r
 def _run_train(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path, report,
                threads: int | None) -> dict[str, Any]:
     variant = config.variant(piece.label)
-    out = study_dir / RUNS_DIR / variant.label
-    cfg = train_config_for(config, variant, base_model_path(config, store), out)
+    out = study_dir / RUNS_DIR / f"{variant.label}{seed_suffix(config, piece.seed)}"
+    cfg = train_config_for(config, variant, base_model_path(config, store), out, seed=piece.seed)
     total = cfg.train.max_steps
     if threads is not None:
         cfg.train.threads = threads
@@ -169,21 +184,25 @@ def _run_search(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path
     variant = config.variant(piece.label)
     base = base_model_path(config, store)
     loaded = load_model(base)
-    settings = SearchSettings(model=base, target_length=config.target_length, seed=config.seed,
+    seed = config.seed if piece.seed is None else piece.seed
+    settings = SearchSettings(model=base, target_length=config.target_length, seed=seed,
                               **{"evaluations": 64, **variant.search})
-    out = study_dir / SEARCH_DIR / variant.label
+    out = study_dir / SEARCH_DIR / f"{variant.label}{seed_suffix(config, piece.seed)}"
     result = run_search(loaded.model, loaded.tokenizer, settings, out, progress=False)
     # one metrics row: the search's objective (perplexity at the target on its documents) and its evaluations
     return {"artifacts": {"model": str(out / "model")},
             "metrics": [{"step": result["evaluations"], "loss": math.log(result["best"]["perplexity"])}]}
 
 
-def _eval_model(config: StudyConfig, store, variant: Variant, lengths: list[int], device: str | None = None):
-    """``(model, tokenizer, method, params)`` of a variant, ready to evaluate, on the study's device (or ``device``)."""
+def _eval_model(config: StudyConfig, store, variant: Variant, lengths: list[int], device: str | None = None,
+                producer: str | None = None):
+    """``(model, tokenizer, method, params)`` of a variant, ready to evaluate, on the study's device (or ``device``);
+    ``producer`` names the piece whose model a fine-tuned or searched variant evaluates (one seed's)."""
+    producer = producer or variant.produced_by
     if variant.produced_by is not None:
-        trained = [a["path"] for a in store.artifacts(variant.produced_by) if a["name"] == "model"]
+        trained = [a["path"] for a in store.artifacts(producer) if a["name"] == "model"]
         if not trained:
-            raise RopekitError(f"'{variant.produced_by}' left no model", "run the study again to redo it")
+            raise RopekitError(f"'{producer}' left no model", "run the study again to redo it")
         model, tokenizer = _load_trained(trained[0], placement(config, device))
         record = getattr(model.config, "ropekit", None) or {}
         return model, tokenizer, record.get("method") or "plain", dict(record.get("params") or {})
@@ -194,14 +213,18 @@ def _eval_model(config: StudyConfig, store, variant: Variant, lengths: list[int]
 
 def _run_eval(config: StudyConfig, store, piece: PlannedPiece, report, device: str | None = None, writer=None) -> dict[str, Any]:
     variant = config.variant(piece.label)
-    options = dict(config.evals[piece.task])
-    module = get_task(piece.task)
-    model, tokenizer, method, params = _eval_model(config, store, variant, options["lengths"], device)
+    options = config.eval_options(piece.task)
+    task = config.eval_task(piece.task)
+    module = get_task(task)
+    producer = piece.needs[0] if variant.produced_by is not None and piece.needs else None
+    model, tokenizer, method, params = _eval_model(config, store, variant, options["lengths"], device, producer)
     model.eval()
     if writer is None:
-        writer = StoreRecordWriter(store, piece.id, key_fields_for(piece.task))
+        writer = StoreRecordWriter(store, piece.id, key_fields_for(task))
+    # records carry the evaluation's name (``ppl-same-targets`` next to ``ppl``) and, with several seeds, the seed
+    tags = {"seed": piece.seed} if seed_suffix(config, piece.seed) else {}
     ctx = EvalContext(task=piece.task, model=model, tokenizer=tokenizer, method=method, params=params,
-                      seed=config.seed, writer=writer, progress=_Sink(report))
+                      seed=config.seed, writer=writer, progress=_Sink(report), tags=tags)
     module.run(ctx, **options)
     return {}
 

@@ -67,7 +67,7 @@ def run_remote_piece(config_dict: dict[str, Any], study_dir: str, piece: Planned
 
     started = time.perf_counter()
     config = parse_study(config_dict)
-    writer = CollectingWriter(done_samples, key_fields_for(piece.task)) if piece.kind == "eval" else None
+    writer = CollectingWriter(done_samples, key_fields_for(config.eval_task(piece.task))) if piece.kind == "eval" else None
     try:
         with quiet_transformers(), torch_threads(threads):
             out = execute_piece(config, ArtifactView(artifacts), piece, Path(study_dir), threads=threads, writer=writer)
@@ -153,7 +153,7 @@ def run_on_ray(config: StudyConfig, study_dir: Path, store: StudyStore, *, addre
                 out = result["out"]
                 store.finish_piece(piece.id, samples=result["samples"], metrics=out.get("metrics", ()),
                                    artifacts=out.get("artifacts"),
-                                   key_fields=key_fields_for(piece.task) if piece.kind == "eval" else None,
+                                   key_fields=key_fields_for(config.eval_task(piece.task)) if piece.kind == "eval" else None,
                                    seconds=result["seconds"])
                 if on_done:
                     on_done(piece.id, "done")

@@ -131,7 +131,7 @@ def initialize(study_dir: str | Path, config: StudyConfig) -> StudyStore:
     study_dir.mkdir(parents=True, exist_ok=True)
     store = open_study(study_dir, create=True)
     window = config.window
-    store.initialize(config.name, config.as_dict(), seeds=[config.seed], model=config.model,
+    store.initialize(config.name, config.as_dict(), seeds=config.training_seeds, model=config.model,
                      target_length=config.target_length, methods=_variant_order(config),
                      **({"window": window} if window else {}))
     for p in plan(config):

@@ -1,0 +1,82 @@
+"""Study configs with several training seeds, the plain-RoPE control and two entries of one task."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from test_runner import SMALL
+
+from ropekit.errors import RopekitError
+from ropekit.study.config import parse_study
+from ropekit.study.pieces import plan
+from ropekit.study.runner import run_study
+from ropekit.study.store import open_study
+
+
+def _seeded(**extra):
+    raw = copy.deepcopy(SMALL)
+    raw["variants"] = [{"label": "base"}, {"label": "base-ft", "finetune": True},
+                       {"label": "pi-ft", "method": "pi", "params": {"factor": 4}, "finetune": True}]
+    raw["evals"] = {"ppl": {"lengths": [64, 128], "samples": 2, "score_mode": "truncate"},
+                    "ppl-same": {"task": "ppl", "lengths": [64, 128], "samples": 2, "score_mode": "same_targets"}}
+    raw["recipe"]["train"]["max_steps"] = 2
+    raw.update(extra)
+    return raw
+
+
+def test_every_seed_trains_and_evaluates_the_fine_tuned_variants_once_and_frozen_ones_once():
+    config = parse_study(_seeded(seeds=[0, 1]))
+    ids = [p.id for p in plan(config)]
+    assert ids == ["eval:ppl:base", "eval:ppl-same:base",
+                   "train:base-ft@seed0", "eval:ppl:base-ft@seed0", "eval:ppl-same:base-ft@seed0",
+                   "train:base-ft@seed1", "eval:ppl:base-ft@seed1", "eval:ppl-same:base-ft@seed1",
+                   "train:pi-ft@seed0", "eval:ppl:pi-ft@seed0", "eval:ppl-same:pi-ft@seed0",
+                   "train:pi-ft@seed1", "eval:ppl:pi-ft@seed1", "eval:ppl-same:pi-ft@seed1"]
+    by_id = {p.id: p for p in plan(config)}
+    assert by_id["eval:ppl:pi-ft@seed1"].needs == ("train:pi-ft@seed1",)
+    assert by_id["eval:ppl:pi-ft@seed1"].label == "pi-ft"
+    assert config.as_dict()["seeds"] == [0, 1]
+    # one seed keeps the ids (and the recorded configuration) of a study without `seeds`
+    single = parse_study(_seeded(seeds=[0]))
+    assert [p.id for p in plan(single)][:3] == ["eval:ppl:base", "eval:ppl-same:base", "train:base-ft"]
+    assert "seeds" not in parse_study(_seeded()).as_dict()
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"seeds": []}, "seeds is empty"),
+    ({"seeds": [0, 0]}, "repeat a seed"),
+    ({"seeds": [-1]}, "seeds[0]"),
+    ({"evals": {"ppl-x": {"task": "pplx", "lengths": [64]}}}, "evals.ppl-x.task is not an evaluation task"),
+    ({"evals": {"ppl-x": {"task": "ppl", "lengths": [64], "depths": [0.5]}}}, "ppl-x.depths"),
+])
+def test_bad_seeds_and_entries_are_one_line(change, words):
+    with pytest.raises(RopekitError) as err:
+        parse_study(_seeded(**change))
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_seeded_study_with_a_control_and_two_perplexity_protocols(tmp_path):
+    config = parse_study(_seeded(seeds=[0, 1]))
+    summary = run_study(config, tmp_path, progress=False)
+    assert not summary.get("failed"), summary
+    store = open_study(tmp_path)
+    pieces = {p["id"]: p for p in store.pieces()}
+    assert all(p["status"] == "done" for p in pieces.values())
+    records = store.samples()
+    ppl = [r for r in records if r["task"] == "ppl" and r["method"] == "pi-ft"]
+    assert sorted({r["seed"] for r in ppl}) == [0, 1]
+    assert {r["score_mode"] for r in ppl} == {"truncate"}
+    same = [r for r in records if r["task"] == "ppl-same"]
+    assert {r["score_mode"] for r in same} == {"same_targets"}
+    assert {r["method"] for r in same} == {"base", "base-ft", "pi-ft"}
+    assert all("seed" not in r for r in records if r["method"] == "base")
+    by_seed = {s: sorted(r["nll_sum"] for r in ppl if r["seed"] == s) for s in (0, 1)}
+    assert by_seed[0] != by_seed[1]  # two trainings, two models
+    # the control trains without a method: its model carries no ropekit record
+    control = [r for r in records if r["method"] == "base-ft"]
+    assert control and {r.get("eval_method", r["method"]) for r in control} == {"plain"}
+    # identical targets at every length in the same-token protocol
+    for method in ("base", "base-ft"):
+        rows = [r for r in same if r["method"] == method and r.get("seed") in (None, 0)]
+        assert {r["tokens_scored"] for r in rows} and len({(r["doc"], r["tokens_scored"]) for r in rows}) == 2
