@@ -118,11 +118,19 @@ def _plan(config: Optional[Path], gpus: int, gpu_memory: float, strategy: str, c
                         + (f", context parallel {plan.context_parallel}" if plan.context_parallel > 1 else ""))
     table.add_column("per GPU")
     table.add_column("GiB", justify="right")
-    for name, value in (("weights", plan.weights), ("gradients", plan.gradients), ("optimizer (AdamW)", plan.optimizer),
-                        ("activations", plan.activations), ("activations, checkpointed", plan.activations_checkpointed),
-                        ("logits", plan.logits)):
+    mode = "checkpointed" if plan.checkpointing else "not checkpointed"
+    rows = [("weights", plan.weights), ("gradients", plan.gradients), ("optimizer (AdamW)", plan.optimizer),
+            ("activations, saved for backward", plan.activations),
+            ("activations, checkpointed", plan.activations_checkpointed)]
+    if plan.checkpointing:
+        rows.append(("one layer recomputed in backward", plan.recompute))
+    rows += [("logits, forward (logits + float32 log-softmax)", plan.logits_forward),
+             ("logits, backward (3 float32 buffers)", plan.logits_backward),
+             (f"forward peak (activations {mode} + logits)", plan.forward),
+             (f"backward peak (activations {mode} + logits' backward)", plan.backward)]
+    for name, value in rows:
         table.add_row(name, gib(value))
-    table.add_row(f"[bold]total[/] ({'with' if plan.checkpointing else 'without'} checkpointing)", f"[bold]{gib(plan.total)}[/]")
+    table.add_row(f"[bold]total[/] = weights + gradients + optimizer + {plan.peak_phase} peak", f"[bold]{gib(plan.total)}[/]")
     verdict = "[green]fits[/]" if plan.fits else "[red]does not fit[/]"
     table.caption = f"{plan.tokens_per_gpu:,} tokens per GPU; {verdict} in {gib(plan.gpu_bytes)} GiB"
     out.print(table)
@@ -151,7 +159,8 @@ def train_cmd(
 
     `ropekit train bench` instead times one PoSE training step at the window against full-length training at
     2×, 4×, 8× the window (--model, --multiples, --max-steps = timed steps). `ropekit train plan CONFIG --gpus N
-    --gpu-memory GiB` prints the bytes per GPU (weights, gradients, optimizer, activations, logits) and whether they fit."""
+    --gpu-memory GiB` prints the bytes per GPU (weights, gradients, optimizer, activations, logits in the forward and backward
+    passes, the peak) and whether they fit."""
     if config is not None and str(config) == "plan":
         _plan(plan_config, gpus, gpu_memory, strategy, context_parallel, json_out)
         return

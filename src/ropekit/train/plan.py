@@ -13,14 +13,33 @@ Per GPU, for the recipe's model shape, sequence length, precision, LoRA and para
   no n×n matrix): float32 weights give (32, 8, 16, 4, 8), bf16/fp16 weights (20, 4, 8, 4, 8) — the two RMSNorms keep
   float32 copies, attention keeps q, k, v (k and v at the kv-head width: no copy per query head), its output and
   log-sum-exp per head, the SwiGLU MLP four i-wide tensors. With gradient checkpointing each layer keeps only its
-  input (h values) and one layer's full set is live during its recomputation. Tokens per GPU are the micro-batch ×
-  the sequence length, divided by the context-parallel degree (one sequence split across GPUs). Outside the layers
-  each token keeps ``b_h·h + b_0`` bytes: the final RMSNorm's float32 copies and the LM head's input (float32
-  weights: b_h = 14, bf16/fp16: 9), and the int64 token ids of the embedding and the labels plus a float32
-  norm scale (b_0 = 20), measured the same way;
-* **logits** — tokens × vocabulary × (4 + bytes of the compute dtype): the float32 log-softmax the cross-entropy
-  keeps for backward, and the logits tensor itself, alive until the loss returns (the largest single tensors at
-  long context).
+  input (h values); one layer's full set (``recompute``) is live again while that layer is recomputed in the
+  backward pass. Tokens per GPU are the micro-batch × the sequence length, divided by the context-parallel degree
+  (one sequence split across GPUs). Outside the layers each token keeps ``b_h·h + b_0`` bytes: the final RMSNorm's
+  float32 copies and the LM head's input (float32 weights: b_h = 14, bf16/fp16: 9), and the int64 token ids of the
+  embedding and the labels plus a float32 norm scale (b_0 = 20), measured the same way;
+* **logits** — the largest single tensors at long context, tokens × vocabulary × bytes, in two phases of the
+  trainer's loss (:meth:`ropekit.train.trainer.Trainer._forward_loss`: ``F.cross_entropy(logits[:, :-1]…
+  .float())``):
+
+  - *forward* (``logits_forward``): the logits in the compute dtype, the float32 input of the log-softmax where it
+    is a copy (bf16/fp16 logits cast up, or float32 logits of a micro-batch above 1 reshaped from the sliced
+    view), and the float32 log-softmax the loss keeps for backward — 8, 10 or 12 bytes per token and vocabulary
+    entry;
+  - *backward* (``logits_backward``): three float32 buffers at once — the saved log-softmax, the gradient the
+    loss hands it and the gradient it hands back to the logits — 12 bytes, whatever the dtype; the logits of the
+    forward are gone by then (nothing saves them).
+
+**Peak.** ``total = weights + gradients + optimizer + max(forward, backward)``: gradients are counted whole for
+the whole step (they are, from the second micro-batch of an accumulation step on), and the transient part is the
+larger of the two phases — ``forward = activations + logits_forward`` at the end of the forward pass, and
+``backward = activations + max(logits_backward, recompute)`` at the start of the backward pass (every saved
+activation still alive; with checkpointing, later, one layer recomputed instead of the logits' buffers), with the
+activations with or without checkpointing as the recipe sets them. Not counted: the backward of a decoder layer's
+own short-lived gradient buffers and a weight-sized gradient temporary when gradients accumulate (a few per cent
+at small vocabularies, far below the logits' backward at Llama's), AdamW's step temporaries, the allocator's
+fragmentation and the CUDA context. The tests measure the live tensor bytes of small CPU runs of the trainer's
+loss (``torch.distributed._tools.mem_tracker.MemTracker``) against this peak.
 
 Shapes come from the model's config (a local directory, a built-in tiny model) or, for hub ids on an offline
 machine, from :data:`KNOWN_SHAPES`. Parameters are counted exactly by building the model on the meta device.
@@ -61,8 +80,11 @@ KNOWN_SHAPES: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Bytes per GPU; ``fits`` compares the total (activations with or without checkpointing, as the recipe sets it)
-    with ``gpu_bytes``."""
+    """Bytes per GPU (module docstring). ``activations`` / ``activations_checkpointed`` are what the backward pass
+    keeps without / with gradient checkpointing, ``recompute`` one layer's full set (checkpointing only),
+    ``logits_forward`` / ``logits_backward`` the logits' buffers in each phase; ``forward`` and ``backward`` are the
+    phases' transient bytes for the recipe's checkpointing setting, ``total`` weights + gradients + optimizer +
+    the larger of the two, and ``fits`` compares it with ``gpu_bytes``."""
 
     model: str
     parameters: int
@@ -76,14 +98,22 @@ class MemoryPlan:
     optimizer: int
     activations: int
     activations_checkpointed: int
-    logits: int
+    recompute: int
+    logits_forward: int
+    logits_backward: int
     checkpointing: bool
+    forward: int
+    backward: int
     total: int
     gpu_bytes: int
     fits: bool
 
+    @property
+    def peak_phase(self) -> str:
+        return "backward" if self.backward >= self.forward else "forward"
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "peak_phase": self.peak_phase}
 
 
 def model_config(name: str):
@@ -129,23 +159,71 @@ def count_parameters(config, lora=None) -> tuple[int, int]:
     return total, trainable
 
 
-def activation_bytes_per_token(config, element_bytes: int, *, checkpointing: bool) -> int:
-    """Saved-activation bytes per token for the decoder layers (module docstring)."""
+def layer_bytes_per_token(config, element_bytes: int) -> int:
+    """Bytes one decoder layer saves for backward per token (module docstring's coefficients)."""
     a_h, a_kv, a_i, a_heads, a_0 = ACTIVATION_COEFFICIENTS[element_bytes]
     h, heads = config.hidden_size, config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or h // heads
     kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
-    layer = a_h * h + a_kv * kv + a_i * config.intermediate_size + a_heads * heads + a_0
-    layers = config.num_hidden_layers
-    if not checkpointing:
-        return layers * layer
-    return layers * h * element_bytes + layer
+    return a_h * h + a_kv * kv + a_i * config.intermediate_size + a_heads * heads + a_0
+
+
+def activation_bytes_per_token(config, element_bytes: int, *, checkpointing: bool) -> int:
+    """Bytes the decoder layers keep for backward per token: every layer's set, or with checkpointing every layer's
+    input only (the recomputed layer is :func:`layer_bytes_per_token`, counted apart)."""
+    if checkpointing:
+        return config.num_hidden_layers * config.hidden_size * element_bytes
+    return config.num_hidden_layers * layer_bytes_per_token(config, element_bytes)
 
 
 def head_bytes_per_token(config, element_bytes: int) -> int:
     """Saved-activation bytes per token outside the decoder layers: embedding ids, final norm, LM-head input, labels."""
     b_h, b_0 = HEAD_COEFFICIENTS[element_bytes]
     return b_h * config.hidden_size + b_0
+
+
+def logits_bytes_per_token(config, compute_bytes: int, micro_batch: int) -> tuple[int, int]:
+    """``(forward, backward)`` bytes of the logits' buffers per token (module docstring): forward the logits, the
+    float32 copy the log-softmax reads where there is one, and its float32 output; backward three float32 buffers."""
+    copy = 4 if compute_bytes < 4 or micro_batch > 1 else 0
+    return config.vocab_size * (compute_bytes + copy + 4), config.vocab_size * 12
+
+
+def plan_shape(config, *, element_bytes: int, compute_bytes: int, micro_batch: int, seq_len: int, checkpointing: bool,
+               gpus: int = 1, gpu_memory_gib: float = 80.0, strategy: str = "fsdp", context_parallel: int = 1,
+               lora=None, name: str = "") -> MemoryPlan:
+    """The memory plan of one model shape (a transformers config) at ``micro_batch`` × ``seq_len`` tokens."""
+    if strategy not in STRATEGIES:
+        raise RopekitError(f"unknown strategy '{strategy}'", f"choose one of {', '.join(STRATEGIES)}")
+    if gpus < 1 or context_parallel < 1 or gpus % context_parallel:
+        raise RopekitError(f"{gpus} GPUs cannot hold a context-parallel degree of {context_parallel}",
+                           "pass --gpus a multiple of --context-parallel")
+    parameters, trainable = count_parameters(config, lora)
+    shard_weights = strategy in ("fsdp", "zero3")
+    shard_grads = strategy in ("fsdp", "zero2", "zero3")
+    shard_optimizer = strategy != "ddp"
+    weights = parameters * element_bytes // (gpus if shard_weights else 1)
+    gradients = trainable * element_bytes // (gpus if shard_grads else 1)
+    optimizer = 2 * trainable * element_bytes // (gpus if shard_optimizer else 1)
+    tokens = micro_batch * seq_len // context_parallel
+    head = head_bytes_per_token(config, compute_bytes)
+    full = tokens * (activation_bytes_per_token(config, compute_bytes, checkpointing=False) + head)
+    checkpointed = tokens * (activation_bytes_per_token(config, compute_bytes, checkpointing=True) + head)
+    recompute = tokens * layer_bytes_per_token(config, compute_bytes) if checkpointing else 0
+    per_token_forward, per_token_backward = logits_bytes_per_token(config, compute_bytes, micro_batch)
+    logits_forward, logits_backward = tokens * per_token_forward, tokens * per_token_backward
+    kept = checkpointed if checkpointing else full
+    forward = kept + logits_forward
+    backward = kept + max(logits_backward, recompute)
+    total = weights + gradients + optimizer + max(forward, backward)
+    gpu_bytes = int(gpu_memory_gib * GIB)
+    return MemoryPlan(
+        model=name, parameters=parameters, trainable=trainable, gpus=gpus, strategy=strategy,
+        context_parallel=context_parallel, tokens_per_gpu=tokens, weights=weights, gradients=gradients,
+        optimizer=optimizer, activations=full, activations_checkpointed=checkpointed, recompute=recompute,
+        logits_forward=logits_forward, logits_backward=logits_backward, checkpointing=checkpointing,
+        forward=forward, backward=backward, total=total, gpu_bytes=gpu_bytes, fits=total <= gpu_bytes,
+    )
 
 
 def plan_memory(cfg: TrainConfig, *, gpus: int, gpu_memory_gib: float, strategy: str = "fsdp",
@@ -156,28 +234,10 @@ def plan_memory(cfg: TrainConfig, *, gpus: int, gpu_memory_gib: float, strategy:
     if gpus < 1 or context_parallel < 1 or gpus % context_parallel:
         raise RopekitError(f"{gpus} GPUs cannot hold a context-parallel degree of {context_parallel}",
                            "pass --gpus a multiple of --context-parallel")
-    config = model_config(cfg.model.name)
     element = _BYTES[cfg.model.dtype]
     compute = 2 if cfg.train.precision == "bf16" else element
-    parameters, trainable = count_parameters(config, cfg.train.lora)
-    shard_weights = strategy in ("fsdp", "zero3")
-    shard_grads = strategy in ("fsdp", "zero2", "zero3")
-    shard_optimizer = strategy != "ddp"
-    weights = parameters * element // (gpus if shard_weights else 1)
-    gradients = trainable * element // (gpus if shard_grads else 1)
-    optimizer = 2 * trainable * element // (gpus if shard_optimizer else 1)
     stage = max(cfg.stages, key=lambda s: s.seq_len * s.micro_batch_size)
-    tokens = stage.micro_batch_size * stage.seq_len // context_parallel
-    head = head_bytes_per_token(config, compute)
-    full = tokens * (activation_bytes_per_token(config, compute, checkpointing=False) + head)
-    checkpointed = tokens * (activation_bytes_per_token(config, compute, checkpointing=True) + head)
-    logits = tokens * config.vocab_size * (compute + 4)
-    checkpointing = bool(cfg.model.gradient_checkpointing)
-    total = weights + gradients + optimizer + (checkpointed if checkpointing else full) + logits
-    gpu_bytes = int(gpu_memory_gib * GIB)
-    return MemoryPlan(
-        model=cfg.model.name, parameters=parameters, trainable=trainable, gpus=gpus, strategy=strategy,
-        context_parallel=context_parallel, tokens_per_gpu=tokens, weights=weights, gradients=gradients,
-        optimizer=optimizer, activations=full, activations_checkpointed=checkpointed, logits=logits,
-        checkpointing=checkpointing, total=total, gpu_bytes=gpu_bytes, fits=total <= gpu_bytes,
-    )
+    return plan_shape(model_config(cfg.model.name), element_bytes=element, compute_bytes=compute,
+                      micro_batch=stage.micro_batch_size, seq_len=stage.seq_len,
+                      checkpointing=bool(cfg.model.gradient_checkpointing), gpus=gpus, gpu_memory_gib=gpu_memory_gib,
+                      strategy=strategy, context_parallel=context_parallel, lora=cfg.train.lora, name=cfg.model.name)
