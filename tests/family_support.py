@@ -7,18 +7,23 @@ Every other (family, method) pair must install.
 
 from __future__ import annotations
 
-FREQUENCY = ["pi", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "llama3", "longrope", "abf", "entropy_abf", "clex"]
-ROTATING = ["harpe", "self_extend", "lm_infinite", "landmark"]  # re-rotate queries/keys in the rotary layout
-OWN_ATTENTION = ["self_extend", "lm_infinite", "landmark", "longlora"]  # compute attention themselves
-METHODS = FREQUENCY + ["harpe", "self_extend", "lm_infinite", "longlora", "landmark"]
+FREQUENCY = ["pi", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn", "llama3", "longrope", "abf",
+             "entropy_abf", "clex"]
+# re-rotate queries/keys in the rotary layout
+ROTATING = ["harpe", "self_extend", "lm_infinite", "dual_chunk", "landmark"]
+OWN_ATTENTION = ["self_extend", "lm_infinite", "dual_chunk", "landmark", "longlora"]  # compute attention themselves
+METHODS = FREQUENCY + ["harpe", "self_extend", "lm_infinite", "dual_chunk", "longlora", "landmark"]
 
 _interleaved = {**{m: "interleaved" for m in ROTATING}, "clex": "form of its own"}
 _mla = {m: "latent attention" for m in ROTATING}
 _softcap = {m: "softcap" for m in OWN_ATTENTION}
 _sinks = {**{m: "sinks" for m in OWN_ATTENTION}, "clex": "form of its own"}
-_per_layer = {"harpe": "per layer type", "clex": "per layer type", "dynamic_ntk": "per layer type", "longrope": "per layer type"}
+# frequencies that change with the length (and one RoPE for all layers) are not composed per layer type
+_per_layer = {m: "per layer type" for m in ("harpe", "clex", "dynamic_ntk", "dynamic_yarn", "longrope")}
 _scaled = {"harpe": "already scaled"}
-_length = {"dynamic_ntk": "length", "clex": "length", "harpe": "length", "longrope": "another length"}
+# Phi-3.5's RoPE switches at its original window: Dynamic YaRN and LongRoPE would switch at another length
+_length = {"dynamic_ntk": "length", "clex": "length", "harpe": "length", "longrope": "another length",
+           "dynamic_yarn": "another length"}
 
 REFUSED: dict[str, dict[str, str]] = {
     "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "phi3": {}, "gpt_neox": {}, "olmo2": {}, "granite": {},
@@ -33,6 +38,8 @@ REFUSED: dict[str, dict[str, str]] = {
     "qwen2.5-yarn": _scaled,
     "qwen3-yarn": _scaled,
     "phi3.5": _length,
+    "phi4-mini": _length,  # Phi-3.5's switching LongRoPE on a partial rotary (three quarters of each head)
+    "llama3.2": _scaled,
     "gpt-oss": {**_sinks, **_scaled},
     "deepseek-v3": {**_mla, **_scaled},
 }

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import ropekit
 from ropekit import RopekitError
+from ropekit.attention.dual_chunk import chunk_key_position, successive_query_position
 from ropekit.engines import ENGINES, engine_python
 from ropekit.install.vllm import vllm_serving
 from ropekit.models.byte_tokenizer import byte_tokenizer
@@ -81,3 +83,91 @@ def test_vllm_refusal_names_the_reason(tmp_path, run_cli):
     assert code == 2 and "dynamic" in err and "plain RoPE" in err
     code, _, err = run_cli("verify", str(directory), "--engine", "vllm", "--python", "/nonexistent/python")
     assert code == 2 and "\n" not in err.strip()
+
+
+# ---- Dual Chunk Attention: vLLM's own dual_chunk_attention_config ---------------------------------------------------
+#
+# What vLLM's source reads (vllm-project/vllm; read, not run: its DCA needs CUDA and the V0 engine):
+# * model_executor/layers/rotary_embedding/__init__.py, get_rope: with a dual_chunk_attention_config it builds
+#   DualChunkRotaryEmbedding(head_size, rotary_dim, max_position, base=rope_theta, …, chunk_size, local_size) before
+#   looking at any RoPE scaling: plain RoPE at base rope_theta.
+# * …/rotary_embedding/dual_chunk_rope.py, _compute_cos_sin_cache (L = chunk_size − local_size):
+#       q_t  = arange(L)                              intra-chunk query position   (indexed by i mod L)
+#       qc_t = (arange(L) + L).clamp(max=chunk_size)  successive-chunk query        (indexed by i mod L)
+#       k_t  = arange(max_position) % L               key position                 (indexed by j)
+#       inter-chunk query: qc_t[L − 1] for every query
+# * attention/backends/dual_chunk_flash_attn.py: config.get("chunk_size", 8192), ("local_size", 1024),
+#   ("original_max_position_embeddings", 0) — > 0 multiplies keys and the softmax scale by 0.1·ln(n/C) + 1 —,
+#   ("sparse_attention_enabled", <sparse_attention_config given>), and it raises unless L % block_size == 0.
+
+def _vllm_tables(chunk_size, local_size, max_position):
+    """vLLM's DualChunkRotaryEmbedding position tables, transcribed from the code above."""
+    L = chunk_size - local_size
+    q_t = torch.arange(L, dtype=torch.float)
+    qc_t = (torch.arange(L, dtype=torch.float) + L).clamp(max=chunk_size)
+    k_t = torch.arange(max_position, dtype=torch.float) % L
+    return q_t, qc_t, k_t
+
+
+def _dca_export(tmp_path, family="qwen2", name="dca", **params):
+    model = build_tiny_model(family)
+    ropekit.extend(model, "dual_chunk", **{"factor": 4.0, **params})
+    report = ropekit.save_pretrained(model, tmp_path / name, tokenizer=byte_tokenizer())
+    return tmp_path / name, report
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_dual_chunk_writes_vllms_config_and_its_serve_command(tmp_path, family):
+    directory, report = _dca_export(tmp_path, family=family, chunk_size=64, local_size=16)
+    config = json.loads((directory / "config.json").read_text())
+    assert report["format"] == "ropekit" and report["vllm"] is True and report["transformers"] is False
+    # exactly the keys vLLM reads, no temperature (original_max_position_embeddings) and no sparse attention
+    assert config["dual_chunk_attention_config"] == {"chunk_size": 64, "local_size": 16, "sparse_attention_enabled": False}
+    plan = vllm_serving(directory)
+    assert plan.exact, plan.why
+    assert plan.env == {"VLLM_ATTENTION_BACKEND": "DUAL_CHUNK_FLASH_ATTN", "VLLM_USE_V1": "0"}
+    assert plan.max_model_len == config["max_position_embeddings"] == 256
+    assert plan.hf_overrides == {"rope_theta": 10000.0}  # transformers-4-era vLLM reads the base at the top level
+    assert plan.command == ("VLLM_ATTENTION_BACKEND=DUAL_CHUNK_FLASH_ATTN VLLM_USE_V1=0 vllm serve "
+                            f"{directory} --max-model-len 256 --block-size 16 --enable-chunked-prefill --enforce-eager "
+                            "--hf-overrides '{\"rope_theta\":10000.0}'")
+    assert "Dual Chunk Attention" in (directory / "ROPEKIT.md").read_text()
+    # ropekit.load restores the method itself and does not carry vLLM's key into a later export of another method
+    loaded = ropekit.load(directory)
+    assert not hasattr(loaded.config, "dual_chunk_attention_config")
+
+
+def test_vllms_position_tables_are_ropekits_dual_chunk_positions():
+    """For the settings ropekit accepts (2·local_size < chunk_size), vLLM's tables give ropekit's positions."""
+    for chunk_size, local_size in ((64, 16), (48, 0), (96, 47), (262144, 8192)):
+        L = chunk_size - local_size
+        positions = torch.arange(0, 5 * L + 3, max(1, L // 7))
+        q_t, qc_t, k_t = _vllm_tables(chunk_size, local_size, int(positions.max()) + 1)
+        assert torch.equal(k_t[positions].long(), chunk_key_position(positions, L))
+        assert torch.equal(q_t[positions % L].long(), positions % L)  # intra: i mod L against j mod L = true i − j
+        assert torch.equal(qc_t[positions % L].long(), successive_query_position(positions, L, chunk_size))
+        assert int(qc_t[L - 1]) == chunk_size  # inter-chunk: ropekit's chunk_size
+
+
+@pytest.mark.parametrize("family,params,words", [
+    ("qwen2", {"chunk_size": 64, "local_size": 2}, "multiple of its KV-cache block size 16"),  # L = 62
+    ("llama", {"chunk_size": 64, "local_size": 16}, "only for qwen2, qwen3 models"),
+    ("qwen2.5-yarn", {"local_size": 16}, "plain RoPE"),
+])
+def test_dual_chunk_that_vllm_computes_differently_is_refused_in_one_line(tmp_path, run_cli, family, params, words):
+    directory, report = _dca_export(tmp_path, family=family, **params)
+    assert report["vllm"] is False
+    assert "dual_chunk_attention_config" not in json.loads((directory / "config.json").read_text())
+    plan = vllm_serving(directory)
+    assert not plan.exact and words in plan.why and "\n" not in plan.why
+    code, _, err = run_cli("export", str(directory), "--format", "vllm")
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_dca_export_extended_again_with_another_method_drops_vllms_config(tmp_path):
+    directory, _ = _dca_export(tmp_path, chunk_size=64, local_size=16)
+    model = ropekit.uninstall(ropekit.load(directory))
+    ropekit.extend(model, "yarn", factor=4.0)
+    ropekit.save_pretrained(model, tmp_path / "yarn")
+    assert "dual_chunk_attention_config" not in json.loads((tmp_path / "yarn" / "config.json").read_text())
+    assert vllm_serving(tmp_path / "yarn").exact

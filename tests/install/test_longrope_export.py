@@ -50,6 +50,43 @@ CASES = {
 }
 
 
+TRADE_OFF = ("Trade-off against rope type `ropekit_{method}`: `longrope` is portable but carries only the numbers; "
+             "`ropekit.load(path)` restores the method itself")
+
+
+def _states_the_trade_off(path, method):
+    text = " ".join((path / "ROPEKIT.md").read_text().split())
+    assert TRADE_OFF.format(method=method) in text, text
+
+
+#: the RoPE scalings checkpoints ship, over an original window of 16 tokens scaled to 64
+PRESCALED = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+    "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16},
+    "longrope-static": {"rope_type": "longrope", "short_factor": LONG, "long_factor": LONG, "factor": 4.0,
+                        "original_max_position_embeddings": 16},
+    "longrope-switching": {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG, "factor": 4.0,
+                           "original_max_position_embeddings": 16},
+}
+ON_PRESCALED = {"abf": {"rope_theta": 1e5}, "pi": {"factor": 2.0}, "ntk": {"factor": 2.0}}
+
+
+@pytest.mark.parametrize("base", list(PRESCALED))
+@pytest.mark.parametrize("method", list(ON_PRESCALED))
+def test_frequency_methods_on_every_prescaled_base_export_as_longrope(method, base, tmp_path, make_ids):
+    """abf / pi / ntk composed on each pre-scaled RoPE: ``auto`` writes transformers' ``longrope`` (no native type
+    holds a composition), and plain transformers gives the extended model's logits inside the original window, past
+    it and past the scaled window — on the switching base in the order short, long, short."""
+    model = build_tiny_model("llama", window=64, rope_scaling=PRESCALED[base])
+    ropekit.extend(model, method, **ON_PRESCALED[method])
+    report = ropekit.save_pretrained(model, tmp_path / "out")
+    assert report["format"] == "longrope" and report["transformers"], report
+    _states_the_trade_off(tmp_path / "out", method)
+    _same(_plain(tmp_path / "out"), model, make_ids, (12, 17, 40, 200, 12))
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_auto_writes_static_results_as_longrope_that_plain_transformers_runs(case, tmp_path, make_ids):
     family, scaling, method, params, lengths = CASES[case]
@@ -59,7 +96,7 @@ def test_auto_writes_static_results_as_longrope_that_plain_transformers_runs(cas
     assert report["format"] == "longrope" and report["transformers"], report
     rope = json.loads((tmp_path / "out" / "config.json").read_text())["rope_parameters"]
     assert rope["rope_type"] == "longrope" and len(rope["long_factor"]) == ropekit.rope_info(model).rotary_dim // 2
-    assert "longrope" in (tmp_path / "out" / "ROPEKIT.md").read_text()
+    _states_the_trade_off(tmp_path / "out", method)
     _same(_plain(tmp_path / "out"), model, make_ids, lengths)
     restored = ropekit.load(tmp_path / "out")  # ropekit restores the method itself, not the numbers
     assert ropekit.installed(restored)["method"] == method

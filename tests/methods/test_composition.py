@@ -64,6 +64,8 @@ IDENTITY = {
     "longlora": {"factor": 1.0},
     "clex": {},
     "landmark": {"mem_freq": 500},
+    "dynamic_yarn": {"factor": 1.0},
+    "dual_chunk": {"chunk_size": "window", "local_size": 1},  # one chunk covers every input below
 }
 
 
@@ -79,13 +81,17 @@ def _cases():
 def test_identity_settings_give_the_prescaled_model_bit_for_bit(base, method, make_ids):
     model = prescaled(base)
     reference = prescaled(base)
-    params = {k: (10000.0 if v == "theta" else v) for k, v in IDENTITY[method].items()}
+    window = ropekit.rope_info(model).window
+    params = {k: {"theta": 10000.0, "window": window}.get(v, v) if isinstance(v, str) else v
+              for k, v in IDENTITY[method].items()}
     if method == "self_extend" and BASES[base][1] <= 120:
         params["window_size"] = BASES[base][1] - 4
     ropekit.extend(model, method, **params)
     lengths = (20, 100, 30)  # longer, then shorter: a length-dependent base switches back
     if method == "self_extend":  # degenerate only while every pair is closer than W (< the window)
         lengths = tuple(min(n, params["window_size"]) for n in lengths)
+    if method == "dual_chunk":  # degenerate only while the input fits one chunk of chunk_size − local_size tokens
+        lengths = tuple(min(n, params["chunk_size"] - params["local_size"]) for n in lengths)
     for length in lengths:
         ids = make_ids(length)
         with torch.no_grad():
@@ -216,12 +222,180 @@ def test_a_dynamic_base_recomputes_as_transformers_does(make_ids):
                                            ("lm_infinite", {"local_window": 24})])
 def test_attention_side_methods_rotate_with_the_scaled_frequencies(base, method, params, make_ids):
     """Beyond their degenerate setting the attention methods still see the model's scaled frequencies: the
-    rotary module of the extended model is the pre-scaled model's, at every length."""
+    rotary module of the extended model is the pre-scaled model's, and so are the frequencies the attention
+    function itself rotates queries and keys with (``ropekit_attend.inv_freq()``), at every length — the short
+    set up to the original window and the long one beyond it on a switching LongRoPE base."""
     model, reference = prescaled(base), prescaled(base)
     ropekit.extend(model, method, **params)
+    attends = [layer.self_attn.ropekit_attend for layer in model.model.layers]
+    assert all(attend is not None for attend in attends)
     for length in (20, 100, 25):
         with torch.no_grad():
             model(make_ids(length))
             reference(make_ids(length))
         assert torch.equal(model.model.rotary_emb.inv_freq, reference.model.rotary_emb.inv_freq)
         assert model.model.rotary_emb.attention_scaling == reference.model.rotary_emb.attention_scaling
+        theta, _ = effective(prescaled(base), seq_len=length)  # transformers' own rope function at this length
+        for attend in attends:
+            torch.testing.assert_close(attend.inv_freq().float(), theta.float(), rtol=0, atol=0)
+
+
+def test_llama31_shaped_config_has_the_scaled_effective_window():
+    """Llama 3.1's shipped RoPE: llama3 factor 8 over 8,192 tokens, max_position_embeddings 131,072."""
+    from transformers import LlamaConfig
+
+    from ropekit.core.base_rope import base_frequencies
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=131072,
+                         rope_parameters=rope)
+    info = ropekit.rope_info(config)
+    assert (info.window, info.original_window, info.rope_type, info.is_scaled) == (131072, 8192, "llama3", True)
+    # the effective frequencies: Meta's apply_scaling written out here on θ_i = b^(−2i/d)
+    d = 16
+    theta = 500000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    lam = 2 * math.pi / theta
+    smooth = (8192 / lam - 1.0) / (4.0 - 1.0)
+    want = torch.where(lam < 8192 / 4.0, theta,
+                       torch.where(lam > 8192 / 1.0, theta / 8.0, (1 - smooth) * theta / 8.0 + smooth * theta))
+    got, factor = base_frequencies(info)
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=0)
+    assert factor == 1.0
+
+
+# ---- the length-dependent and attention-side rules against a hand computation ----------------------------------
+STATIC_BASES = ["linear", "yarn", "yarn-gptoss", "llama3", "longrope-static"]
+
+
+def _ntk_by_ratio(theta: torch.Tensor, alpha: float) -> torch.Tensor:
+    """NTK's base change b → b·α^(d/(d−2)) as the per-pair ratio α^(−2i/(d−2)) (LCEG Eq. 9)."""
+    d = 2 * PAIRS
+    return theta * alpha ** (-2 * _pairs() / (d - 2))
+
+
+@pytest.mark.parametrize("base", STATIC_BASES)
+def test_dynamic_ntk_on_a_prescaled_base_equals_its_hand_computation(base, make_ids):
+    """θ'_i(L) = θ^eff_i · α(L)^(−2i/(d−2)) with α(L) = s·max(W, L)/W − (s − 1), W the effective window and L
+    the longest input seen (transformers' dynamic rule): the model's own frequencies inside W."""
+    model = prescaled(base)
+    theta, af = effective(model)
+    window = ropekit.rope_info(model).window
+    s = 2.0
+    ropekit.extend(model, "dynamic_ntk", factor=s)
+    rotary = model.model.rotary_emb
+    longest = 0
+    for length in (100, window, 200, 320, 150):
+        with torch.no_grad():
+            model(make_ids(length))
+        longest = max(longest, length)
+        alpha = s * max(window, longest) / window - (s - 1)
+        torch.testing.assert_close(rotary.inv_freq.double(), _ntk_by_ratio(theta.double(), alpha), rtol=2e-6, atol=0)
+        assert math.isclose(rotary.attention_scaling, af, rel_tol=1e-9), (length, rotary.attention_scaling, af)
+
+
+@pytest.mark.parametrize("base", STATIC_BASES)
+def test_dynamic_yarn_on_a_prescaled_base_equals_its_hand_computation(base, make_ids):
+    """YaRN's rule on the effective frequencies at s(L) = min(max(1, L/W), factor) for each input of L tokens, W
+    the effective window: θ^eff itself inside W, and temperature (0.1·ln s(L) + 1) times the model's own factor.
+    (On a switching LongRoPE base, which switches at its original window, dynamic_yarn is refused.)"""
+    model = prescaled(base)
+    window = ropekit.rope_info(model).window
+    ropekit.extend(model, "dynamic_yarn", factor=4.0)
+    rotary = model.model.rotary_emb
+    for length in (100, 200, 320, 40, 700, window):  # every input gets its own factor, in any order
+        with torch.no_grad():
+            model(make_ids(length))
+        s = min(max(1.0, length / window), 4.0)
+        theta, af = effective(prescaled(base), seq_len=length)
+        want, own = _hand("yarn", {"factor": s}, theta.double(), 1.0, window)
+        torch.testing.assert_close(rotary.inv_freq.double(), want, rtol=2e-6, atol=0)
+        assert math.isclose(rotary.attention_scaling, af * own, rel_tol=1e-6), (length, s)
+        if s == 1.0:
+            assert own == 1.0 and torch.equal(rotary.inv_freq, theta.to(rotary.inv_freq.dtype))
+
+
+@pytest.mark.parametrize("base", STATIC_BASES)
+def test_untrained_clex_on_a_prescaled_base_is_ntk_with_alpha_2t_minus_1(base):
+    """With W_down = 0 CLEX's ODE integrates ∂_t log ξ(t) exactly: NTK's per-pair ratio at α = 2t − 1 on the
+    effective frequencies, t = n/W (W the effective window), and the model's own frequencies inside W. Checked on
+    the rotary module's own cos/sin output (CLEX computes it)."""
+    model = prescaled(base)
+    theta, af = effective(model)
+    window = ropekit.rope_info(model).window
+    ropekit.extend(model, "clex", max_factor=4)
+    rotary = model.model.rotary_emb
+    x = torch.zeros(1, 1, 2 * PAIRS)
+    for n in (window // 2, window, 200, 320, 700):
+        t = min(max(1.0, n / window), 4.0)
+        want = _ntk_by_ratio(theta.double(), 2 * t - 1)
+        angles = torch.arange(n, dtype=torch.float64)[:, None] * want[None, :]
+        with torch.no_grad():
+            cos, sin = rotary(x, torch.arange(n)[None])
+        tol = 1e-4 if t > 1 else 2e-5  # float32 angles up to 700 rad; RK4 at step 0.01 beyond the window
+        torch.testing.assert_close(cos[0, :, :PAIRS].double(), torch.cos(angles) * af, rtol=0, atol=tol)
+        torch.testing.assert_close(sin[0, :, PAIRS:].double(), torch.sin(angles) * af, rtol=0, atol=tol)
+
+
+def _logit_scaled_attention(context: int, skip: set[int]):
+    """An attention function written here: sdpa with each query row m multiplied by max(log_c(m+1), 1)
+    (Entropy-ABF Eq. 5) on the layers not in ``skip``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        if module.layer_idx not in skip:
+            pos = kwargs["position_ids"].to(torch.float64)
+            t = torch.clamp(torch.log(pos + 1) / math.log(context), min=1.0)
+            query = query * t[:, None, :, None].to(query.dtype)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    return attention
+
+
+@pytest.mark.parametrize("base", ["llama3", "yarn-gptoss", "longrope"])
+def test_entropy_abf_on_a_prescaled_base_scales_logits_with_the_effective_window(base, make_ids):
+    """Entropy-ABF = ABF's per-pair rule (checked above) plus the logit scale max(log_c i, 1) with c = the
+    effective window: the same model with ABF alone and the scale written out in its attention gives its logits."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    model, reference = prescaled(base, layers=3), prescaled(base, layers=3)
+    window = ropekit.rope_info(model).window
+    assert window == 128 and ropekit.rope_info(model).original_window == 32  # c is W, not the original 32
+    ropekit.extend(model, "entropy_abf", rope_theta=2e5)
+    assert ropekit.installed(model)["params"]["scale_context"] == window
+    ropekit.extend(reference, "abf", rope_theta=2e5)
+    name = f"test_entropy_logits_{window}"
+    AttentionInterface.register(name, _logit_scaled_attention(window, {0, 1}))
+    AttentionMaskInterface.register(name, sdpa_mask)
+    reference.set_attn_implementation(name)
+    for length in (100, 200, 30):  # the scale only starts past c = 128 tokens
+        ids = make_ids(length)
+        with torch.no_grad():
+            ours, ref = model(ids).logits, reference(ids).logits
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    ids = make_ids(200)
+    with torch.no_grad():  # and the scale is really there: without it the logits past c differ
+        plain = prescaled(base, layers=3)
+        ropekit.extend(plain, "abf", rope_theta=2e5)
+        assert not torch.allclose(model(ids).logits[:, 150:], plain(ids).logits[:, 150:], atol=1e-4)
+        torch.testing.assert_close(model(ids).logits[:, :128], plain(ids).logits[:, :128], rtol=1e-5, atol=1e-5)
+
+
+# ---- every method states its composition rule ------------------------------------------------------------------
+@pytest.mark.parametrize("method", [m.name for m in ropekit.list_methods()])
+def test_every_method_states_its_composition_rule(method, run_cli):
+    """The ``composition`` attribute (what ``ropekit methods`` prints) and a "Composition:" paragraph in the
+    method's docstring, for every registered method."""
+    import json
+
+    from ropekit.methods import get_method
+
+    m = get_method(method)
+    assert m.composition.strip(), method
+    assert "Composition" in (type(m).__doc__ or ""), f"{method}: no Composition paragraph in its docstring"
+    code, out, _ = run_cli("methods", "--json")
+    assert code == 0
+    listed = {d["name"]: d for d in json.loads(out)}
+    assert listed[method]["composition"] == m.composition

@@ -18,10 +18,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+import ropekit
 from ropekit.eval.perplexity import score_windows
 from ropekit.models.loading import load_model
 from ropekit.search import SearchSettings, run_search
-from ropekit.search.evolution import closed_forms, initial_population, next_generation, snap
+from ropekit.search.evolution import PAPER_START_TOKENS, closed_forms, initial_population, next_generation, snap
 from ropekit.search.longrope import search_documents
 
 
@@ -149,3 +150,66 @@ def test_sigkill_mid_search_loses_nothing_and_evaluates_nothing_twice(searched, 
     assert resumed["evaluated_here"] == 14 - before  # what was stored was read back, not evaluated again
     assert resumed["best"] == result["best"]
     assert _rows(out / "search.sqlite") == _rows(ref_dir / "search.sqlite")
+
+
+# ---- start tokens n̂ (LongRoPE §3.2) ------------------------------------------------------------------------------
+
+
+def test_searched_start_tokens_stay_in_their_set_and_the_factors_keep_the_constraints():
+    rng, factor, starts = random.Random(11), 4.0, PAPER_START_TOKENS
+    forms = closed_forms(16, factor, yarn_gamma=[i / 15 for i in range(16)][::-1])
+    population = initial_population(forms, 24, rng, factor, 1, 0.3, starts)
+    assert len(population) == len(set(population)) == 24
+    assert all(c[-1] == 0.0 for c in population[:3])  # the closed forms start at the smallest n̂
+    scored = {c: rng.random() for c in population}
+    for _ in range(5):
+        for c in next_generation(scored, rng, parents=8, mutations=6, crossovers=6, factor=factor, fixed_pairs=1,
+                                 probability=0.3, starts=starts):
+            assert c not in scored and c[-1] in starts and len(c) == 17
+            _valid(c[:-1], factor, 1)
+            scored[c] = rng.random()
+    assert len({c[-1] for c in scored}) > 3  # n̂ is really searched
+    assert snap([1.0] * 16 + [10.0], factor, 0, starts)[-1] == 8.0  # the nearest value of the set (ties: smaller)
+
+
+def _perplexity(model, settings):
+    nll, count = 0.0, 0
+    for doc in search_documents(load_model("tiny").tokenizer, settings):
+        with torch.no_grad():
+            scores = score_windows(model, torch.tensor([doc]), len(doc) - 1).double()
+        nll, count = nll + float(scores.sum()), count + scores.numel()
+    return math.exp(nll / count)
+
+
+def test_a_fixed_n_hat_is_used_by_every_candidate_and_exported_as_ropekit_longrope(tiny, searched, tmp_path):
+    settings = SearchSettings(**{**SETTINGS, "evaluations": 6, "start_tokens": (4,)})
+    result = run_search(tiny.model, tiny.tokenizer, settings, tmp_path, progress=False)
+    assert result["best"]["start_tokens"] == 4 and result["export"]["format"] == "ropekit"
+    assert not getattr(tiny.model.config, "ropekit", None)  # the search model is left as it was
+    loaded = ropekit.load(tmp_path / "model")
+    assert loaded.config.ropekit["params"]["start_tokens"] == 4
+    assert _perplexity(loaded, settings) == pytest.approx(result["best"]["perplexity"], rel=1e-5)
+    # the first candidate is PI's factors in both searches: n̂ = 4 scores differently from n̂ = 0
+    _, plain = searched
+    assert result["seeds"]["pi"] != plain["seeds"]["pi"]
+
+
+def test_n_hat_searched_jointly_with_the_factors(tiny, tmp_path):
+    settings = SearchSettings(**{**SETTINGS, "evaluations": 10, "start_tokens": (0, 8, 32)})
+    result = run_search(tiny.model, tiny.tokenizer, settings, tmp_path, progress=False)
+    rows = _rows(tmp_path / "search.sqlite")
+    assert len(rows) == 10 and {json.loads(k)[-1] for k in rows} <= {0.0, 8.0, 32.0}
+    assert result["best"]["perplexity"] == min(rows.values())
+    assert result["best"]["start_tokens"] in (0, 8, 32) and result["settings"]["start_tokens"] == [0, 8, 32]
+    expected = "native" if result["best"]["start_tokens"] == 0 else "ropekit"
+    assert result["export"]["format"] == expected
+    loaded = ropekit.load(tmp_path / "model")
+    assert _perplexity(loaded, settings) == pytest.approx(result["best"]["perplexity"], rel=1e-5)
+
+
+@pytest.mark.parametrize("value,words", [("256", "un-interpolated"), ("4,x", "not a number"), ("4,4", "repeats")])
+def test_bad_start_tokens_are_one_line(run_cli, tmp_path, value, words):
+    code, _, err = run_cli("search", "tiny", "--target-length", "256", "--out", str(tmp_path / "s"),
+                           "--start-tokens", value)
+    assert code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "s").exists()

@@ -24,16 +24,22 @@ def search_cmd(
     documents: int = typer.Option(4, "--documents", min=1, help="Search documents of the target length."),
     fixed_pairs: int = typer.Option(0, "--fixed-pairs", min=0, help="Rotary pairs (highest frequencies) kept at 1."),
     population: Optional[int] = typer.Option(None, "--population", min=4, help="Population (default: budget/4, at most 64)."),
+    start_tokens: str = typer.Option("0", "--start-tokens", help="n̂, the first positions kept un-interpolated "
+                                     "(LongRoPE §3.2): N (fixed), a,b,c (searched among them) or 'paper' (searched "
+                                     "among 0,1,2,4,8,12,16,20,24,28,32,64,128,256 below the target)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ):
-    """Search LongRoPE rescale factors for TARGET_LENGTH tokens and export the best as a native longrope model.
+    """Search LongRoPE rescale factors for TARGET_LENGTH tokens and export the best as a native longrope model
+    (with start tokens n̂ > 0: as rope type ropekit_longrope, which ropekit loads).
 
     Every evaluated candidate is stored as it finishes in OUT/search.sqlite; run the same command again after an
     interruption to continue. The result: OUT/model (plain transformers loads it) and OUT/result.json."""
     from ..models.loading import load_model, resolve_model
     from ..runtime import default_threads, quiet_transformers
-    from ..search.longrope import SearchSettings, check_settings, pool_evaluator, run_search, worker_init
+    from ..search.longrope import (SearchSettings, check_settings, parse_start_tokens, pool_evaluator, run_search,
+                                   worker_init)
 
+    starts = parse_start_tokens(start_tokens, target_length)  # a malformed value fails before any loading
     if model == BUILTIN_BASE:
         from ..train.builtin_base import pretrain_base
 
@@ -43,7 +49,8 @@ def search_cmd(
         resolve_model(model)  # a missing path fails in one line before anything is written
         path = model
     settings = SearchSettings(model=model, target_length=target_length, evaluations=evaluations, seed=seed,
-                              documents=documents, data=data, fixed_pairs=fixed_pairs, population=population)
+                              documents=documents, data=data, fixed_pairs=fixed_pairs, population=population,
+                              start_tokens=starts)
     with quiet_transformers():
         loaded = load_model(path)
     from ..install import rope_info
@@ -70,4 +77,8 @@ def search_cmd(
               f"(closed forms: {seeds}); {result['evaluations']} candidates, {result['evaluated_here']} evaluated "
               f"in this run, {result['seconds']:.0f} s")
     out.print(f"long_factor: {', '.join(f'{v:g}' for v in result['best']['long_factor'])}")
-    out.print(f"model: {out_dir / 'model'} (transformers longrope; `ropekit eval ppl {out_dir / 'model'}` to measure it)")
+    n_hat = result["best"]["start_tokens"]
+    if n_hat or len(starts) > 1:
+        out.print(f"start_tokens: {n_hat}")
+    kind = "transformers longrope" if result["export"]["format"] == "native" else "ropekit_longrope: load with ropekit"
+    out.print(f"model: {out_dir / 'model'} ({kind}; `ropekit eval ppl {out_dir / 'model'}` to measure it)")

@@ -193,7 +193,8 @@ def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dic
                 static_alternative,
                 "RoPE per layer type",
             )
-    if method.replaces_rotary_output and features.rotary_output != "standard":
+    per_position = params is not None and method.position_dependent_rotation(params) is not None
+    if (method.replaces_rotary_output or per_position) and features.rotary_output != "standard":
         return Refusal(
             f"{method.name} on {family}: the rotary embedding returns cos/sin in a form of its own, which "
             f"{method.name} (computing them itself) does not reproduce",

@@ -20,8 +20,10 @@ from ..core.jsonsafe import json_safe
 from ..core.rope import pair_exponents
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..methods import get_method
+from .capabilities import model_features
 from .model_rope import base_info, rotary_modules, text_config
 from .rope_types import transformers_builds
+from .vllm import dual_chunk_config
 
 _EXPORT_NOTE = """# Extended with ropekit
 
@@ -55,7 +57,9 @@ def _native_rope(m, info, params, base_rope: dict[str, Any]) -> tuple[dict[str, 
     """transformers' own rope type for the method, when it is the same math."""
     native = m.transformers_rope(info, params)
     if native is None:
-        return None, f"transformers has no rope type computing {m.name} with these parameters"
+        per_position = m.position_dependent_rotation(params)
+        return None, (f"{m.name}: {per_position}" if per_position
+                      else f"transformers has no rope type computing {m.name} with these parameters")
     if "partial_rotary_factor" in base_rope:
         native["partial_rotary_factor"] = base_rope["partial_rotary_factor"]
     return native, ""
@@ -71,6 +75,9 @@ def _longrope_rope(model, m, info, params, freeze_length: int | None) -> tuple[d
     """
     if not m.frequencies_only:
         return None, f"{m.name} changes attention, not only the frequencies"
+    per_position = m.position_dependent_rotation(params)
+    if per_position:
+        return None, f"{m.name}: {per_position}"
     kind, length = m.length_dependence(info, params)
     rotary = rotary_modules(model)[0][2]
     config = text_config(model)
@@ -112,6 +119,16 @@ def _longrope_rope(model, m, info, params, freeze_length: int | None) -> tuple[d
     return rope, ""
 
 
+def _vllm_config(model, m, info, params) -> tuple[dict[str, Any], str]:
+    """``(config.json keys, "")`` with which vLLM computes the method itself — Dual Chunk Attention's
+    ``dual_chunk_attention_config`` (:func:`.vllm.dual_chunk_config`) — or ``({}, why not)``; ``({}, "")`` for the
+    methods vLLM can only serve through their RoPE."""
+    if m.name != "dual_chunk":
+        return {}, ""
+    dca, why = dual_chunk_config(info.model_type, info, params, model_features(model).sliding_layers)
+    return ({"dual_chunk_attention_config": dca}, "") if dca is not None else ({}, why)
+
+
 def _encode(model, m, record, data: dict[str, Any], rope_format: str, freeze_length: int | None):
     """``(rope_parameters, "")`` writing the installation in ``rope_format`` (``native`` or ``longrope``), or
     ``(None, why not)``. On a model with RoPE per layer type each extended type gets its own entry, the others
@@ -128,6 +145,10 @@ def _encode(model, m, record, data: dict[str, Any], rope_format: str, freeze_len
             piece, why = _longrope_rope(model, m, info, params, freeze_length)
         if piece is None:
             return None, why
+        if layer_type is not None and piece.get("rope_type") == "yarn" and piece.get("truncate", True) is False:
+            # transformers 5.x's yarn reads `truncate` from the top level of rope_parameters, not from the layer
+            # type's entry, so it would truncate the ramp: a different model, built without complaint
+            return None, "transformers ignores yarn's truncate=false in a per-layer-type RoPE"
         pieces[layer_type] = piece
     rope = pieces[None] if None in pieces else {**copy.deepcopy(base_rope), **pieces}
     if not transformers_builds(data, rope):
@@ -141,7 +162,9 @@ def _export_note(m, rope_format: str, rope: dict[str, Any], freeze_length: int |
                 "the model family's own validation error) instead of silently giving another model. Load it with "
                 "`ropekit.load(path)`.")
     if rope_format == "native":
-        return f"Plain transformers loads this directory to the same model (rope type `{rope['rope_type']}`)."
+        per_type = ", ".join(f"{t}: {v.get('rope_type')}" for t, v in rope.items() if isinstance(v, dict))
+        kind = f"rope type `{rope['rope_type']}`" if "rope_type" in rope else f"rope types per layer type `{per_type}`"
+        return f"Plain transformers loads this directory to the same model ({kind})."
     frozen = (f" The method's frequencies depend on the input length; they are written as they are at "
               f"{freeze_length} tokens, frozen." if freeze_length is not None else "")
     return (
@@ -211,6 +234,8 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
         raise UnsupportedModelError(f"freeze_length applies to the longrope format, which cannot hold {m.name}: {why}",
                                     "leave freeze_length out")
 
+    engine, engine_why = _vllm_config(model, m, info, params)
+
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer is not None:
         m.prepare_tokenizer(tokenizer, params)
@@ -227,10 +252,22 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     else:
         saved["rope_parameters"] = json_safe(dict(config.rope_parameters))
         saved["max_position_embeddings"] = config.max_position_embeddings
-    saved["ropekit"] = json_safe({**record, "export": {"format": chosen, "freeze_length": freeze_length}})
+    # a loaded Qwen2.5-1M-style config (or an earlier DCA export) must not make vLLM run DCA on another method
+    saved.pop("dual_chunk_attention_config", None)
+    saved.update(engine)
+    export = {"format": chosen, "freeze_length": freeze_length, **({"vllm_refusal": engine_why} if engine_why else {})}
+    saved["ropekit"] = json_safe({**record, "export": export})
     config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
-    (out / "ROPEKIT.md").write_text(_EXPORT_NOTE.format(method=m.name, how=_export_note(m, chosen, rope or {}, freeze_length)))
-    if chosen == "native":
+    how = _export_note(m, chosen, rope or {}, freeze_length)
+    if engine:
+        how += ("\n\nvLLM computes this model itself with its Dual Chunk Attention (`dual_chunk_attention_config` in "
+                "config.json; V0 engine, CUDA): `ropekit export DIR --format vllm` prints the command.")
+    elif engine_why:
+        how += f"\n\nvLLM: not the same model ({engine_why})."
+    (out / "ROPEKIT.md").write_text(_EXPORT_NOTE.format(method=m.name, how=how))
+    if engine:
+        vllm = True
+    elif chosen == "native":
         vllm = "vllm" in m.exports_to(params)
     else:  # vLLM's longrope uses the long set at every length once the served window exceeds the original
         vllm = chosen == "longrope" and rope.get("short_factor") == rope.get("long_factor") is not None

@@ -10,15 +10,19 @@ from ..methods import get_method, list_methods
 from .capabilities import model_features, why_not
 from .model_rope import base_info, rope_info, text_config
 from .rope_types import transformers_builds
+from .vllm import dual_chunk_config
 
 
-def _exports(m, info, base_dict) -> list[str]:
+def _exports(m, info, base_dict, sliding=()) -> list[str]:
     """Where the method's export runs without ropekit: its native rope type when transformers has one (and the
     family accepts it: Phi-3 does not take yarn), else transformers' longrope when the frequencies fit it."""
     params = m.resolve(info, m.example_params(info))
     native = m.transformers_rope(info, params)
     if native is not None and transformers_builds(base_dict, native):
         return m.exports_to(params)
+    if m.name == "dual_chunk":  # vLLM's own Dual Chunk Attention, where it computes the same positions
+        dca, _ = dual_chunk_config(info.model_type, info, params, sliding)
+        return m.exports_to(params) if dca is not None else []
     kind = m.length_dependence(info, params)[0]
     if m.frequencies_only and kind in ("static", "switch"):
         return ["transformers (longrope)"] + (["vllm (longrope)"] if kind == "static" else [])
@@ -37,7 +41,7 @@ def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
     for m in list_methods():
         refusal = why_not(m, info, features) if features is not None else None
         why = refusal.problem if refusal else ("already extended" if features is None else None)
-        exports = _exports(m, info, base_dict) if why is None else []
+        exports = _exports(m, info, base_dict, features.sliding_layers) if why is None else []
         methods.append({"name": m.name, "applies": why is None, "exports_to": exports,
                         "why_not": f"{refusal.problem}; {refusal.fix}" if refusal else (why or ""),
                         "feature": refusal.feature if refusal else ""})

@@ -252,8 +252,12 @@ class LengthSchedule:
 
     @staticmethod
     def _load(module, seq_len: int | None) -> None:
-        inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[module.rope_type](module.config, module.inv_freq.device, seq_len)
-        module.inv_freq.copy_(inv_freq.to(module.inv_freq.dtype))
+        # A fresh buffer, never an in-place copy: transformers' own dynamic update (rope types named 'dynamic')
+        # resets by registering ``original_inv_freq`` itself as ``inv_freq``, so the two may share memory, and
+        # writing into ``inv_freq`` would overwrite the original frequencies every later reset restores.
+        current = module.inv_freq
+        inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[module.rope_type](module.config, current.device, seq_len)
+        module.register_buffer("inv_freq", inv_freq.to(device=current.device, dtype=current.dtype), persistent=False)
         module.attention_scaling = attention_factor
 
 

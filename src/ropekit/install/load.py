@@ -34,6 +34,7 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
         raise ModelLoadError(f"'{config_path}' is not valid JSON ({err.msg} at line {err.lineno})", "re-export the model") from None
     record = data.pop("ropekit", None) if isinstance(data, dict) else None
     if record:
+        data.pop("dual_chunk_attention_config", None)  # written for vLLM by the export; ropekit restores the method
         try:
             data["rope_parameters"] = copy.deepcopy(record["base"]["rope_parameters"])
             data["max_position_embeddings"] = record["base"]["max_position_embeddings"]

@@ -323,6 +323,14 @@ class Method(abc.ABC):
         """The longest input the method is meant for, when it has a hard limit (else ``None``)."""
         return None
 
+    def position_dependent_rotation(self, params: dict[str, Any]) -> str | None:
+        """Why some positions rotate with other frequencies than the rest (LongRoPE's first n̂ tokens), or ``None``.
+
+        Such a method computes the rotary module's cos/sin per position (in the module's standard form), and no
+        format with one frequency per rotary pair for every position (transformers' ``longrope``, GGUF's
+        ``rope_freqs``) holds it."""
+        return None
+
     @property
     def frequencies_only(self) -> bool:
         """Whether, at inference, the method changes only the shared frequencies and the attention factor — so a

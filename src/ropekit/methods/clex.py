@@ -39,6 +39,11 @@ class CLEX(Method):
     Installed as rope type ``ropekit_clex`` (frequencies at ``t = 1``) plus the ODE module ``clex`` on every
     rotary-embedding module; plain transformers has nothing equivalent, so the export is ropekit-only and
     ``ropekit.load`` restores the trained ODE weights from the checkpoint.
+
+    Composition: the ODE starts from the effective frequencies, ``z(1) = log θ^eff``, with ``t = n/C`` for ``C``
+    the effective window and the model's own attention factor — so the untrained ODE is NTK's per-pair ratio
+    ``(2t − 1)^(−2i/(d−2))`` applied to ``θ^eff``. Refused on a base whose frequencies themselves change with
+    the length (transformers' ``dynamic``, LongRoPE with two sets): two schedules would have to be composed.
     """
 
     name = "clex"

@@ -25,7 +25,13 @@ class DualChunk(Method):
     ``chunk_size = C − 1``; vLLM's ``dual_chunk_attention_config`` (Qwen2.5-1M: chunk 262,144, local 8,192) takes
     ``chunk_size`` itself. Frequencies stay the model's own; ``factor`` / ``target_length`` only declare the
     extended window. The attention is :mod:`ropekit.attention.dual_chunk` (three restricted softmaxes merged by
-    log-sum-exp, no n × n matrix); plain transformers has no such pattern, so the export is ropekit-only.
+    log-sum-exp, no n × n matrix); plain transformers has no such pattern, so the export is ropekit-only for
+    transformers. vLLM computes the same positions itself on Qwen2/Qwen3 models with plain RoPE: the export then also
+    writes vLLM's ``dual_chunk_attention_config`` (:mod:`ropekit.install.vllm`, which states what vLLM reads and
+    when it is refused).
+
+    Composition: the model's own frequencies are kept (on a pre-scaled model its scaled ones, which the chunked
+    positions rotate with), and ``chunk_size`` defaults to the effective window.
     """
 
     name = "dual_chunk"
@@ -73,4 +79,8 @@ class DualChunk(Method):
         return None
 
     def exports_to(self, params=None):
-        return []
+        """vLLM's own Dual Chunk Attention (``dual_chunk_attention_config``; Qwen2/Qwen3 models with plain RoPE, V0
+        engine on CUDA) when ``chunk_size − local_size`` is a multiple of vLLM's KV-cache block size 16."""
+        if params is not None and (int(params["chunk_size"]) - int(params["local_size"])) % 16:
+            return []
+        return ["vllm (dual_chunk_attention_config)"]

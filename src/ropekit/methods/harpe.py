@@ -29,6 +29,11 @@ class HARPE(Method):
     ``h // (heads / kv_heads)``. On MHA models ``N`` is the number of heads. The paper's settings are the
     defaults (b_min 1e6, b_max 5e6, stride 30k). Rotation happens in ropekit's attention function; the
     model's shared rotary embedding becomes the identity.
+
+    Composition: none — refused on a model whose RoPE is already scaled (``llama3``, ``yarn``, ``longrope``, …):
+    each head's ``b_h^(−2i/d)`` replaces plain RoPE's ``b^(−2i/d)``, and a scaled RoPE is not one base that a
+    per-head base could stand in for without discarding its scaling. Use a frequency method (pi, ntk, yarn,
+    llama3, abf), which applies to the effective frequencies.
     """
 
     name = "harpe"
@@ -47,6 +52,8 @@ class HARPE(Method):
     attention_access = ("rotates",)
     needs_training = True
     uses_factor = False
+    composition = ("none: refused on an already-scaled RoPE (per-head bases replace plain RoPE's b^(−2i/d)); "
+                   "use a frequency method, which applies to θ^eff")
 
     def resolve(self, info, given):
         given = dict(given)

@@ -67,6 +67,9 @@ class Landmark(Method):
       ``top_k = 0`` attends to every block (the training computation) at inference too.
     * The frequencies stay the model's own RoPE; ``factor`` / ``target_length`` only declare the extended
       window. The weights change (one embedding row) and the method is meant to be fine-tuned.
+
+    Composition: the frequencies are the model's own scaled ones ``θ^eff`` (and its attention factor), which the
+    retrieved blocks are re-positioned with; the default local blocks are sized from the effective window.
     """
 
     name = "landmark"

@@ -25,6 +25,10 @@ class LMInfinite(Method):
     The attention runs in ropekit's attention function in O(n·(L + G)) time and memory
     (:mod:`ropekit.attention.lm_infinite`); plain transformers has no such pattern, so the export is
     ropekit-only.
+
+    Composition: the frequencies are the model's own scaled ones ``θ^eff`` (and its attention factor), and the
+    distance ceiling re-rotates queries and keys with the same ``θ^eff`` at every length (on a switching
+    LongRoPE base, the set of the current length); ``L`` defaults to the effective window.
     """
 
     name = "lm_infinite"

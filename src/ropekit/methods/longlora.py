@@ -42,6 +42,9 @@ class LongLoRA(Method):
     * Recipe (built by the training code, not here): LoRA ``r = 8``, ``α = 16``, dropout 0 on
       ``q/k/v/o_proj``, plus fully trainable embeddings and norms; lr 2e-5 constant with 20 warmup steps,
       1000 steps on RedPajama — see :data:`RECIPE`.
+
+    Composition: PI's rule, ``θ'_i = θ^eff_i/s`` on the effective frequencies, the model's own attention factor
+    kept; S²-Attn's groups are sized from the training length, not from the RoPE.
     """
 
     name = "longlora"

@@ -1,4 +1,5 @@
-"""LongRoPE's per-pair rescale factors as a ropekit method (transformers' ``longrope`` rope type)."""
+"""LongRoPE's per-pair rescale factors as a ropekit method (transformers' ``longrope`` rope type), with the
+paper's un-interpolated start tokens."""
 
 from __future__ import annotations
 
@@ -6,9 +7,49 @@ from typing import Any
 
 import torch
 
+from ..core.base_rope import base_frequencies, length_dependence
 from ..core.rope import longrope_attention_factor, longrope_inv_freq
+from ..core.rope_info import RopeInfo
 from ..errors import InvalidParameterError
 from .base import ORIGINAL_WINDOW, ROPE_THETA, Method, Param, combine_length_dependence, register
+
+
+class StartTokenRotary:
+    """Forward hook of a rotary-embedding module: positions below ``n̂`` get the model's own cos/sin.
+
+    LongRoPE (Ding et al. 2024, §3.2): the first ``n̂`` positions are not interpolated, ``I(λ_i, n̂) = 1`` for
+    ``n < n̂`` and ``1/λ_i`` beyond, so position ``m < n̂`` rotates at ``m·θ^eff_i`` and ``m ≥ n̂`` at
+    ``m·θ^eff_i/λ_i``. As in the authors' code (``MixedLongRoPEScaledRotaryEmbedding`` in microsoft/LongRoPE's
+    ``rope/longrope.py``), those positions take the original embeddings whole: cos/sin of the model before the
+    method, i.e. without LongRoPE's attention factor (with the model's own one, 1 for plain RoPE).
+
+    The angles depend only on the absolute position, so a KV cache stays exact. Computed in the rotary module's
+    standard form (``cos/sin`` of ``[m·θ, m·θ]`` times the factor, the capability check's ``standard`` output),
+    with the same operations as transformers' rotary module, so those positions equal the plain model bit for bit.
+    A module-level class (not a closure): ``copy.deepcopy`` of the model keeps a working hook.
+    """
+
+    def __init__(self, info: RopeInfo, start_tokens: int):
+        self.info, self.start_tokens = info, int(start_tokens)
+        self.switches = length_dependence(info)[0] == "switch"  # a LongRoPE base: its own set follows the length
+
+    def original(self, position_ids: torch.Tensor, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's own ``(cos, sin)`` at ``position_ids`` (before any method)."""
+        seq_len = int(position_ids.max()) + 1 if self.switches else None
+        inv_freq, factor = base_frequencies(self.info, seq_len, device)
+        freqs = position_ids[..., None].float() * inv_freq.to(device=device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
+
+    def __call__(self, module, args, kwargs, output):
+        position_ids = args[1] if len(args) > 1 else kwargs["position_ids"]
+        below = position_ids < self.start_tokens
+        if not bool(below.any()):
+            return None  # e.g. cached decoding past n̂: nothing to replace
+        cos, sin = output
+        original_cos, original_sin = self.original(position_ids, cos.device, cos.dtype)
+        mask = below[..., None].to(cos.device)
+        return torch.where(mask, original_cos, cos), torch.where(mask, original_sin, sin)
 
 
 @register
@@ -21,6 +62,12 @@ class LongRoPE(Method):
     multiplied by ``attention_factor``, default ``√(1 + ln s / ln C)`` with ``s = factor``. The factors usually
     come from LongRoPE's evolutionary search; ``short_factor`` defaults to all ones (the model's own RoPE
     inside its window).
+
+    ``start_tokens`` = ``n̂`` (LongRoPE §3.2, ``I(λ_i, n̂)``): positions ``m < n̂`` keep the model's own rotation
+    ``m·θ_i`` (and cos/sin, without the attention factor, as the authors' code does), positions ``m ≥ n̂`` rotate
+    at ``m·θ_i/λ_i`` — with whichever set (short or long) the input length selects (:class:`StartTokenRotary`).
+    The rotation then depends on the position, not only on the pair, so no per-pair format holds it:
+    ``n̂ > 0`` exports only as rope type ``ropekit_longrope``; ``n̂ = 0`` (default) is transformers' ``longrope``.
 
     Composition: ``θ'_i = θ^eff_i / λ_i`` on the effective frequencies; attention factors multiply.
     """
@@ -38,6 +85,8 @@ class LongRoPE(Method):
               exclusive_minimum=True),
         ORIGINAL_WINDOW,
         ROPE_THETA,
+        Param("start_tokens", int, 0, "n̂: the first n̂ positions keep the model's own RoPE, un-interpolated "
+              "(LongRoPE §3.2); 0 = every position rescaled (transformers' longrope)", minimum=0),
     )
     changes = ("frequencies", "length_dependent", "attention_factor")
     needs_training = False
@@ -62,7 +111,23 @@ class LongRoPE(Method):
             params["factor"] = max(1.0, max(params["long_factor"]))
         if params["attention_factor"] is None:
             params["attention_factor"] = longrope_attention_factor(params["factor"], params["original_max_position_embeddings"])
+        if params["start_tokens"] and length_dependence(info)[0] == "continuous":
+            raise InvalidParameterError(
+                f"longrope: start_tokens on a model whose own RoPE grows with the input length ('{info.rope_type}')",
+                "leave start_tokens at 0 on this model")
         return params
+
+    def position_dependent_rotation(self, params):
+        n = int(params.get("start_tokens") or 0)
+        if n == 0:
+            return None
+        return (f"its first n̂ = {n} positions rotate with the model's own frequencies and the rest with the "
+                "rescaled ones (start_tokens), which one frequency per rotary pair cannot hold")
+
+    def attach(self, rotary, info, params) -> None:
+        """With ``start_tokens`` > 0, make the positions below n̂ take the model's own cos/sin (:class:`StartTokenRotary`)."""
+        if int(params.get("start_tokens") or 0) > 0:
+            rotary.register_forward_hook(StartTokenRotary(info, params["start_tokens"]), with_kwargs=True)
 
     def example_params(self, info):
         return {"long_factor": [2.0] * (info.rotary_dim // 2)}
@@ -89,7 +154,7 @@ class LongRoPE(Method):
                 float(params["attention_factor"]))
 
     def transformers_rope(self, info, params):
-        if info.is_scaled:
+        if info.is_scaled or self.position_dependent_rotation(params):
             return None
         return {
             "rope_type": "longrope",
@@ -102,4 +167,6 @@ class LongRoPE(Method):
         }
 
     def exports_to(self, params=None):
+        if params is not None and self.position_dependent_rotation(params):
+            return []
         return ["transformers", "vllm"]

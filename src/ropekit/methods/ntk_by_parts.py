@@ -96,6 +96,9 @@ class NTKByParts(_ByParts):
     ``γ(r) = clamp((r − α)/(β − α), 0, 1)``, α = ``beta_slow`` = 1, β = ``beta_fast`` = 32 for Llama.
     No attention temperature. With ``ramp='dim'`` the ramp is linear in the pair index as in YaRN's code;
     that form exports to transformers as ``yarn`` with ``attention_factor = 1``.
+
+    Composition: γ from the effective wavelengths ``λ^eff_i = 2π/θ^eff_i`` against the effective window
+    (``r_i = C/λ^eff_i``), then ``θ'_i = (1 − γ_i)·θ^eff_i/s + γ_i·θ^eff_i``; the model's own attention factor kept.
     """
 
     name = "ntk_by_parts"

@@ -41,6 +41,10 @@ class SelfExtend(Method):
     ``group_size`` G defaults to the smallest one whose reach ``(C − W)·G + W`` covers ``factor·C`` when a
     target is given, else 32 (README example). ``window_size`` W defaults to 1024 (README, LCEG) capped at
     C/4 on small models, and must stay below the window C.
+
+    Composition: the frequencies are the model's own scaled ones ``θ^eff`` (and its attention factor), and the
+    grouped queries and keys are re-rotated with the same ``θ^eff`` at every length (on a switching LongRoPE
+    base, the set of the current length); ``C`` in the defaults and the reach is the effective window.
     """
 
     name = "self_extend"

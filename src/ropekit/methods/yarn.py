@@ -28,6 +28,11 @@ class YaRN(_ByParts):
     DeepSeek-V2/V3's keys: with ``mscale`` and ``mscale_all_dim`` both set (and no ``attention_factor``), the
     attention factor is ``(0.1·mscale·ln s + 1)/(0.1·mscale_all_dim·ln s + 1)`` — transformers' rule.
     ``truncate=false`` (gpt-oss) keeps the ramp's end dimensions fractional.
+
+    Composition: NTK-by-parts' rule on the effective frequencies — γ from ``r_i = C/λ^eff_i`` with ``C`` the
+    effective window (with ``ramp='dim'`` the ramp's end pairs are where ``r`` crosses β_fast and β_slow, YaRN's
+    closed form on plain RoPE), ``θ'_i = (1 − γ_i)·θ^eff_i/s + γ_i·θ^eff_i`` — and the temperature multiplies
+    the model's own attention factor (a Qwen ``yarn`` base's 0.1·ln s₀ + 1 times this one's 0.1·ln s + 1).
     """
 
     name = "yarn"

@@ -39,6 +39,12 @@ SHIPPED = {
     "qwen3-yarn": ("qwen3", lambda w: {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": w}, 4),
     "phi3.5": ("phi3", lambda w: {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": w,
                                   "short_factor": None, "long_factor": None}, 4),
+    # Phi-4-mini: LongRoPE on three quarters of each head (partial rotary), short and long factors
+    "phi4-mini": ("phi3", lambda w: {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": w,
+                                     "short_factor": None, "long_factor": None, "partial_rotary_factor": 0.75}, 4),
+    # Llama 3.2 (1B/3B): llama3 scaling with factor 32 (8,192 → 131,072 tokens)
+    "llama3.2": ("llama", lambda w: {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": w}, 32),
     "gpt-oss": ("gpt_oss", lambda w: {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                       "truncate": False, "original_max_position_embeddings": w}, 4),
     "deepseek-v3": ("deepseek_v3", lambda w: {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": w,
@@ -88,9 +94,11 @@ def tiny_config(
     head_dim = hidden_size // num_heads
     rope: dict = {"rope_type": "default", "rope_theta": float(rope_theta), **(rope_scaling or {})}
     if rope["rope_type"] == "longrope":
+        prf = float(rope.get("partial_rotary_factor") or partial_rotary_factor or 1.0)
+        pairs = int(head_dim * prf) // 2  # one factor per rotary pair
         for key in ("short_factor", "long_factor"):
             if rope.get(key) is None:
-                rope[key] = _longrope_factors(head_dim // 2, float(rope.get("factor", 4.0)), key == "short_factor")
+                rope[key] = _longrope_factors(pairs, float(rope.get("factor", 4.0)), key == "short_factor")
     kv = num_kv_heads or num_heads
     common = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
                   num_attention_heads=num_heads, max_position_embeddings=declared, tie_word_embeddings=False,

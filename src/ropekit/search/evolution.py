@@ -14,6 +14,12 @@ critical pair kept at 1 (LongRoPE2's "critical dimension"; the reference code's 
   running maximum, every value is rounded to the search grid (0.01) and clipped to ``[1, s]``, and a child
   already evaluated is drawn again: nothing is evaluated twice.
 
+* **Start tokens** (§3.2, ``I(λ_i, n̂)``): the number ``n̂`` of first positions kept un-interpolated is searched
+  jointly when a candidate set is given (``starts``; the paper's is :data:`PAPER_START_TOKENS`): it is then the
+  candidate's last gene, mutated (with the same probability, to another value of the set) and crossed over like a
+  factor. The closed-form seeds start at the smallest ``n̂`` of the set. Without ``starts`` a candidate is the
+  factors alone and the random stream is the one of a search without start tokens.
+
 The functions here only propose candidates; evaluating them (perplexity at the target length) and keeping
 them across crashes is :mod:`ropekit.search.longrope`'s job.
 """
@@ -26,12 +32,23 @@ from collections.abc import Callable, Sequence
 
 #: The search grid of the factors (the reference code's step).
 STEP = 0.01
+#: The start-token counts n̂ LongRoPE's search chooses from (Ding et al. 2024, §3.2).
+PAPER_START_TOKENS = (0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256)
+#: The factors λ_0 … λ_{d/2−1}, followed by n̂ (as a float) when the start tokens are searched.
 Candidate = tuple[float, ...]
 
 
-def snap(values: Sequence[float], factor: float, fixed_pairs: int = 0) -> Candidate:
+def split(c: Candidate, starts: Sequence[int] | None) -> tuple[Candidate, int | None]:
+    """``(factors, n̂)`` of a candidate (``n̂`` ``None`` when the start tokens are not part of it)."""
+    return (c[:-1], int(c[-1])) if starts else (c, None)
+
+
+def snap(values: Sequence[float], factor: float, fixed_pairs: int = 0, starts: Sequence[int] | None = None) -> Candidate:
     """A valid candidate near ``values``: on the 0.01 grid, in ``[1, s]``, non-decreasing, the first
-    ``fixed_pairs`` at 1."""
+    ``fixed_pairs`` at 1 (and, with ``starts``, the last value the nearest start-token count of the set)."""
+    if starts:
+        n_hat = min(starts, key=lambda n: (abs(n - float(values[-1])), n))
+        return snap(values[:-1], factor, fixed_pairs) + (float(n_hat),)
     top = math.floor(factor / STEP + 1e-9) * STEP  # the largest grid value inside [1, s]
     out, running = [], 1.0
     for i, value in enumerate(values):
@@ -53,19 +70,25 @@ def closed_forms(pairs: int, factor: float, yarn_gamma: Sequence[float] | None =
     return forms
 
 
-def mutate(parent: Candidate, rng: random.Random, factor: float, fixed_pairs: int, probability: float) -> Candidate:
-    """Each factor moves with probability ``probability`` by ``±k·(s − 1)/32``, ``k`` uniform in 1…8."""
+def mutate(parent: Candidate, rng: random.Random, factor: float, fixed_pairs: int, probability: float,
+           starts: Sequence[int] | None = None) -> Candidate:
+    """Each factor moves with probability ``probability`` by ``±k·(s − 1)/32``, ``k`` uniform in 1…8; with
+    ``starts``, n̂ moves with the same probability to another value of the set."""
     scale = max(factor - 1.0, STEP)
     values = list(parent)
-    for i in range(fixed_pairs, len(values)):
+    pairs = len(values) - (1 if starts else 0)
+    for i in range(fixed_pairs, pairs):
         if rng.random() < probability:
             values[i] += rng.choice((-1, 1)) * rng.randint(1, 8) * scale / 32
-    return snap(values, factor, fixed_pairs)
+    if starts and len(starts) > 1 and rng.random() < probability:
+        values[-1] = float(rng.choice([n for n in starts if n != int(values[-1])]))
+    return snap(values, factor, fixed_pairs, starts)
 
 
-def crossover(a: Candidate, b: Candidate, rng: random.Random, factor: float, fixed_pairs: int) -> Candidate:
-    """Each factor from ``a`` or ``b`` with equal odds."""
-    return snap([x if rng.random() < 0.5 else y for x, y in zip(a, b)], factor, fixed_pairs)
+def crossover(a: Candidate, b: Candidate, rng: random.Random, factor: float, fixed_pairs: int,
+              starts: Sequence[int] | None = None) -> Candidate:
+    """Each factor (and n̂, when it is searched) from ``a`` or ``b`` with equal odds."""
+    return snap([x if rng.random() < 0.5 else y for x, y in zip(a, b)], factor, fixed_pairs, starts)
 
 
 def fresh(make: Callable[[], Candidate], seen: set[Candidate], tries: int = 64) -> Candidate | None:
@@ -77,17 +100,24 @@ def fresh(make: Callable[[], Candidate], seen: set[Candidate], tries: int = 64) 
     return None
 
 
+def seed_candidate(values: Sequence[float], factor: float, fixed_pairs: int,
+                   starts: Sequence[int] | None = None) -> Candidate:
+    """A closed form as a candidate (at the smallest n̂ of ``starts`` when the start tokens are searched)."""
+    return snap([*values, *([min(starts)] if starts else [])], factor, fixed_pairs, starts)
+
+
 def initial_population(forms: dict[str, list[float]], size: int, rng: random.Random, factor: float,
-                       fixed_pairs: int, probability: float) -> list[Candidate]:
+                       fixed_pairs: int, probability: float, starts: Sequence[int] | None = None) -> list[Candidate]:
     """The closed forms, then their mutations up to ``size`` distinct candidates."""
     population: list[Candidate] = []
     for values in forms.values():
-        c = snap(values, factor, fixed_pairs)
+        c = seed_candidate(values, factor, fixed_pairs, starts)
         if c not in population:
             population.append(c)
     seeds = list(population)
     while len(population) < size:
-        child = fresh(lambda: mutate(rng.choice(seeds), rng, factor, fixed_pairs, probability), set(population))
+        child = fresh(lambda: mutate(rng.choice(seeds), rng, factor, fixed_pairs, probability, starts),
+                      set(population))
         if child is None:
             break
         population.append(child)
@@ -95,20 +125,21 @@ def initial_population(forms: dict[str, list[float]], size: int, rng: random.Ran
 
 
 def next_generation(scored: dict[Candidate, float], rng: random.Random, *, parents: int, mutations: int,
-                    crossovers: int, factor: float, fixed_pairs: int, probability: float) -> list[Candidate]:
+                    crossovers: int, factor: float, fixed_pairs: int, probability: float,
+                    starts: Sequence[int] | None = None) -> list[Candidate]:
     """Children of the best ``parents`` of everything evaluated so far (lowest objective first, ties by value)."""
     best = sorted(scored, key=lambda c: (scored[c], c))[:parents]
     seen = set(scored)
     children: list[Candidate] = []
     for _ in range(mutations):
-        child = fresh(lambda: mutate(rng.choice(best), rng, factor, fixed_pairs, probability), seen)
+        child = fresh(lambda: mutate(rng.choice(best), rng, factor, fixed_pairs, probability, starts), seen)
         if child is not None:
             seen.add(child)
             children.append(child)
     for _ in range(crossovers):
         if len(best) < 2:
             break
-        child = fresh(lambda: crossover(*rng.sample(best, 2), rng, factor, fixed_pairs), seen)
+        child = fresh(lambda: crossover(*rng.sample(best, 2), rng, factor, fixed_pairs, starts), seen)
         if child is not None:
             seen.add(child)
             children.append(child)

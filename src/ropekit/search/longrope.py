@@ -6,6 +6,11 @@ few search documents: by default documents of the training split the built-in ba
 installed with ropekit's ``longrope`` method (``θ'_i = θ^eff_i/λ_i`` beyond the original window, the model's
 own RoPE inside it, attention factor ``√(1 + ln s/ln C)``) and removed again after its evaluation.
 
+With ``start_tokens`` the first n̂ positions keep the model's own RoPE (LongRoPE §3.2, the method's
+``start_tokens``): one fixed n̂ for every candidate, or several, searched jointly with the factors
+(:mod:`.evolution`). A best candidate with n̂ > 0 cannot be written as transformers' ``longrope`` (one frequency
+per pair for every position): it is exported as rope type ``ropekit_longrope``, which ``ropekit.load`` restores.
+
 Every evaluated candidate is written to ``DIR/search.sqlite`` as it finishes (one transaction each, WAL,
 ``synchronous=FULL``). The search is a deterministic function of the seed and the objective values, so a
 restarted run replays the same generations and reads finished candidates back instead of evaluating them:
@@ -37,7 +42,8 @@ from ..errors import InvalidParameterError, RopekitError
 from ..eval.perplexity import score_windows
 from ..install import extend, rope_info, save_pretrained, uninstall
 from ..methods import get_method
-from .evolution import Candidate, closed_forms, initial_population, next_generation, snap
+from .evolution import (PAPER_START_TOKENS, Candidate, closed_forms, initial_population, next_generation, seed_candidate,
+                        split)
 
 #: The training split read for default search documents (bytes of cleaned standard-library text).
 TRAIN_BYTES = 1_500_000
@@ -56,6 +62,21 @@ class SearchSettings:
     fixed_pairs: int = 0
     population: int | None = None
     mutation_probability: float = 0.3
+    #: n̂: one value (fixed for every candidate) or several (searched among them); (0,) = no start tokens.
+    start_tokens: tuple[int, ...] = (0,)
+
+    @property
+    def searched_starts(self) -> tuple[int, ...] | None:
+        """The start-token counts searched among, or ``None`` when n̂ is fixed."""
+        return tuple(self.start_tokens) if len(self.start_tokens) > 1 else None
+
+    def record(self) -> dict[str, Any]:
+        """The settings as stored (``start_tokens`` only when used, so searches stored before it still resume)."""
+        out = asdict(self)
+        out["start_tokens"] = list(self.start_tokens)
+        if out["start_tokens"] == [0]:
+            del out["start_tokens"]
+        return out
 
     def shape(self) -> tuple[int, int, int, int]:
         """``(population, parents, mutations, crossovers)``: the paper's 64/32/16/16, scaled down to the budget."""
@@ -75,6 +96,15 @@ def check_settings(s: SearchSettings, window: int, pairs: int) -> None:
     if s.evaluations < 4:
         raise InvalidParameterError(f"--evaluations {s.evaluations} leaves no room for a search",
                                     "pass --evaluations 4 or more (the paper used about 1,300)")
+    starts = list(s.start_tokens)
+    if not starts or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in starts):
+        raise InvalidParameterError(f"--start-tokens {starts} must be whole numbers ≥ 0",
+                                    "pass e.g. --start-tokens 4, or --start-tokens 0,4,16, or --start-tokens paper")
+    if len(set(starts)) != len(starts):
+        raise InvalidParameterError(f"--start-tokens {starts} repeats a value", "pass each n̂ once")
+    if max(starts) >= s.target_length:
+        raise InvalidParameterError(f"--start-tokens {max(starts)} keeps the whole {s.target_length}-token input "
+                                    "un-interpolated", f"pass values below {s.target_length}")
     if s.documents < 1:
         raise InvalidParameterError("--documents must be at least 1", "pass e.g. --documents 4")
     if not 0.0 < s.mutation_probability <= 1.0:
@@ -104,9 +134,23 @@ def search_documents(tokenizer, settings: SearchSettings) -> list[list[int]]:
     return long_enough[:settings.documents]
 
 
-def objective(model, documents: list[list[int]], factors: Candidate, factor: float) -> float:
-    """Perplexity of ``model`` with long factors ``factors`` over ``documents`` (every predicted token)."""
-    extend(model, "longrope", long_factor=list(factors), factor=factor)
+def parse_start_tokens(text: str, target_length: int) -> tuple[int, ...]:
+    """``--start-tokens``: ``N`` (fixed), ``a,b,c`` (searched among), or ``paper`` (the paper's set
+    :data:`~.evolution.PAPER_START_TOKENS`, the values below the target length)."""
+    if text.strip().lower() == "paper":
+        return tuple(n for n in PAPER_START_TOKENS if n < target_length)
+    try:
+        values = tuple(int(v) for v in text.replace(";", ",").split(",") if v.strip())
+    except ValueError:
+        raise InvalidParameterError(f"--start-tokens {text!r} is not a number or a comma-separated list",
+                                    "pass e.g. --start-tokens 4, --start-tokens 0,4,16 or --start-tokens paper") from None
+    return values
+
+
+def objective(model, documents: list[list[int]], factors: Candidate, factor: float, start_tokens: int = 0) -> float:
+    """Perplexity of ``model`` with long factors ``factors`` (and the first ``start_tokens`` positions
+    un-interpolated) over ``documents`` (every predicted token)."""
+    extend(model, "longrope", long_factor=list(factors), factor=factor, start_tokens=start_tokens)
     try:
         nll, count = 0.0, 0
         for doc in documents:
@@ -143,7 +187,7 @@ class SearchStore:
             self.conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             self.conn.execute("CREATE TABLE IF NOT EXISTS candidates (factors TEXT PRIMARY KEY, objective REAL NOT NULL, "
                               "generation INTEGER NOT NULL, seconds REAL NOT NULL, evaluated_at TEXT NOT NULL)")
-        wanted = json.dumps(asdict(settings), sort_keys=True)
+        wanted = json.dumps(settings.record(), sort_keys=True)
         row = self.conn.execute("SELECT value FROM meta WHERE key = 'settings'").fetchone()
         if row is None:
             with self.conn:
@@ -186,12 +230,14 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     factor = settings.target_length / info.window
+    starts = settings.searched_starts
     documents = search_documents(tokenizer, settings)
     if evaluate is None:
         def evaluate(batch):
             for c in batch:
                 started = time.perf_counter()
-                yield c, objective(model, documents, c, factor), time.perf_counter() - started
+                factors, n_hat = candidate_args(c, settings)
+                yield c, objective(model, documents, factors, factor, n_hat), time.perf_counter() - started
 
     store = SearchStore(out / "search.sqlite", settings)
     started = time.perf_counter()
@@ -202,7 +248,7 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
         scored: dict[Candidate, float] = {}
         generation, evaluated_here = 0, 0
         batch = initial_population(seed_factors(model, factor, settings.target_length), population, rng, factor,
-                                   settings.fixed_pairs, settings.mutation_probability)
+                                   settings.fixed_pairs, settings.mutation_probability, starts)
         with runtime.progress("LongRoPE search", total=settings.evaluations, enabled=progress) as bar:
             while batch:
                 batch = batch[:settings.evaluations - len(scored)]
@@ -223,18 +269,19 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
                 generation += 1
                 batch = next_generation(scored, rng, parents=parents, mutations=mutations, crossovers=crossovers,
                                         factor=factor, fixed_pairs=settings.fixed_pairs,
-                                        probability=settings.mutation_probability)
+                                        probability=settings.mutation_probability, starts=starts)
         evaluation_seconds = store.evaluation_seconds()
     finally:
         store.close()
     best = min(scored, key=lambda c: (scored[c], c))
-    extend(model, "longrope", long_factor=list(best), factor=factor)
-    with runtime.quiet_transformers():
-        report = save_pretrained(model, out / "model", tokenizer, rope_format="native")
+    best_factors, best_start = candidate_args(best, settings)
+    extend(model, "longrope", long_factor=list(best_factors), factor=factor, start_tokens=best_start)
+    with runtime.quiet_transformers():  # n̂ > 0 has no per-pair form: rope type ropekit_longrope
+        report = save_pretrained(model, out / "model", tokenizer, rope_format="native" if best_start == 0 else "ropekit")
     uninstall(model)
     seeds = seed_factors(model, factor, settings.target_length)  # which closed forms the search started from
     result = {
-        "settings": asdict(settings),
+        "settings": {**asdict(settings), "start_tokens": list(settings.start_tokens)},
         "window": info.window,
         "factor": factor,
         "evaluations": len(scored),
@@ -242,8 +289,9 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
         "generations": generation + 1,
         "seconds": round(time.perf_counter() - started, 1),
         "evaluation_seconds": round(evaluation_seconds, 1),
-        "best": {"long_factor": list(best), "perplexity": scored[best]},
-        "seeds": {name: scored.get(snap(values, factor, settings.fixed_pairs)) for name, values in seeds.items()},
+        "best": {"long_factor": list(best_factors), "start_tokens": best_start, "perplexity": scored[best]},
+        "seeds": {name: scored.get(seed_candidate(values, factor, settings.fixed_pairs, starts))
+                  for name, values in seeds.items()},
         "export": report,
     }
     tmp = out / "result.json.tmp"
@@ -252,6 +300,12 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
     return result
 
 
+
+
+def candidate_args(c: Candidate, settings: SearchSettings) -> tuple[Candidate, int]:
+    """``(long factors, n̂)`` a candidate is evaluated with."""
+    factors, n_hat = split(c, settings.searched_starts)
+    return factors, settings.start_tokens[0] if n_hat is None else n_hat
 
 
 # ---- worker processes: each loads the model once and evaluates the candidates it is sent -------------------------
@@ -266,12 +320,13 @@ def worker_init(model_path: str, settings: SearchSettings, threads: int) -> None
     with runtime.quiet_transformers():
         loaded = load_model(model_path)
     _WORKER.update(model=loaded.model, documents=search_documents(loaded.tokenizer, settings),
-                   factor=settings.target_length / rope_info(loaded.model).window)
+                   factor=settings.target_length / rope_info(loaded.model).window, settings=settings)
 
 
 def worker_evaluate(c: Candidate) -> tuple[Candidate, float, float]:
     started = time.perf_counter()
-    value = objective(_WORKER["model"], _WORKER["documents"], c, _WORKER["factor"])
+    factors, n_hat = candidate_args(c, _WORKER["settings"])
+    value = objective(_WORKER["model"], _WORKER["documents"], factors, _WORKER["factor"], n_hat)
     return c, value, time.perf_counter() - started
 
 
