@@ -99,7 +99,13 @@ def test_page_is_self_contained_escaped_and_embeds_valid_pngs(report):
         with open(p, "rb") as fh:
             assert is_png(fh.read())
     md = (directory / "report" / "summary.md").read_text()
-    assert "<script" not in md and "&lt;script>alert('x')&lt;/script>" in md
+    # Markdown, not HTML: nothing is HTML-escaped; a "<" that could open a tag is backslash-escaped, so a
+    # CommonMark renderer shows the hostile label as text and creates no element
+    assert "&lt;" not in md and "&amp;" not in md and r"\<script>alert('x')\</script>" in md
+    assert not re.search(r"(?<!\\)<[A-Za-z/!?]", md)
+    markdown_it = pytest.importorskip("markdown_it")
+    rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(md)
+    assert "<script" not in rendered and "&lt;script&gt;alert(" in rendered
     assert "| Rank | Method |" in md
 
 
@@ -171,7 +177,7 @@ def test_other_tasks_get_their_sections_and_breakdowns(tmp_path):
     # the RULER breakdown at the target length: one column per subtask
     table = html[html.index("RULER by subtask at 128 tokens"):]
     table = table[:table.index("</table>")]
-    assert "<th>niah_single_1</th><th>vt</th>" in table and ">75.0</td>" in table and ">100.0</td>" in table
+    assert "<th>niah_single_1</th><th>vt</th>" in table and ">75.0</span>" in table and ">100.0</span>" in table
     assert "Many-shot in-context learning by shots at 128 tokens" in html
     # ranking falls to the first retrieval task present (niah), all lengths beyond the 64-token window
     assert summary["ranking"]["task"] == "niah" and [r["method"] for r in summary["ranking"]["rows"]] == ["pi", "plain"]
@@ -186,3 +192,39 @@ def test_report_command_writes_the_report_and_fails_in_one_line_without_a_study(
     assert paths["html"] == str(tmp_path / "report" / "index.html") and (tmp_path / "report" / "index.html").is_file()
     code, _, err = run_cli("report", str(tmp_path / "missing"))
     assert code == 2 and len(err.strip().splitlines()) == 1 and "study.sqlite" in err
+
+
+def test_every_cell_has_an_interval_and_every_table_its_counts(report):
+    directory, records, _ = report
+    summary = json.loads((directory / "report" / "summary.json").read_text())
+    for row in summary["aggregates"]:
+        assert {"value", "ci95", "n"} <= set(row), row
+        lo, hi = row["ci95"]
+        assert lo <= hi and row["n"] >= 1, row
+    # one cell by hand: passkey of "plain" at 64 tokens, its 6 prompts resampled as the docstring says
+    np = pytest.importorskip("numpy")
+    from ropekit.study import stats
+
+    keyed = sorted((r for r in records["passkey"] if r["method"] == "plain" and r["length"] == 64), key=lambda r: (r["depth"], r["trial"]))
+    scores = [r["score"] for r in keyed]
+    draws = np.random.default_rng(stats.BOOTSTRAP_SEED).integers(0, 6, size=(stats.BOOTSTRAP_RESAMPLES, 6))
+    means = sorted(sum(scores[i] for i in row) / 6 for row in draws.tolist())
+    h = (len(means) - 1) * 0.025
+    lo = means[int(h)] + (h - int(h)) * (means[int(h) + 1] - means[int(h)])
+    assert value(summary, "plain", "passkey", 64, "accuracy")["ci95"][0] == pytest.approx(lo)
+    assert summary["statistics"]["resamples"] == stats.BOOTSTRAP_RESAMPLES and summary["statistics"]["seed"] == stats.BOOTSTRAP_SEED
+    html = (directory / "report" / "index.html").read_text()
+    for caption in re.findall(r'<p class="caption">(.*?)</p>', html):
+        if caption.startswith(("Perplexity", "Passkey", "Methods ranked")):
+            assert re.search(r"n = \d", caption), caption
+    assert html.count('<span class="ci">') >= 3 * len(METHODS) * len(LENGTHS)
+    md = (directory / "report" / "summary.md").read_text()
+    assert re.search(r"\| [\d.]+ \[[\d.]+, [\d.]+\] \|", md)  # "value [low, high]" cells
+    assert "## Findings" in md and "arXiv:2409.12181" in md and "arXiv:2309.10400" in md
+
+
+def test_markdown_escape_keeps_text_literal():
+    from ropekit.study.report_tables import _md_escape
+
+    assert _md_escape("p < 0.05, a > b, 1 & 2") == "p < 0.05, a > b, 1 & 2"
+    assert _md_escape("<b>x</b> &amp; a|b *c* [l](u)") == r"\<b>x\</b> \&amp; a\|b \*c\* [l]\(u)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 from test_runner import SMALL
@@ -80,3 +81,33 @@ def test_a_seeded_study_with_a_control_and_two_perplexity_protocols(tmp_path):
     for method in ("base", "base-ft"):
         rows = [r for r in same if r["method"] == method and r.get("seed") in (None, 0)]
         assert {r["tokens_scored"] for r in rows} and len({(r["doc"], r["tokens_scored"]) for r in rows}) == 2
+
+
+def test_the_report_keeps_two_perplexity_protocols_apart_and_judges_the_window_on_identical_targets(tmp_path):
+    import json
+    import math
+
+    from ropekit.study.report import write_report
+
+    raw = _seeded()
+    raw["variants"] = [{"label": "base"}, {"label": "pi", "method": "pi", "params": {"factor": 4}}]
+    raw["window"] = 64
+    raw["target_length"] = 128
+    config = parse_study(raw)
+    run_study(config, tmp_path, progress=False)
+    out = write_report(tmp_path)
+    summary = json.loads(Path(out["json"]).read_text())
+    rows = [c for c in summary["aggregates"] if c["metric"] == "ppl"]
+    by_task = {(r["task"], r["method"], r["length"]): r for r in rows}
+    records = open_study(tmp_path).samples()
+    for task, mode in (("ppl", "truncate"), ("ppl-same", "same_targets")):
+        for length in (64, 128):
+            mine = [r for r in records if r["task"] == task and r["method"] == "base" and r["length"] == length]
+            assert {r["score_mode"] for r in mine} == {mode}
+            # the cell is exp(Σ nll / Σ tokens) over this protocol's documents only
+            want = math.exp(sum(r["nll_sum"] for r in mine) / sum(r["tokens_scored"] for r in mine))
+            assert by_task[(task, "base", length)]["value"] == pytest.approx(want, rel=1e-9)
+    html = Path(out["html"]).read_text()
+    assert "Perplexity: ppl-same" in html
+    claim = next(c for c in summary["findings"]["claims"] if c["id"] == "a")
+    assert "ppl-same" in claim["rule"]

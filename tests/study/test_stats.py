@@ -168,3 +168,190 @@ def test_perplexity_correlations_and_ranking():
     ranking = stats.rank_methods(stats.Table(stats.aggregate(recs + twin)), window=64, target_length=128)
     ranks = {r["method"]: r["rank"] for r in ranking["rows"]}
     assert ranks["pi"] == ranks["pi2"] == 2 and ranks["ntk"] == 4 and ranking["rows"][-1]["method"] == "lonely"
+
+
+# ---- bootstrap intervals, paired comparisons, seeds, ties --------------------------------------------------
+# The references below re-implement the documented resampling by hand: the draws follow the contract of the
+# stats module's docstring (numpy Generator with BOOTSTRAP_SEED; per stratum in ascending order,
+# integers(0, n_s, size=(B, n_s))), the statistic is recomputed resample by resample in plain Python, and the
+# percentiles come from sorting (linear interpolation between order statistics).
+np = pytest.importorskip("numpy")
+B = stats.BOOTSTRAP_RESAMPLES
+
+
+def naive_percentile(values, q):
+    """The q-th percentile by sorting, linear interpolation between the order statistics (numpy's default)."""
+    xs = sorted(values)
+    h = (len(xs) - 1) * q / 100
+    lo = math.floor(h)
+    return xs[lo] + (h - lo) * (xs[min(lo + 1, len(xs) - 1)] - xs[lo])
+
+
+def draws(sizes, seed=stats.BOOTSTRAP_SEED):
+    """The resamples' unit indices, per stratum (sizes in the strata's ascending order)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, n, size=(B, n)).tolist() for n in sizes]
+
+
+def acc_record(method, length, score, trial, **extra):
+    return {"task": "passkey", "method": method, "params": {}, "length": length, "depth": 0.5, "trial": trial, "score": score, **extra}
+
+
+def test_ppl_interval_is_the_document_bootstrap_of_the_pooled_perplexity():
+    nll = [310.0, 260.0, 402.0, 280.0, 350.0, 295.0, 330.0]
+    tokens = [63, 60, 63, 55, 63, 61, 63]
+    recs = [ppl_record("yarn", 64, s, t, d) for d, (s, t) in enumerate(zip(nll, tokens))]
+    (row,) = stats.aggregate(recs)
+    (idx,) = draws([7])
+    reps = [sum(nll[i] for i in row_) / sum(tokens[i] for i in row_) for row_ in idx]  # mean NLL of each resample
+    expect = [math.exp(naive_percentile(reps, 2.5)), math.exp(naive_percentile(reps, 97.5))]
+    assert row["value"] == pytest.approx(math.exp(sum(nll) / sum(tokens)))
+    assert row["ci95"] == pytest.approx(expect, rel=1e-12) and row["n"] == 7
+    assert row["ci95"][0] < row["value"] < row["ci95"][1]
+    # deterministic: the same records give the same interval
+    assert stats.aggregate(list(reversed(recs)))[0]["ci95"] == pytest.approx(row["ci95"], rel=1e-12)
+
+
+def test_accuracy_interval_matches_the_exact_bootstrap_distribution():
+    """Resampling 40 prompts of which 20 are right: the count of right ones in a resample is Binomial(40, 1/2),
+    so the bootstrap interval is the binomial's 2.5 % and 97.5 % quantiles over 40 (up to one prompt)."""
+    from scipy.stats import binom
+
+    recs = [acc_record("pi", 128, float(i % 2), i) for i in range(40)]
+    (row,) = stats.aggregate(recs)
+    lo, hi = binom.ppf(0.025, 40, 0.5) / 40, binom.ppf(0.975, 40, 0.5) / 40
+    assert (lo, hi) == (14 / 40, 26 / 40)
+    assert row["value"] == 0.5 and row["ci95"][0] == pytest.approx(lo, abs=1 / 40) and row["ci95"][1] == pytest.approx(hi, abs=1 / 40)
+    # all prompts alike: the interval is the point
+    (row,) = stats.aggregate([acc_record("pi", 128, 1.0, i) for i in range(10)])
+    assert row["ci95"] == [1.0, 1.0]
+
+
+def test_macro_average_resamples_within_subtasks():
+    scores = {"a": [1.0, 0.0, 1.0], "b": [0.0, 0.0, 1.0, 0.5, 1.0]}
+    recs = [{"task": "ruler", "method": "yarn", "params": {}, "length": 64, "subtask": sub, "sample": i, "score": s}
+            for sub, ss in scores.items() for i, s in enumerate(ss)]
+    (row,) = stats.aggregate(recs)
+    ia, ib = draws([3, 5])  # strata in ascending order: a, b
+    reps = [(sum(scores["a"][i] for i in ra) / 3 + sum(scores["b"][i] for i in rb) / 5) / 2 for ra, rb in zip(ia, ib)]
+    assert row["value"] == pytest.approx((2 / 3 + 2.5 / 5) / 2)
+    assert row["ci95"] == pytest.approx([naive_percentile(reps, 2.5), naive_percentile(reps, 97.5)], rel=1e-12)
+
+
+def test_paired_comparison_is_tight_where_cells_are_wide():
+    """Documents differ a lot, methods by a constant 2 % per token: each cell's interval is wide, but the paired
+    ratio is the same in every resample, and significant."""
+    hard = [3.0, 4.5, 3.4, 5.0, 3.9, 4.2]
+    recs = [ppl_record("a", 64, h * 50, 50, d) for d, h in enumerate(hard)]
+    recs += [ppl_record("b", 64, (h + 0.02) * 50, 50, d) for d, h in enumerate(hard)]
+    analysis = stats.Analysis(recs)
+    ca, cb = analysis.table.row("a", "ppl", 64, "ppl")["ci95"], analysis.table.row("b", "ppl", 64, "ppl")["ci95"]
+    assert ca[1] > cb[0]  # the cells' intervals overlap …
+    c = analysis.compare("b", "a", "ppl", 64, "ppl")
+    assert c["kind"] == "ratio" and c["estimate"] == pytest.approx(math.exp(0.02))
+    assert c["ci95"] == pytest.approx([math.exp(0.02)] * 2) and c["significant"] and c["direction"] == 1 and c["n"] == 6  # … the pair does not
+
+
+def test_paired_accuracy_difference_against_a_naive_paired_bootstrap():
+    a = [1, 1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1]
+    b = [0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0]
+    recs = [acc_record("a", 64, float(s), i) for i, s in enumerate(a)] + [acc_record("b", 64, float(s), i) for i, s in enumerate(b)]
+    c = stats.Analysis(recs).compare("a", "b", "passkey", 64, "accuracy")
+    (idx,) = draws([12])
+    reps = [sum(a[i] - b[i] for i in row) / 12 for row in idx]
+    assert c["kind"] == "difference" and c["estimate"] == pytest.approx(5 / 12) and c["n"] == 12
+    assert c["ci95"] == pytest.approx([naive_percentile(reps, 2.5), naive_percentile(reps, 97.5)], abs=1e-12)
+    assert c["significant"] == (c["ci95"][0] > 0)
+    # with fewer shared prompts than MIN_PAIRED nothing is called significant, whatever the interval
+    few = [acc_record("a", 64, 1.0, i) for i in range(3)] + [acc_record("b", 64, 0.0, i) for i in range(3)]
+    c = stats.Analysis(few).compare("a", "b", "passkey", 64, "accuracy")
+    assert c["ci95"] == [1.0, 1.0] and not c["significant"] and c["direction"] == 0
+
+
+def test_seeds_are_averaged_and_their_spread_reported():
+    recs = []
+    for seed, shift in ((0, 0.0), (1, 0.1), (2, 0.3)):
+        recs += [ppl_record("yarn-ft", 64, (2.0 + shift + d / 10) * 40, 40, d, seed=seed) for d in range(4)]
+        recs += [acc_record("yarn-ft", 64, float(i < 2 + seed), i, seed=seed) for i in range(6)]
+    table = stats.Analysis(recs).table
+    per_seed = [math.exp(statistics_mean([2.0 + s + d / 10 for d in range(4)])) for s in (0.0, 0.1, 0.3)]
+    row = table.row("yarn-ft", "ppl", 64, "ppl")
+    assert row["seeds"] == 3 and row["n"] == 4
+    assert row["value"] == pytest.approx(math.exp(statistics_mean([math.log(p) for p in per_seed])))  # geometric mean
+    assert (row["seed_min"], row["seed_max"]) == pytest.approx((per_seed[0], per_seed[2]))
+    row = table.row("yarn-ft", "passkey", 64, "accuracy")
+    accs = [2 / 6, 3 / 6, 4 / 6]
+    assert row["value"] == pytest.approx(0.5) and row["seed_sd"] == pytest.approx(statistics_stdev(accs))
+    assert row["seed_values"] == pytest.approx({"0": accs[0], "1": accs[1], "2": accs[2]})
+    # no seed field: one seed, no seed keys
+    assert "seeds" not in stats.aggregate([acc_record("x", 64, 1.0, 0)])[0]
+
+
+def statistics_mean(xs):
+    return sum(xs) / len(xs)
+
+
+def statistics_stdev(xs):
+    m = statistics_mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def test_kendall_interval_resamples_methods():
+    """Without sample noise (every document and prompt of a method alike) the two-level bootstrap reduces to
+    resampling methods: compare with τ-b counted pair by pair on the documented method draws."""
+    ppl = {"m0": 5.0, "m1": 6.0, "m2": 7.5, "m3": 8.0, "m4": 9.0, "m5": 12.0}
+    acc = {"m0": 0.9, "m1": 0.8, "m2": 0.85, "m3": 0.4, "m4": 0.5, "m5": 0.1}
+    recs = []
+    for m, p in ppl.items():
+        recs += [ppl_record(m, 128, math.log(p) * 10, 10, d) for d in range(3)]
+        recs += [acc_record(m, 128, acc[m], t) for t in range(4)]
+    table = stats.Analysis(recs).table
+    (row,) = [k for k in stats.perplexity_correlations(table, 128) if k["mode"] == "target"]
+    names = list(ppl)
+    idx = np.random.default_rng(stats.BOOTSTRAP_SEED + 1).integers(0, 6, size=(B, 6)).tolist()
+    taus = []
+    for r in idx:
+        x, y = [ppl[names[i]] for i in r], [acc[names[i]] for i in r]
+        if len(set(x)) > 1 and len(set(y)) > 1:
+            taus.append(naive_tau_b(x, y)[0])
+    assert row["tau"] == pytest.approx(naive_tau_b([ppl[m] for m in names], [acc[m] for m in names])[0])
+    assert row["ci95"] == pytest.approx([naive_percentile(taus, 2.5), naive_percentile(taus, 97.5)], abs=1e-12)
+
+
+def test_pooled_kendall_over_tasks():
+    recs = []
+    for i, m in enumerate(("a", "b", "c", "d")):
+        recs += [ppl_record(m, 128, (2.0 + i / 10) * 10, 10, d) for d in range(2)]
+        recs += [acc_record(m, 128, 1.0 - i / 4, t) for t in range(2)]
+        recs += [{"task": "niah", "method": m, "params": {}, "length": 128, "depth": 0.5, "trial": t, "score": [0.5, 0.7, 0.2, 0.1][i]}
+                 for t in range(2)]
+    rows = stats.perplexity_correlations(stats.Analysis(recs).table, 128)
+    (pooled,) = [k for k in rows if k["task"] == "pooled" and k["mode"] == "target"]
+    mean_acc = [(1.0 - i / 4 + [0.5, 0.7, 0.2, 0.1][i]) / 2 for i in range(4)]
+    assert pooled["tasks"] == ["passkey", "niah"] and pooled["methods"] == ["a", "b", "c", "d"]
+    assert pooled["tau"] == pytest.approx(naive_tau_b([2.0, 2.1, 2.2, 2.3], mean_acc)[0])
+
+
+def test_ranking_ties_methods_inside_the_noise():
+    """a and b solve the same prompts but one (12 prompts, 1 discordant): tied; c solves far fewer: below both.
+    Perplexity 129.0 against 129.1 with document noise does not separate a and b either."""
+    a = [1.0] * 10 + [0.0, 1.0]
+    b = [1.0] * 10 + [1.0, 0.0]
+    c = [1.0, 0.0] * 6
+    recs = []
+    noise = [0.3, -0.2, 0.1, -0.4, 0.25, 0.0]
+    jitter = [0.05, -0.04, 0.03, -0.05, 0.06, -0.05]  # b against a, document by document: no consistent direction
+    for m, scores, p in (("a", a, 129.0), ("b", b, 129.1), ("c", c, 129.05)):
+        recs += [acc_record(m, 128, s, i) for i, s in enumerate(scores)]
+        recs += [ppl_record(m, 128, (math.log(p) + noise[d] + (jitter[d] if m == "b" else 0.0)) * 20, 20, d) for d in range(6)]
+    table = stats.Analysis(recs).table
+    ranking = stats.rank_methods(table, window=64, target_length=128)
+    got = {r["method"]: (r["rank"], r["tied"]) for r in ranking["rows"]}
+    assert got == {"a": (1, True), "b": (1, True), "c": (3, False)}
+    assert [r["method"] for r in ranking["rows"]][-1] == "c"
+    assert "significantly better" in ranking["rule"] and "tied" in ranking["rule"]
+    # a consistent shift of b, document by document, is significant however small
+    shifted = [r for r in recs if r["task"] != "ppl" or r["method"] != "b"]
+    shifted += [ppl_record("b", 128, (math.log(129.0) + noise[d] + 0.002) * 20, 20, d) for d in range(6)]
+    ranking = stats.rank_methods(stats.Analysis(shifted).table, window=64, target_length=128)
+    assert {r["method"]: r["rank"] for r in ranking["rows"]} == {"a": 1, "b": 2, "c": 3}

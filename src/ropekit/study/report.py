@@ -2,29 +2,62 @@
 
 Reads ``DIR/study.sqlite`` (:mod:`ropekit.study.store`) and writes into ``DIR/report/``:
 
-* ``index.html`` — one page with no external assets: CSS inline, every figure embedded as a base64 PNG,
-  all text HTML-escaped (jinja2 autoescape). At the top the manifest (model, pretrained window → target
-  length, machine, versions, wall time) and the ranked headline table; then one section per task that has
-  results (a task without results has no section): perplexity vs length and the per-position NLL curves
-  (LCEG Fig. 3), passkey and needle heatmaps per method (depth × length, the red → yellow → green
-  convention of gkamradt's needle notebook and LCEG, drawn by :func:`ropekit.eval.plots.heatmap`),
-  accuracy vs length and method × length tables for every accuracy task with a per-subtask breakdown for
-  RULER, LongBench and many-shot, attention entropy, the speed/memory table (LCEG Table 8), Kendall τ
-  between perplexity and each downstream accuracy across methods (LCEG Table 6), training loss curves,
-  and the state of the study's pieces;
-* ``summary.json`` — the manifest, every aggregate ``{"method", "task", "length", "metric", "value", "n"}``
-  (:func:`ropekit.study.stats.aggregate`), the ranking, the Kendall rows and the piece counts;
-* ``summary.md`` — the same tables in Markdown;
+* ``index.html`` — one page with no external assets: CSS inline, every figure embedded as a base64 PNG drawn
+  at 2× (200 dpi, shown at its natural size, half its pixels, never scaled up), all text HTML-escaped
+  (jinja2 autoescape). From the top: the manifest (model, pretrained window → target length, machine,
+  versions, wall time); **Findings** — a headline generated from the data and, for each claim of LCEG
+  (Lu et al. 2024, arXiv:2409.12181) and PoSE (Zhu et al., arXiv:2309.10400), the claim, its verdict
+  (holds / does not hold / inconclusive at this scale / not measured in this study), the rule that decided
+  it and the numbers with their intervals (:mod:`.report_findings`), how the statistics are computed, and
+  the papers; the **ranking** with ties; the **effect relative to the control** ``base-ft`` (the plain model
+  fine-tuned with the same recipe), when the study has it: per method and length the perplexity ratio and
+  the accuracy difference with paired-bootstrap intervals, marked significant or not; one section per task
+  that has results (a task without results has no section): perplexity vs length, perplexity relative to
+  the control (else the base model) and the per-position NLL curves (LCEG Fig. 3), passkey and needle
+  heatmaps per method (depth × length, the red → yellow → green convention of gkamradt's needle notebook
+  and LCEG, drawn as :func:`ropekit.eval.plots.heatmap` draws one), accuracy vs length and method × length
+  tables for every accuracy task with a per-subtask breakdown for RULER, LongBench and many-shot, attention
+  entropy, the speed/memory table (LCEG Table 8), Kendall τ between perplexity and each downstream
+  accuracy, and pooled over the tasks, across methods with its interval (LCEG Table 6); a **method card**
+  per variant (method, parameters, type, recipe — steps, learning rate, sequence length, PoSE and LoRA
+  settings — and its cost: seconds of its training, LongRoPE factor search and evaluations); training loss
+  curves; the state of the study's pieces;
+* ``summary.json`` — the manifest; ``statistics`` (how intervals are computed: resamples, seed, level);
+  ``findings`` (headline and claims); every aggregate ``{"method", "task", "length", "metric", "value",
+  "ci95": [low, high], "n", …}`` (:class:`ropekit.study.stats.Analysis`; with several seeds also ``seeds``,
+  ``seed_values``, ``seed_min``, ``seed_max``, ``seed_sd``); the ranking (``rank``, ``tied``, intervals);
+  the Kendall rows with ``ci95``; ``control`` (every method × task × length comparison with the control);
+  ``method_cards``; ``papers``; the piece counts;
+* ``summary.md`` — the findings and the same tables in Markdown (CommonMark/GFM: text that could open an
+  HTML tag is backslash-escaped, nothing is HTML-escaped);
 * the PNG figures the page embeds.
+
+Every table cell shows its value with its 95 % bootstrap interval (and the spread over seeds where there
+are several), every table says how many documents or prompts stand behind a cell, and every plotted value
+has an error bar or band (:mod:`ropekit.study.stats` documents the bootstrap: documents resampled for
+perplexity, prompts for accuracy — within subtasks for RULER and LongBench — paired across methods and
+lengths). Bold in a method × length table marks the best value and every value not significantly
+different from it, and only where some method is significantly worse; ranks are 1 + the number of
+methods significantly better, so methods inside each other's noise share a rank (``2=``).
+
+Figures (:mod:`.report_figures`) use small multiples — one panel per method family with the base model
+and the control as grey references — a palette distinct within each panel, solid lines for frozen and
+searched variants and dashed ones for fine-tuned variants (dash-dotted for PoSE); matplotlib's
+constrained layout keeps titles, labels and legends apart, and every figure is checked for overlapping
+or cut-off text (``figure_overlaps`` in :func:`write_report`'s result).
 
 Manifest keys read (top level, or inside ``config``): ``name``, ``model``, ``window`` (the base model's
 pretrained context, tokens), ``target_length`` (the length the study extends to), ``methods`` (display
-order), ``machine``, ``versions``, ``seeds``, ``created``/``updated``. Figures draw dashed vertical lines at
-``window`` and ``target_length`` where they are known.
+order), ``machine``, ``versions``, ``seeds``, ``created``/``updated``; from ``config`` also ``variants``
+(label, method, params, finetune — with PoSE under ``finetune.data.pose`` —, search) and ``recipe``, for
+the variants' kinds and the method cards (without them, kinds come from the pieces: a ``train:`` piece
+means fine-tuned, ``search:`` searched; ``base``/``plain`` is the base model, ``base-ft`` the control).
+Figures draw dashed vertical lines at ``window`` and ``target_length`` where they are known.
 
 The work is split by job: :mod:`.report_format` (number formats, colours, manifest settings),
-:mod:`.report_figures` (the PNGs), :mod:`.report_tables` (tables, header, Markdown); this module gathers
-them into the page and writes the files. The formatting helpers stay importable from here.
+:mod:`.report_figures` (the PNGs), :mod:`.report_tables` (tables, header, Markdown), :mod:`.report_findings`
+(variants, claims, control effects, method cards); this module gathers them into the page and writes the
+files. The formatting helpers stay importable from here.
 """
 
 from __future__ import annotations
@@ -37,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RopekitError
+from . import report_findings as findings
 from . import stats
 from .report_figures import _figure, _Figures
 from .report_format import (
@@ -61,11 +95,12 @@ from .report_format import (
 )
 from .report_tables import (
     _breakdown_table,
+    _cards_table,
+    _control_tables,
     _header,
     _headline,
     _heatmaps,
     _kendall_table,
-    _kinds,
     _length_table,
     _md_escape,
     _md_table,
@@ -101,67 +136,101 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
     target = _int_or_none(_setting(manifest, "target_length"))
     methods = stats.method_order([r.get("method") for r in records] + [p["method"] for p in pieces if p["method"]],
                                  _preferred_methods(manifest))
-    rows = stats.aggregate(records, methods)
-    table = stats.Table(rows)
+    analysis = stats.Analysis(records, methods)
+    rows = analysis.rows
+    table = analysis.table
+    methods = [m for m in methods if m in table.methods() or any(p["method"] == m for p in pieces)]
+    infos = findings.variants(manifest, pieces, records, methods)
     kendall = stats.perplexity_correlations(table, target)
     ranking = stats.rank_methods(table, window, target, methods)
-    kinds = _kinds(pieces)
-    figs = _Figures(out, methods, window, target)
+    claims = findings.evaluate_claims(table, infos, window, target, kendall)
+    control = findings.control_label(infos)
+    effects = findings.control_effects(table, infos, control) if control else []
+    cards = findings.method_cards(infos, pieces, records)
+    figs = _Figures(out, methods, window, target, infos)
     sections: list[dict[str, Any]] = []
     tables_md: list[dict[str, Any]] = []
 
-    def section(key, title, intro="", figures=(), tables=()):
+    def section(key, title, intro="", figures=(), tables=(), **extra):
         figures = [f for f in figures if f]
         tables = [t for t in tables if t and t["rows"]]
-        if figures or tables:
-            sections.append({"id": key, "title": title, "intro": intro, "figures": figures, "tables": tables})
+        if figures or tables or extra:
+            sections.append({"id": key, "title": title, "intro": intro, "figures": figures, "tables": tables, **extra})
             tables_md.extend(tables)
 
-    headline = _headline(table, ranking, methods, kinds, window, target)
+    headline = _headline(table, ranking, methods, infos, window, target)
+    summary_text = findings.headline(table, ranking, claims, window, target) if records else ""
     if headline:
         tables_md.append(headline)
     tasks = table.tasks()
+    if control and effects:
+        section("control", f"Effect relative to the control ({control})",
+                f"{control} is the plain model fine-tuned with the same recipe as every fine-tuned method: the difference between a "
+                f"fine-tuned method and {control} is the method's own effect, with the training held equal.",
+                [_figure(figs.ratio_vs_length(table, methods, control, "ppl_ratio_vs_length.png"),
+                         f"Perplexity relative to {control} by length, paired 95 % intervals", wide=True)],
+                _control_tables(effects, table, methods, control, window))
     if "ppl" in tasks:
         first = next(r for r in records if r.get("task") == "ppl")
         protocol = ", ".join(f"{f} {first.get(f)}" for f in stats.PPL_PROTOCOL if first.get(f) is not None)
         how = ("exp of the mean over windows of each window's mean NLL (YaRN's weighting)" if first.get("weighting") == "window"
                else "exp of the token-weighted mean NLL over the evaluation documents")
+        base = findings.base_label(infos)
+        ratio_fig = None
+        if not (control and effects) and base:
+            ratio_fig = _figure(figs.ratio_vs_length(table, methods, base, "ppl_ratio_vs_length.png"),
+                                f"Perplexity relative to {base} by length, paired 95 % intervals", wide=True)
         section("ppl", "Perplexity", how + (f" ({protocol})" if protocol else "") + ".",
                 [_figure(figs.metric_vs_length(table, "ppl", "ppl", methods, "ppl_vs_length.png", "perplexity", log=True),
-                         "Perplexity by length (log scale)"),
-                 _figure(figs.curves(stats.nll_curves(records), methods, "nll_by_position.png"),
+                         "Perplexity by length (log scale), one panel per method family", wide=True),
+                 ratio_fig,
+                 _figure(figs.curves(stats.nll_curves(records, analysis), methods, "nll_by_position.png"),
                          "Mean NLL by position in the window (LCEG Fig. 3)", wide=True)],
-                [_length_table(table, "ppl", "ppl", methods, "Perplexity (lower is better; best per length in bold)",
-                               kind="ppl", window=window)])
-    acc_tasks = [t for t in stats.ACCURACY_TASKS if t in tasks] + [
-        t for t in tasks if t not in stats.ACCURACY_TASKS and any(r["task"] == t and r["metric"] == "accuracy" for r in rows)]
-    for t in acc_tasks:
+                [_length_table(table, "ppl", "ppl", methods, "Perplexity (lower is better)", kind="ppl", window=window, best="low")])
+    for t in [t for t in tasks if t != "ppl" and stats.is_perplexity(t)]:
+        first = next(r for r in records if r.get("task") == t)
+        protocol = ", ".join(f"{f} {first.get(f)}" for f in stats.PPL_PROTOCOL if first.get(f) is not None)
+        intro = ("The same final tokens of each document scored with a prefix of every length: a change with length is "
+                 "the context's alone" if first.get("score_mode") == "same_targets" else "A second perplexity protocol")
+        section(_slug(t), f"Perplexity: {t}", intro + (f" ({protocol})" if protocol else "") + ".",
+                [_figure(figs.metric_vs_length(table, t, "ppl", methods, f"{_slug(t)}_vs_length.png", "perplexity", log=True),
+                         f"{t}: perplexity by length (log scale), one panel per method family", wide=True)],
+                [_length_table(table, t, "ppl", methods, f"{t}: perplexity (lower is better)", kind="ppl", window=window,
+                               best="low")])
+    for t in table.accuracy_tasks():
         title = TASK_TITLES.get(t, t)
         figures = [_figure(figs.metric_vs_length(table, t, "accuracy", methods, f"{_slug(t)}_vs_length.png", "accuracy (%)",
-                                                 percent=True), f"{title}: accuracy by length")]
+                                                 percent=True), f"{title}: accuracy by length, one panel per method family", wide=True)]
         if t in HEATMAP_TASKS:
             figures += _heatmaps(records, t, methods, figs)
-        tabs = [_length_table(table, t, "accuracy", methods, f"{title}: accuracy (%) by length", kind="pct", window=window)]
+        tabs = [_length_table(table, t, "accuracy", methods, f"{title}: accuracy (%) by length", kind="pct", window=window, best="high")]
         if t in BREAKDOWN and table.lengths(t):
             ref = target if target in table.lengths(t) else table.lengths(t)[-1]
             tabs.append(_breakdown_table(records, t, BREAKDOWN[t], methods, ref))
-        intro = {"ruler": "Accuracy is the mean over RULER's tasks of each task's mean score.",
-                 "longbench": "Accuracy is the mean over datasets of each dataset's mean score, as LongBench averages."}.get(t, "")
+        intro = {"ruler": "Accuracy is the mean over RULER's tasks of each task's mean score; intervals resample prompts within each task.",
+                 "longbench": "Accuracy is the mean over datasets of each dataset's mean score, as LongBench averages; intervals "
+                              "resample prompts within each dataset."}.get(t, "")
         section(t, title, intro, figures, tabs)
     if "entropy" in tasks:
         section("entropy", TASK_TITLES["entropy"],
                 "Attention entropy at the last position, mean over samples, layers and heads (nats).",
                 [_figure(figs.metric_vs_length(table, "entropy", "entropy_last", methods, "entropy_vs_length.png", "entropy (nats)"),
-                         "Attention entropy at the last position by length")],
+                         "Attention entropy at the last position by length", wide=True)],
                 [_length_table(table, "entropy", "entropy_last", methods, "Entropy at the last position (nats)", kind="num", window=window),
                  _length_table(table, "entropy", "normalised_last", methods, "Normalised entropy at the last position", kind="num", window=window)])
     if "speed" in tasks:
         section("speed", TASK_TITLES["speed"], "", [], [_speed_table(table, methods)])
     if kendall:
         section("kendall", "Perplexity vs downstream accuracy",
-                "Kendall τ-b across methods, with two-sided p-values (scipy), as in LCEG Table 6.",
-                [_figure(figs.scatter(table, kendall, "ppl_vs_accuracy.png"), "Perplexity and accuracy per method", wide=True)],
+                "Kendall τ-b across methods with its 95 % bootstrap interval and scipy's two-sided p-value, as in LCEG Table 6.",
+                [_figure(figs.scatter(table, kendall, "ppl_vs_accuracy.png"),
+                         "Perplexity and accuracy per method at one length; bars: 95 % intervals; numbers: the legend's methods", wide=True)],
                 [_kendall_table(kendall)])
+    if cards:
+        cards_table = _cards_table(cards)
+        sections.append({"id": "cards", "title": "Method cards", "intro": cards_table["note"], "figures": [], "tables": [],
+                         "cards": cards})
+        tables_md.append(cards_table)
     if metrics:
         train_rows = []
         for p in pieces:
@@ -172,7 +241,9 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
             train_rows.append([_cell(p["method"] or p["id"], cls="method"), _cell(p["status"]),
                                _cell(mine[-1]["step"] if mine else DASH, cls="num"),
                                _cell(fmt_num(last["loss"], 4) if last else DASH, cls="num"), _cell(fmt_duration(p["seconds"]), cls="num")])
-        section("training", "Training", "", [_figure(figs.training(metrics, "train_loss.png"), "Training loss by step")],
+        path = figs.training(metrics, "train_loss.png")
+        note = figs.notes.get("train_loss.png", "")
+        section("training", "Training", note, [_figure(path, "Training loss by step of each run", wide=True)],
                 [_table("Training runs", ["Method", "Status", "Last step", "Last loss", "Time"], train_rows)])
     section("pieces", "Study progress", "", [], [_pieces_table(pieces, status)])
 
@@ -181,6 +252,10 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
         "name": str(name),
         "header": _header(manifest, pieces, window, target),
         "headline": headline,
+        "summary": summary_text,
+        "claims": claims if records else [],
+        "papers": findings.PAPERS,
+        "statistics": STATISTICS_NOTE,
         "ranking": ranking,
         "sections": sections,
         "failed": status["failed"],
@@ -191,10 +266,26 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
         "manifest": manifest,
         "aggregates": rows,
         "kendall": kendall,
+        "control": {"label": control, "effects": effects} if control else None,
+        "cards": cards,
         "figures": figs.paths,
+        "figure_overlaps": {k: v for k, v in figs.overlaps.items() if v},
         "tables_md": tables_md,
         "out": out,
     }
+
+
+#: How the report's numbers are computed, shown on the page and in the Markdown.
+STATISTICS_NOTE = (
+    f"Every value carries a 95 % percentile-bootstrap interval ({stats.BOOTSTRAP_RESAMPLES} resamples, fixed seed "
+    f"{stats.BOOTSTRAP_SEED}: the same data give the same intervals): perplexity resamples documents and recomputes "
+    "exp(Σ NLL / Σ tokens); accuracy resamples prompts (within each subtask for RULER and LongBench). Resamples are shared "
+    "by all methods and lengths, so comparisons are paired over the documents or prompts both have. A difference is "
+    f"significant when its paired 95 % interval excludes 0 (a perplexity ratio: 1) with at least {stats.MIN_PAIRED} shared "
+    "samples; ranks and bold values follow that rule, so methods inside each other's noise are tied. With several seeds a "
+    "cell is the mean over seeds (perplexity: geometric mean) with the range of the per-seed values; its interval is over "
+    "the evaluation samples with the seeds held fixed."
+)
 
 
 def _json_safe(value: Any) -> Any:
@@ -218,10 +309,22 @@ def render_html(context: Mapping[str, Any]) -> str:
     return env.get_template("report.html.j2").render(**context)
 
 
+def _md_findings(ctx: Mapping[str, Any]) -> list[str]:
+    md = ["## Findings", "", _md_escape(ctx["summary"]), ""]
+    for c in ctx["claims"]:
+        md.append(f"- **({c['id']}) {_md_escape(c['claim'])}** — *{c['verdict']}* ({_md_escape(c['source'])}). "
+                  f"Rule: {_md_escape(c['rule'])}.")
+        md += [f"  - {_md_escape(e)}" for e in c["evidence"]]
+    md += ["", f"Statistics: {_md_escape(ctx['statistics'])}", "", "Papers:", ""]
+    md += [f"- {_md_escape(findings.paper_line(p))}" for p in ctx["papers"]]
+    return md + [""]
+
+
 def write_report(study_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Write ``index.html``, ``summary.json``, ``summary.md`` and the PNGs into ``DIR/report`` (or ``out_dir``).
 
-    Returns ``{"dir", "html", "json", "markdown", "figures": [paths]}`` (strings).
+    Returns ``{"dir", "html", "json", "markdown", "figures": [paths], "figure_overlaps": {name: [(text, text)]}}``
+    (strings; ``figure_overlaps`` names the figures in which texts overlap or leave the figure, normally none).
     """
     ctx = build_report(study_dir, out_dir)
     out: Path = ctx["out"]
@@ -231,18 +334,26 @@ def write_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
         "study": ctx["name"],
         "generated": ctx["generated"],
         "manifest": ctx["manifest"],
+        "statistics": {"method": ctx["statistics"], "resamples": stats.BOOTSTRAP_RESAMPLES, "seed": stats.BOOTSTRAP_SEED,
+                       "level": 0.95, "min_paired": stats.MIN_PAIRED},
+        "findings": {"headline": ctx["summary"], "claims": ctx["claims"]},
         "aggregates": ctx["aggregates"],
         "ranking": {k: v for k, v in ctx["ranking"].items()},
         "kendall": ctx["kendall"],
+        "control": ctx["control"],
+        "method_cards": ctx["cards"],
+        "papers": list(ctx["papers"]),
         "pieces": ctx["status"],
     }
     json_path.write_text(json.dumps(_json_safe(summary), indent=2, sort_keys=False, allow_nan=False) + "\n", encoding="utf-8")
     md = [f"# Study report: {_md_escape(ctx['name'])}", ""]
     md += [f"- **{_md_escape(k)}**: {_md_escape(v)}" for k, v in ctx["header"]]
     md.append("")
+    if ctx["claims"]:
+        md += _md_findings(ctx)
     for t in ctx["tables_md"]:
         md += [_md_table(t), ""]
     md.append("Figures: " + ", ".join(f"[{p.name}]({p.name})" for p in ctx["figures"]) if ctx["figures"] else "")
     md_path.write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
     return {"dir": str(out), "html": str(html_path), "json": str(json_path), "markdown": str(md_path),
-            "figures": [str(p) for p in ctx["figures"]]}
+            "figures": [str(p) for p in ctx["figures"]], "figure_overlaps": ctx["figure_overlaps"]}

@@ -60,6 +60,68 @@ def fmt_num(v: float | None, digits: int = 3) -> str:
     return DASH if v is None else f"{v:.{digits}g}"
 
 
+def fmt_ci(ci: Sequence[float] | None, kind: str = "num") -> str:
+    """A 95 % interval as ``[low, high]`` in the format of its value's ``kind`` (ppl, pct, ratio, num, diff
+    — a difference of accuracies in percentage points, signed), or ``""`` when there is none."""
+    if not ci or ci[0] is None or ci[1] is None:
+        return ""
+    lo, hi = ci
+    if kind == "ppl":  # both ends with the precision of the larger one (not "[92.44, 173.0]")
+        if hi is not None and math.isfinite(hi) and 100 <= hi < 1000:
+            return f"[{lo:.1f}, {hi:.1f}]"
+        return f"[{fmt_ppl(lo)}, {fmt_ppl(hi)}]"
+    if kind == "pct":
+        return f"[{100 * lo:.0f}, {100 * hi:.0f}]"
+    if kind == "diff":
+        return f"[{100 * lo:+.0f}, {100 * hi:+.0f}]"
+    if kind == "ratio":
+        return f"[{lo:.3f}, {hi:.3f}]"
+    if kind == "tau":
+        return f"[{lo:+.2f}, {hi:+.2f}]"
+    return f"[{fmt_num(lo)}, {fmt_num(hi)}]"
+
+
+def fmt_value(v: float | None, kind: str) -> str:
+    """A value in the format of its ``kind`` (see :func:`fmt_ci`)."""
+    if kind == "ppl":
+        return fmt_ppl(v)
+    if kind == "pct":
+        return fmt_pct(v)
+    if kind == "diff":
+        return DASH if v is None else f"{100 * v:+.1f}"
+    if kind == "ratio":
+        return DASH if v is None else f"{v:.3f}"
+    if kind == "tau":
+        return DASH if v is None else f"{v:+.2f}"
+    return fmt_num(v, 4)
+
+
+def fmt_seeds(row: Mapping[str, Any] | None, kind: str) -> str:
+    """``3 seeds: 128.1–130.2`` (the spread of the per-seed values) for a cell with several seeds, else ``""``."""
+    if not row or (row.get("seeds") or 1) < 2:
+        return ""
+    if row.get("seed_min") is None:
+        return f"{row['seeds']} seeds"
+    return f"{row['seeds']} seeds: {fmt_value(row['seed_min'], kind)}–{fmt_value(row['seed_max'], kind)}"
+
+
+#: What one unit of each task is, for "n = …" next to the tables.
+UNIT_NOUNS = {"ppl": "documents", "speed": "repeats", "entropy": "samples"}
+
+
+def unit_noun(task: str) -> str:
+    return UNIT_NOUNS.get(task, "prompts")
+
+
+def fmt_counts(ns: Sequence[int], task: str) -> str:
+    """``n = 8 documents per cell`` (or ``n = 6–8 …`` when cells differ)."""
+    ns = sorted({int(n) for n in ns if n is not None})
+    if not ns:
+        return ""
+    span = str(ns[0]) if len(ns) == 1 else f"{ns[0]}–{ns[-1]}"
+    return f"n = {span} {unit_noun(task)} per cell"
+
+
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return DASH
@@ -83,8 +145,10 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-")[:40] or "method"
 
 
-def _cell(text: Any, *, cls: str = "", style: str | None = None) -> dict[str, Any]:
-    return {"text": str(text), "cls": cls, "style": style}
+def _cell(text: Any, *, cls: str = "", style: str | None = None, sub: str = "", extra: str = "") -> dict[str, Any]:
+    """A table cell: ``text``, and optionally ``sub`` (its interval) and ``extra`` (the spread over seeds),
+    shown smaller after it (in Markdown: after a space)."""
+    return {"text": str(text), "cls": cls, "style": style, "sub": sub, "extra": extra}
 
 
 def _table(caption: str, columns: Sequence[str], rows: list[list[dict[str, Any]]], note: str = "") -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -18,67 +19,109 @@ from .report_format import (
     _cell,
     _setting,
     _table,
+    fmt_ci,
+    fmt_counts,
     fmt_duration,
     fmt_num,
     fmt_pct,
     fmt_ppl,
     fmt_ratio,
+    fmt_seeds,
+    fmt_value,
     length_label,
     score_color,
+    unit_noun,
 )
 
 
+def _best_group(table: stats.Table, task: str, metric: str, length: int, methods: Sequence[str], lower: bool) -> set[str]:
+    """The best value's method and every method not significantly different from it (paired bootstrap), or
+    nothing when no method is significantly worse than the best (then no difference is worth marking)."""
+    a = table.analysis
+    values = [(table.get(m, task, length, metric), m) for m in methods]
+    values = [(v, m) for v, m in values if v is not None and math.isfinite(v)]
+    if a is None or len(values) < 2:
+        return set()
+    best = (min if lower else max)(values)[1]
+    group, worse = {best}, 0
+    for _, m in values:
+        if m == best:
+            continue
+        c = a.compare(m, best, task, length, metric)
+        if c is not None and c["significant"]:
+            worse += 1
+        else:
+            group.add(m)
+    return group if worse else set()
+
+
 def _length_table(table: stats.Table, task: str, metric: str, methods: Sequence[str], caption: str, *,
-                  kind: str, window: int | None) -> dict[str, Any]:
-    """Method × length table of one metric; scores coloured on the heatmap scale, the best ppl in bold."""
+                  kind: str, window: int | None, best: str | None = None) -> dict[str, Any]:
+    """Method × length table of one metric, each cell with its 95 % interval (and the spread over seeds);
+    scores coloured on the heatmap scale. ``best`` = "low"/"high": bold marks, per length, the best value and
+    those not significantly different from it — only when some method is significantly worse."""
     lengths = table.lengths(task)
-    best = {}
-    if kind == "ppl":
-        for L in lengths:
-            values = [table.get(m, task, L, metric) for m in methods]
-            values = [v for v in values if v is not None and math.isfinite(v)]
-            best[L] = min(values) if values else None
-    rows = []
+    bold = {L: _best_group(table, task, metric, L, methods, best == "low") for L in lengths} if best else {}
+    rows, ns = [], []
     for m in methods:
         if m not in table.methods(task):
             continue
         cells = [_cell(m, cls="method")]
         for L in lengths:
-            v = table.get(m, task, L, metric)
-            if kind == "ppl":
-                cells.append(_cell(fmt_ppl(v), cls="num best" if v is not None and v == best.get(L) else "num"))
-            elif kind == "pct":
-                cells.append(_cell(fmt_pct(v), cls="num", style=score_color(v)))
+            row = table.row(m, task, L, metric)
+            v = row["value"] if row else None
+            if row:
+                ns.append(row["n"])
+            cls = "num best" if m in bold.get(L, ()) else "num"
+            sub, extra = fmt_ci(row.get("ci95") if row else None, kind), fmt_seeds(row, kind)
+            if kind == "pct":
+                cells.append(_cell(fmt_pct(v), cls=cls, style=score_color(v), sub=sub, extra=extra))
             else:
-                cells.append(_cell(fmt_num(v, 4), cls="num"))
+                cells.append(_cell(fmt_value(v, kind), cls=cls, sub=sub, extra=extra))
         rows.append(cells)
     columns = ["Method"] + [length_label(L) + (" ▸" if window is not None and L > window else "") for L in lengths]
-    note = "▸ marks lengths beyond the pretrained window." if window is not None and any(L > window for L in lengths) else ""
-    return _table(caption, columns, rows, note)
+    notes = []
+    if window is not None and any(L > window for L in lengths):
+        notes.append("▸ marks lengths beyond the pretrained window.")
+    notes.append(f"Each cell: value [95 % bootstrap interval over {unit_noun(task)}]"
+                 + ("; with several seeds, the mean over seeds and the range of the per-seed values" if any(
+                     (table.row(m, task, L, metric) or {}).get("seeds", 1) > 1 for m in methods for L in lengths) else "") + ".")
+    if best:
+        notes.append(f"Bold: the {'lowest' if best == 'low' else 'highest'} value at each length and every value not significantly "
+                     f"different from it (paired bootstrap over the shared {unit_noun(task)}), shown only where some method is "
+                     "significantly worse. A cell's interval includes the variation between "
+                     f"{unit_noun(task)} that all methods share, so overlapping intervals can still differ significantly when paired.")
+    counts = fmt_counts(ns, task)
+    return _table(caption + (f" — {counts}" if counts else ""), columns, rows, " ".join(notes))
 
 
 def _breakdown_table(records: list[dict[str, Any]], task: str, field: str, methods: Sequence[str],
                      length: int) -> dict[str, Any] | None:
+    """Per-subtask (dataset, shot count) accuracy at one length, each with its bootstrap interval over prompts."""
     recs = [r for r in records if r.get("task") == task and r.get("length") == length and r.get(field) is not None
             and isinstance(r.get("score"), (int, float))]
     if not recs:
         return None
     parts = sorted({r[field] for r in recs}, key=lambda v: (isinstance(v, str), v))
-    groups: dict[tuple, list[float]] = {}
-    for r in recs:
-        groups.setdefault((r["method"], r[field]), []).append(float(r["score"]))
-    rows = []
+    # each part as its own task, so each gets its own units and resamples
+    sub = stats.Analysis([{**r, "task": f"{task}/{r[field]}"} for r in recs], methods)
+    rows, ns = [], []
     for m in methods:
-        if not any((m, p) in groups for p in parts):
+        if not any(sub.table.row(m, f"{task}/{p}", length, "accuracy") for p in parts):
             continue
         cells = [_cell(m, cls="method")]
         for p in parts:
-            scores = groups.get((m, p))
-            v = statistics.fmean(scores) if scores else None
-            cells.append(_cell(fmt_pct(v), cls="num", style=score_color(v)))
+            row = sub.table.row(m, f"{task}/{p}", length, "accuracy")
+            v = row["value"] if row else None
+            if row:
+                ns.append(row["n"])
+            cells.append(_cell(fmt_pct(v), cls="num", style=score_color(v), sub=fmt_ci(row.get("ci95") if row else None, "pct"),
+                               extra=fmt_seeds(row, "pct")))
         rows.append(cells)
-    return _table(f"{TASK_TITLES.get(task, task)} by {field} at {length_label(length)} tokens (accuracy, %)",
-                  ["Method"] + [str(p) for p in parts], rows)
+    counts = fmt_counts(ns, task)
+    return _table(f"{TASK_TITLES.get(task, task)} by {field} at {length_label(length)} tokens (accuracy, %)"
+                  + (f" — {counts}" if counts else ""), ["Method"] + [str(p) for p in parts], rows,
+                  "Each cell: value [95 % bootstrap interval over prompts].")
 
 
 def _heatmaps(records: list[dict[str, Any]], task: str, methods: Sequence[str], figs: _Figures) -> list[dict[str, Any]]:
@@ -93,57 +136,79 @@ def _heatmaps(records: list[dict[str, Any]], task: str, methods: Sequence[str], 
             grids[m] = grid_from(recs)
     if not grids:
         return []
+    per_cell = {}
+    for r in records:
+        if r.get("task") == task and isinstance(r.get("depth"), (int, float)) and isinstance(r.get("score"), (int, float)):
+            key = (r.get("method"), float(r["depth"]), r.get("length"), r.get("seed"))  # prompts per cell and seed
+            per_cell[key] = per_cell.get(key, 0) + 1
     path = figs.heatmap_grid(grids, f"{task}_heatmaps.png", TASK_TITLES[task])
-    return [_figure(path, f"{TASK_TITLES[task]}: accuracy by needle depth (rows, % of the context) and length (columns), "
-                          "one panel per method", wide=True)]
+    counts = fmt_counts(list(per_cell.values()), task)
+    return [_figure(path, f"{TASK_TITLES[task]}: accuracy (%) by needle depth (rows, % of the context) and length (columns), "
+                          f"one panel per method" + (f"; {counts}" if counts else ""), wide=True)]
 
 
 def _speed_table(table: stats.Table, methods: Sequence[str]) -> dict[str, Any]:
-    rows = []
+    rows, ns = [], []
     for L in table.lengths("speed"):
         for m in methods:
             if table.get(m, "speed", L, "prefill_s") is None:
                 continue
-            def g(metric, m=m, L=L):
-                return table.get(m, "speed", L, metric)
 
-            dec = g("decode_s_per_token")
-            mem = g("peak_mem_bytes")
+            def cell(metric, fmt, scale=1.0, m=m, L=L):
+                row = table.row(m, "speed", L, metric)
+                if row is None:
+                    return _cell(DASH, cls="num")
+                ns.append(row["n"])
+                ci = row.get("ci95")
+                sub = f"[{fmt(ci[0] * scale)}, {fmt(ci[1] * scale)}]" if ci else ""
+                return _cell(fmt(row["value"] * scale), cls="num", sub=sub)
+
             rows.append([
                 _cell(m, cls="method"), _cell(length_label(L), cls="num"),
-                _cell(fmt_num(g("prefill_s")), cls="num"), _cell(fmt_ratio(g("prefill_ratio")), cls="num"),
-                _cell(fmt_num(dec * 1000 if dec is not None else None), cls="num"), _cell(fmt_ratio(g("decode_ratio")), cls="num"),
-                _cell(DASH if mem is None else f"{mem / 2**20:.1f}", cls="num"), _cell(fmt_ratio(g("memory_ratio")), cls="num"),
+                cell("prefill_s", fmt_num), cell("prefill_ratio", fmt_ratio),
+                cell("decode_s_per_token", fmt_num, 1000.0), cell("decode_ratio", fmt_ratio),
+                cell("peak_mem_bytes", lambda v: f"{v:.1f}", 1 / 2**20), cell("memory_ratio", fmt_ratio),
             ])
-    return _table("Speed and memory (medians over repeats; × = relative to plain at the same length)",
+    counts = fmt_counts(ns, "speed")
+    return _table("Speed and memory (medians over repeats; × = relative to plain at the same length)" + (f" — {counts}" if counts else ""),
                   ["Method", "Length", "Prefill (s)", "× plain", "Decode (ms/token)", "× plain", "Peak memory (MiB)", "× plain"],
-                  rows, "Peak memory is the extra memory of the call above the resident model (CUDA allocator or process RSS).")
+                  rows, "Peak memory is the extra memory of the call above the resident model (CUDA allocator or process RSS). "
+                        "Brackets: 95 % bootstrap intervals of the median over repeats (ratios: paired by repeat).")
 
 
 def _kendall_table(kendall: list[dict[str, Any]]) -> dict[str, Any]:
     rows = []
     for k in kendall:
-        basis = (f"at {length_label(k['lengths'][0])}" if k["mode"] == "target"
+        basis = (f"at {length_label(k['lengths'][0])}" if k["mode"] == "target" and k["task"] != "pooled"
+                 else "at the target" if k["mode"] == "target"
                  else "mean over " + ", ".join(length_label(L) for L in k["lengths"]))
+        task = ("pooled: " + ", ".join(TASK_TITLES.get(t, t) for t in k.get("tasks", []))) if k["task"] == "pooled" else TASK_TITLES.get(k["task"], k["task"])
         rows.append([
-            _cell(TASK_TITLES.get(k["task"], k["task"]), cls="method"), _cell(basis),
-            _cell(DASH if k["tau"] is None else f"{k['tau']:+.4f}", cls="num"),
+            _cell(task, cls="method"), _cell(basis),
+            _cell(DASH if k["tau"] is None else f"{k['tau']:+.3f}", cls="num", sub=fmt_ci(k.get("ci95"), "tau")),
             _cell(DASH if k["p_value"] is None else f"{k['p_value']:.4f}", cls="num"),
             _cell(k["n"], cls="num"), _cell(k["interpretation"]),
         ])
     return _table("Kendall τ-b between perplexity and downstream accuracy across methods",
-                  ["Task", "Basis", "Kendall's τ", "p-value", "Methods", "Interpretation"], rows,
+                  ["Task", "Basis", "Kendall's τ [95 % interval]", "p-value", "Methods", "Interpretation"], rows,
                   "“at L”: perplexity and accuracy at one length, the target length when both were evaluated there, "
                   "else the longest shared length. “mean”: mean log-perplexity and mean accuracy over the lengths both "
-                  "share. Negative τ: lower perplexity goes with higher accuracy (LCEG Table 6).")
+                  "share. “pooled”: per method, the mean over the tasks of the per-task log-perplexity and accuracy. "
+                  "Negative τ: lower perplexity goes with higher accuracy (LCEG Table 6). Interval: two-level bootstrap — "
+                  "the methods resampled with replacement, each method's values taken from a resample of its documents "
+                  "and prompts; p-value: scipy's test of τ = 0 on the point values.")
 
 
-def _headline(table: stats.Table, ranking: dict[str, Any], methods: Sequence[str], kinds: Mapping[str, str],
+def _headline(table: stats.Table, ranking: dict[str, Any], methods: Sequence[str], infos: Mapping[str, Any],
               window: int | None, target: int | None) -> dict[str, Any] | None:
+    """The ranking (:func:`ropekit.study.stats.rank_methods`) with every value's 95 % interval; a shared rank
+    (``2=``) marks methods tied within the noise."""
     if not ranking["rows"]:
         return None
-    acc_tasks = [t for t in stats.ACCURACY_TASKS if t in table.tasks()] + [
-        t for t in table.tasks() if t not in stats.ACCURACY_TASKS and any(r["task"] == t and r["metric"] == "accuracy" for r in table.rows)]
+    from .report_findings import kind_label
+
+    a = table.analysis
+    acc_tasks = table.accuracy_tasks()
     ppl_at = ranking["ppl_length"]
     speed_lengths = table.lengths("speed")
     speed_at = (target if target in speed_lengths else speed_lengths[-1]) if speed_lengths else None
@@ -158,24 +223,89 @@ def _headline(table: stats.Table, ranking: dict[str, Any], methods: Sequence[str
         columns.append(f"{TASK_TITLES.get(t, t)} {'> window' if beyond else 'mean'} (%)")
     if speed_at is not None:
         columns.append(f"prefill × plain @ {length_label(speed_at)}")
-    best_ppl = min((r["ppl"] for r in ranking["rows"] if r["ppl"] is not None and math.isfinite(r["ppl"])), default=None)
     rows = []
+    ns: dict[str, list[int]] = {}
     for r in ranking["rows"]:
         m = r["method"]
-        cells = [_cell(r["rank"], cls="num rank"), _cell(m, cls="method"), _cell(kinds.get(m, "frozen"), cls="kind")]
+        info = infos.get(m)
+        rank = f"{r['rank']}=" if r.get("tied") else str(r["rank"])
+        cells = [_cell(rank, cls="num rank"), _cell(m, cls="method"), _cell(kind_label(info) if info else "frozen", cls="kind")]
         if ppl_at is not None:
-            cells.append(_cell(fmt_ppl(r["ppl"]), cls="num best" if r["ppl"] is not None and r["ppl"] == best_ppl else "num"))
+            row = table.row(m, "ppl", ppl_at, "ppl")
+            if row:
+                ns.setdefault("ppl", []).append(row["n"])
+            cells.append(_cell(fmt_ppl(r["ppl"]), cls="num", sub=fmt_ci(r.get("ppl_ci95"), "ppl"), extra=fmt_seeds(row, "ppl")))
         for t in acc_tasks:
             values = [table.get(m, t, L, "accuracy") for L in spans[t]]
             v = statistics.fmean(values) if values and all(x is not None for x in values) else None
-            cells.append(_cell(fmt_pct(v), cls="num", style=score_color(v)))
+            ci = a.mean_interval(m, t, spans[t], "accuracy") if a is not None and v is not None else None
+            for L in spans[t]:
+                row = table.row(m, t, L, "accuracy")
+                if row:
+                    ns.setdefault(t, []).append(row["n"])
+            cells.append(_cell(fmt_pct(v), cls="num", style=score_color(v), sub=fmt_ci(ci, "pct")))
         if speed_at is not None:
-            cells.append(_cell(fmt_ratio(table.get(m, "speed", speed_at, "prefill_ratio")), cls="num"))
+            row = table.row(m, "speed", speed_at, "prefill_ratio")
+            cells.append(_cell(fmt_ratio(row["value"] if row else None), cls="num", sub=fmt_ci(row.get("ci95") if row else None, "ratio")))
         rows.append(cells)
     note = ranking["rule"]
     if window is not None:
         note += f" “> window”: mean over the lengths beyond the pretrained window of {window} tokens (“mean”: over all lengths, when none lies beyond)."
-    return _table("Methods ranked", columns, rows, note)
+    note += " Brackets: 95 % bootstrap intervals."
+    counts = "; ".join(f"{TASK_TITLES.get(t, t).lower()}: {fmt_counts(v, t).replace(' per cell', '')} per length"
+                       for t, v in ns.items() if v)
+    return _table("Methods ranked" + (f" — {counts}" if counts else ""), columns, rows, note)
+
+
+def _control_tables(effects: list[dict[str, Any]], table: stats.Table, methods: Sequence[str], control: str,
+                    window: int | None) -> list[dict[str, Any]]:
+    """Effect of each method relative to the control: perplexity ratio and accuracy difference per length with
+    the paired-bootstrap interval; ``*`` (and bold) where the interval excludes no effect."""
+    out = []
+    for task in ["ppl"] + table.accuracy_tasks():
+        mine = [e for e in effects if e["task"] == task]
+        if not mine:
+            continue
+        lengths = sorted({e["length"] for e in mine})
+        index = {(e["method"], e["length"]): e for e in mine}
+        kind = "ratio" if task == "ppl" else "diff"
+        rows, ns = [], []
+        for m in methods:
+            if not any((m, L) in index for L in lengths):
+                continue
+            cells = [_cell(m, cls="method")]
+            for L in lengths:
+                e = index.get((m, L))
+                if e is None:
+                    cells.append(_cell(DASH, cls="num"))
+                    continue
+                ns.append(e["n"])
+                text = fmt_value(e["estimate"], kind) + ("*" if e["significant"] else "")
+                cells.append(_cell(text, cls="num sig" if e["significant"] else "num", sub=fmt_ci(e["ci95"], kind)))
+            rows.append(cells)
+        columns = ["Method"] + [length_label(L) + (" ▸" if window is not None and L > window else "") for L in lengths]
+        what = (f"perplexity ratio (method ÷ {control}; below 1: lower perplexity than the control)" if task == "ppl"
+                else f"{TASK_TITLES.get(task, task)}: accuracy difference (method − {control}, percentage points)")
+        counts = fmt_counts(ns, task).replace("per cell", "shared per cell")
+        out.append(_table(f"Effect relative to the control {control}: {what}" + (f" — {counts}" if counts else ""), columns, rows,
+                          f"Each cell: estimate [paired 95 % bootstrap interval over the {unit_noun(task)} both share]; "
+                          f"* and bold: significant (the interval excludes {'1' if task == 'ppl' else '0'}, "
+                          f"at least {stats.MIN_PAIRED} shared {unit_noun(task)})."))
+    return out
+
+
+def _cards_table(cards: list[dict[str, Any]]) -> dict[str, Any]:
+    """The method cards as one table (the Markdown form of the page's cards)."""
+    rows = []
+    for c in cards:
+        params = ", ".join(f"{k}={v}" for k, v in sorted(c["params"].items())) or DASH
+        rows.append([_cell(c["label"], cls="method"), _cell(c["method"]), _cell(c["kind"]), _cell(params),
+                     _cell("; ".join(f"{k} {v}" for k, v in c["recipe"]) or DASH),
+                     _cell("; ".join(f"{k} {v}" for k, v in c["cost"]) or DASH),
+                     _cell(", ".join(map(str, c["seeds"])) or DASH)])
+    return _table("Method cards", ["Variant", "Method", "Type", "Parameters", "Recipe", "Cost (compute time)", "Seeds"], rows,
+                  "Recipe: the study's shared training recipe with the variant's overrides; cost: seconds of the study's pieces "
+                  "(training, LongRoPE factor search, each evaluation).")
 
 
 def _pieces_table(pieces: list[dict[str, Any]], status: dict[str, Any]) -> dict[str, Any]:
@@ -187,9 +317,24 @@ def _pieces_table(pieces: list[dict[str, Any]], status: dict[str, Any]) -> dict[
 
 
 # ---- Markdown ---------------------------------------------------------------------------------------------
-def _md_escape(text: str) -> str:
-    """Text safe in a Markdown table cell: no raw HTML tag can open (``<``), no cell break (``|``), one line."""
-    return str(text).replace("<", "&lt;").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+_MD_TAG = re.compile(r"<(?=[A-Za-z/!?])")
+_MD_ENTITY = re.compile(r"&(?=#?[A-Za-z0-9]+;)")
+
+
+def _md_escape(text: Any) -> str:
+    """Text safe and literal in Markdown (CommonMark/GFM): a ``<`` that could open an HTML tag and an ``&``
+    that could start an entity are backslash-escaped (rendered as themselves, never as HTML), as are the
+    backslash, ``*``, the backtick, the cell separator ``|`` and the ``(`` of a link's ``](``; one line.
+    Nothing is HTML-escaped: ``p < 0.05`` stays as it is."""
+    text = str(text).replace("\\", "\\\\")
+    for ch in ("*", "`", "|"):
+        text = text.replace(ch, "\\" + ch)
+    text = _MD_ENTITY.sub(r"\\&", _MD_TAG.sub(r"\\<", text)).replace("](", "]\\(")
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def _md_cell(c: Mapping[str, Any]) -> str:
+    return " ".join(_md_escape(part) for part in (c["text"], c.get("sub") or "", f"({c['extra']})" if c.get("extra") else "") if part)
 
 
 def _md_table(t: dict[str, Any]) -> str:
@@ -197,23 +342,13 @@ def _md_table(t: dict[str, Any]) -> str:
              "|" + "|".join("---:" if all("num" in row[i]["cls"] for row in t["rows"]) and t["rows"] else "---"
                             for i in range(len(t["columns"]))) + "|"]
     for row in t["rows"]:
-        lines.append("| " + " | ".join(_md_escape(c["text"]) for c in row) + " |")
+        lines.append("| " + " | ".join(_md_cell(c) for c in row) + " |")
     if t.get("note"):
         lines += ["", _md_escape(t["note"])]
     return "\n".join(lines) + "\n"
 
 
 # ---- the report -------------------------------------------------------------------------------------------
-def _kinds(pieces: list[dict[str, Any]]) -> dict[str, str]:
-    kinds = {stats.PLAIN: "base"}
-    for p in pieces:
-        if p["kind"] == "train" and p["method"] and p["method"] != stats.PLAIN:
-            kinds[p["method"]] = "fine-tuned"
-        elif p["kind"] == "search" and p["method"]:
-            kinds[p["method"]] = "searched"  # LongRoPE factors found by search, evaluated frozen
-    return kinds
-
-
 def _header(manifest: Mapping[str, Any], pieces: list[dict[str, Any]], window: int | None, target: int | None) -> list[tuple[str, str]]:
     items: list[tuple[str, str]] = []
     model = _setting(manifest, "model")

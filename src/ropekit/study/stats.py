@@ -1,7 +1,8 @@
-"""Statistics of a study: per method × task × length aggregates, Kendall τ, the method ranking.
+"""Statistics of a study: per method × task × length aggregates with 95 % bootstrap intervals, paired
+comparisons between methods, Kendall τ with its interval, and the method ranking with ties.
 
-Aggregates (:func:`aggregate`), one row ``{"method", "task", "length", "metric", "value", "n", …}`` per
-method, task, length and metric:
+Aggregates (:func:`aggregate`, :class:`Analysis`), one row ``{"method", "task", "length", "metric", "value",
+"ci95": [low, high], "n", …}`` per method, task, length and metric:
 
 * ``ppl`` — ``exp(Σ nll_sum / Σ tokens_scored)`` over the length's documents (token-weighted mean NLL,
   as Press et al. and PoSE; :mod:`ropekit.eval.perplexity`), or, for records written with
@@ -17,10 +18,47 @@ method, task, length and metric:
   ``decode_ratio``, ``memory_ratio``), as LCEG Table 8 and :func:`ropekit.eval.speed.summarize`.
 * ``entropy`` — means over samples of ``entropy_last`` and ``normalised_last``.
 
+**Seeds.** Records may carry a ``seed`` (one fine-tuning per seed under one method label). A cell's
+``value`` is then the mean over seeds of each seed's value — for perplexity the mean of the per-seed mean
+NLL, i.e. the geometric mean of the per-seed perplexities — and the row adds ``seeds`` (how many),
+``seed_values`` and their spread ``seed_min``, ``seed_max``, ``seed_sd`` (sample standard deviation).
+Records without a ``seed`` are one seed. The interval below is over the evaluation samples with the seeds
+held fixed; the spread across seeds is reported beside it, not folded into it.
+
+**Intervals (bootstrap).** A *unit* is one evaluation sample as every method sees it: its identifying
+fields among :data:`UNIT_FIELDS` (the document — ``doc``/``doc_sha`` — for perplexity; ``depth`` and
+``trial`` for passkey and needle prompts; ``subtask``/``dataset``/``shots`` and ``sample`` for RULER,
+LongBench, many-shot; ``repeat`` for speed), *not* the method, length or seed. Every task has one list
+of units, the union over its methods, lengths and seeds, in ascending order of their fields; the units
+are resampled with replacement :data:`BOOTSTRAP_RESAMPLES` times, and the same resamples serve every
+method, length and seed of the task — so intervals of differences between methods (or between lengths
+of one method: perplexity documents are the same at every length) are *paired*. Resampling contract
+(:func:`resample_indices`): ``rng = numpy.random.default_rng(BOOTSTRAP_SEED)``; for each stratum in
+ascending order, with ``n_s`` units, ``rng.integers(0, n_s, size=(B, n_s))`` draws resample ``b``'s units
+of that stratum. The strata are the subtasks (datasets) for the macro-averaged tasks (RULER, LongBench:
+each subtask keeps its size, as the published average weighs subtasks equally), else one stratum. Each
+resample recomputes the statistic from the drawn units — perplexity ``exp(Σ nll / Σ tokens)`` over the
+drawn documents (a document drawn twice counts twice), accuracy the mean (macro mean) of the drawn
+prompts' scores, speed the median of the drawn repeats — and the 95 % interval is the 2.5th and 97.5th
+percentile of the resampled values (``numpy.percentile``, linear interpolation); for perplexity the
+percentiles are taken of the mean NLL and exponentiated. Deterministic: the same records give the same
+intervals. A unit that a method lacks contributes nothing to that method's sums.
+
+**Paired comparisons** (:meth:`Analysis.compare`): perplexity as the ratio A/B (the difference of mean
+NLL, exponentiated), every other metric as the difference A − B, computed on the units both methods
+have, resample by resample on the same resamples; the interval is its 2.5/97.5 percentiles. A difference
+is *significant* when its 95 % interval excludes 0 (ratio 1) and at least :data:`MIN_PAIRED` units are
+shared — below that the percentile bootstrap cannot tell noise from effect, so no difference is called.
+The same rule decides ties in the ranking (:func:`rank_methods`) and the best values of the report's tables.
+
 Kendall τ (:func:`kendall_tau`) is τ-b (ties in either list corrected for) with its two-sided p-value, from
 :func:`scipy.stats.kendalltau` (exact for small samples without ties, the normal approximation with the
 tie-corrected variance otherwise). :func:`perplexity_correlations` computes it across methods between
-perplexity and each downstream accuracy, as LCEG (paper 002) Table 6 does.
+perplexity and each downstream accuracy, as LCEG (paper 002) Table 6 does, and pooled over the accuracy
+tasks; its 95 % interval is a two-level bootstrap: resample ``b`` draws the methods with replacement
+(``numpy.random.default_rng(BOOTSTRAP_SEED + 1).integers(0, n, size=(B, n))``) and takes each drawn
+method's perplexity and accuracy from resample ``b`` of the evaluation samples above, then recomputes τ-b
+(resamples where τ is undefined are left out).
 """
 
 from __future__ import annotations
@@ -28,9 +66,12 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ..errors import RopekitError
 
@@ -44,6 +85,18 @@ PPL_PROTOCOL = ("corpus", "score_mode", "stride", "weighting", "add_bos")
 SPEED_METRICS = ("prefill_s", "decode_s_per_token", "peak_mem_bytes")
 SPEED_RATIOS = {"prefill_s": "prefill_ratio", "decode_s_per_token": "decode_ratio", "peak_mem_bytes": "memory_ratio"}
 ENTROPY_METRICS = ("entropy_last", "normalised_last")
+#: Record fields that identify one evaluation sample across methods, lengths and seeds (module docstring).
+UNIT_FIELDS = ("corpus", "doc", "doc_sha", "subtask", "dataset", "shots", "depth", "trial", "sample", "repeat")
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 20240917
+#: Fewest shared units for a paired difference to be called significant.
+MIN_PAIRED = 5
+
+
+def is_perplexity(task: Any) -> bool:
+    """True for the ``ppl`` task and for a study's further perplexity entries (``ppl-same-targets`` …: an ``evals``
+    entry naming ``task: ppl`` writes records under its own name, so two protocols never mix in one cell)."""
+    return task == "ppl" or (isinstance(task, str) and task.startswith(("ppl-", "ppl_")))
 
 
 def _finite(value: Any) -> bool:
@@ -88,6 +141,22 @@ def kendall_tau(x: Sequence[float], y: Sequence[float]) -> KendallResult:
     return KendallResult(tau, p if math.isfinite(p) else None, n)
 
 
+def tau_b_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """τ-b of each row pair of two ``(B, n)`` arrays (NaN where undefined), by counting pairs as
+    :func:`kendall_tau` defines it."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    n = x.shape[1]
+    if n < 2:
+        return np.full(x.shape[0], np.nan)
+    i, j = np.triu_indices(n, 1)
+    dx, dy = np.sign(x[:, i] - x[:, j]), np.sign(y[:, i] - y[:, j])
+    n0 = len(i)
+    s = (dx * dy).sum(axis=1)
+    denom = np.sqrt((n0 - (dx == 0).sum(axis=1)) * (n0 - (dy == 0).sum(axis=1)).astype(float))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denom > 0, s / np.where(denom > 0, denom, 1.0), np.nan)
+
+
 def interpret(result: KendallResult) -> str:
     """A one-line reading of a τ and its p-value in the wording of LCEG Table 6."""
     if result.tau is None:
@@ -101,6 +170,104 @@ def interpret(result: KendallResult) -> str:
     if result.p_value < 0.1:
         return "borderline significant (p < 0.1)"
     return "not significant (p ≥ 0.1)"
+
+
+# ---- bootstrap primitives ---------------------------------------------------------------------------------
+def _sort_value(v: Any) -> tuple:
+    if isinstance(v, bool):
+        return (1, str(v))
+    if isinstance(v, (int, float)):
+        return (0, float(v), "")
+    return (1, json.dumps(v, sort_keys=True, default=str) if not isinstance(v, str) else v)
+
+
+def unit_key(record: Mapping[str, Any]) -> tuple:
+    """The identity of the evaluation sample a record scored: its :data:`UNIT_FIELDS` that are set."""
+    return tuple((f, record[f] if not isinstance(record[f], (list, dict)) else json.dumps(record[f], sort_keys=True))
+                 for f in UNIT_FIELDS if record.get(f) is not None)
+
+
+def _unit_sort(key: tuple) -> tuple:
+    return tuple((f, _sort_value(v)) for f, v in key)
+
+
+def resample_indices(strata: Sequence[int], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """``(resamples, N)`` positions of the units drawn by each resample (module docstring's contract).
+
+    ``strata[j]`` is unit ``j``'s stratum; units of one stratum are drawn only from that stratum, the
+    strata in ascending order, each stratum's units in ascending position."""
+    strata = np.asarray(strata)
+    rng = np.random.default_rng(seed)
+    out = np.empty((resamples, len(strata)), dtype=np.int64)
+    col = 0
+    for s in sorted(set(strata.tolist())):
+        positions = np.flatnonzero(strata == s)
+        draws = rng.integers(0, len(positions), size=(resamples, len(positions)))
+        out[:, col:col + len(positions)] = positions[draws]
+        col += len(positions)
+    return out
+
+
+def resample_counts(indices: np.ndarray, n_units: int) -> np.ndarray:
+    """How often each unit is drawn in each resample, ``(resamples, n_units)``, from :func:`resample_indices`."""
+    b = indices.shape[0]
+    flat = (indices + (np.arange(b) * n_units)[:, None]).ravel()
+    return np.bincount(flat, minlength=b * n_units).reshape(b, n_units).astype(float)
+
+
+def percentile_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float] | None:
+    """The ``(1−level)/2`` and ``(1+level)/2`` percentiles of the finite values (None when fewer than half are)."""
+    values = np.asarray(values, dtype=float)
+    finite = values[np.isfinite(values)]
+    if finite.size == 0 or finite.size < values.size / 2:
+        return None
+    lo, hi = np.percentile(finite, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)
+
+
+@dataclass
+class _Units:
+    """One task's units, their strata and the shared resamples."""
+
+    keys: list[tuple]
+    strata: np.ndarray
+    indices: np.ndarray
+    counts: np.ndarray
+    position: dict[tuple, int] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.position = {k: i for i, k in enumerate(self.keys)}
+        self.columns = [np.flatnonzero(self.strata == s) for s in sorted(set(self.strata.tolist()))]
+
+
+@dataclass
+class _Metric:
+    """Per-seed sums of one metric of one cell over the task's units: value = Σ num / Σ den (per stratum
+    for macro averages; mean NLL for perplexity)."""
+
+    num: np.ndarray  # (seeds, units)
+    den: np.ndarray
+    macro: bool
+    log: bool  # perplexity: the statistic is a mean NLL, shown as exp
+
+
+@dataclass
+class _Cell:
+    method: str
+    task: str
+    length: Any
+    seeds: list
+    metrics: dict[str, _Metric]
+
+
+def _ratio(counts: np.ndarray, num: np.ndarray, den: np.ndarray, columns: list[np.ndarray], macro: bool) -> np.ndarray:
+    """The statistic for each row of ``counts`` ((B, N) weights): Σ w·num / Σ w·den, or its mean over the
+    strata (``columns``) that have any ``den`` for a macro average."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if not macro:
+            return (counts @ num) / (counts @ den)
+        parts = [(counts[:, c] @ num[c]) / (counts[:, c] @ den[c]) for c in columns if den[c].sum() > 0]
+        return np.mean(parts, axis=0) if parts else np.full(counts.shape[0], np.nan)
 
 
 # ---- aggregates -------------------------------------------------------------------------------------------
@@ -121,8 +288,14 @@ def _groups(records: Iterable[Mapping[str, Any]], *fields: str) -> dict[tuple, l
     return groups
 
 
-def ppl_value(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``{"ppl", "nll", "tokens_scored", "n"}`` of one method's documents at one length (module docstring)."""
+def _by_seed(records: Sequence[Mapping[str, Any]]) -> dict[Any, list[Mapping[str, Any]]]:
+    out: dict[Any, list[Mapping[str, Any]]] = {}
+    for r in records:
+        out.setdefault(r.get("seed"), []).append(r)
+    return dict(sorted(out.items(), key=lambda kv: _sort_value(kv[0])))
+
+
+def _check_protocol(records: Sequence[Mapping[str, Any]]) -> None:
     protocols = {json.dumps([r.get(f) for f in PPL_PROTOCOL], sort_keys=True, default=str) for r in records}
     if len(protocols) > 1:
         r0 = records[0]
@@ -130,16 +303,28 @@ def ppl_value(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             f"perplexity records of {r0.get('method')} at length {r0.get('length')} mix protocols {sorted(protocols)}",
             "evaluate every method of a study with one perplexity protocol",
         )
+
+
+def _ppl_sums(record: Mapping[str, Any]) -> tuple[float, float]:
+    if record.get("weighting") == "window":
+        return float(record.get("window_mean_nll_sum") or 0.0), float(record.get("windows") or 0)
+    return float(record.get("nll_sum") or 0.0), float(record.get("tokens_scored") or 0)
+
+
+def _exp(nll: float | None) -> float | None:
+    if nll is None or not math.isfinite(nll):
+        return None if nll is None or math.isnan(nll) else math.inf
+    return math.exp(nll) if nll < 709.0 else math.inf  # exp overflows a float past ~709 nats
+
+
+def ppl_value(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``{"ppl", "nll", "tokens_scored", "n"}`` of one method's documents at one length (module docstring)."""
+    _check_protocol(records)
     tokens = sum(int(r.get("tokens_scored") or 0) for r in records)
-    if records[0].get("weighting") == "window":
-        windows = sum(int(r.get("windows") or 0) for r in records)
-        nll = sum(float(r["window_mean_nll_sum"]) for r in records) / windows if windows else None
-    else:
-        nll = sum(float(r["nll_sum"]) for r in records) / tokens if tokens else None
-    ppl = None
-    if nll is not None:
-        ppl = math.exp(nll) if nll < 709.0 else math.inf  # exp overflows a float past ~709 nats
-    return {"ppl": ppl, "nll": nll, "tokens_scored": tokens, "n": len(records)}
+    sums = [_ppl_sums(r) for r in records]
+    den = sum(d for _, d in sums)
+    nll = sum(n for n, _ in sums) / den if den else None
+    return {"ppl": _exp(nll), "nll": nll, "tokens_scored": tokens, "n": len(records)}
 
 
 def accuracy_value(task: str, records: Sequence[Mapping[str, Any]]) -> tuple[float | None, int]:
@@ -147,75 +332,325 @@ def accuracy_value(task: str, records: Sequence[Mapping[str, Any]]) -> tuple[flo
     scored = [r for r in records if _finite(r.get("score"))]
     if not scored:
         return None, 0
-    field = MACRO_FIELDS.get(task)
-    if field and any(r.get(field) is not None for r in scored):
-        parts = _groups(scored, field)
+    field_ = MACRO_FIELDS.get(task)
+    if field_ and any(r.get(field_) is not None for r in scored):
+        parts = _groups(scored, field_)
         means = [statistics.fmean(float(r["score"]) for r in rs) for rs in parts.values()]
         return statistics.fmean(means), len(scored)
     return statistics.fmean(float(r["score"]) for r in scored), len(scored)
 
 
+def _seed_fields(per_seed: dict[Any, float | None]) -> dict[str, Any]:
+    """``seeds`` and, with several seeds, their values and spread (on the value's own scale)."""
+    if list(per_seed) == [None]:
+        return {}
+    out: dict[str, Any] = {"seeds": len(per_seed)}
+    values = [v for v in per_seed.values() if v is not None and math.isfinite(v)]
+    if len(per_seed) > 1:
+        out["seed_values"] = {str(k): v for k, v in per_seed.items()}
+        if values:
+            out["seed_min"], out["seed_max"] = min(values), max(values)
+            out["seed_sd"] = statistics.stdev(values) if len(values) > 1 else None
+    return out
+
+
+def _mean_over_seeds(values: list[float | None], log: bool) -> float | None:
+    if any(v is None for v in values):
+        return None
+    if log:  # perplexity: the geometric mean (mean NLL)
+        if any(v <= 0 or math.isinf(v) for v in values):
+            return math.inf if any(math.isinf(v) for v in values) else None
+        return math.exp(statistics.fmean(math.log(v) for v in values))
+    return statistics.fmean(values)
+
+
+class Analysis:
+    """Every aggregate of a study's records with its bootstrap interval, and paired comparisons
+    (module docstring). ``rows`` are :func:`aggregate`'s rows; ``table`` looks them up."""
+
+    def __init__(self, records: Iterable[Mapping[str, Any]], preferred: Sequence[str] | None = None, *,
+                 resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED):
+        self.records = list(records)
+        self.resamples, self.seed = resamples, seed
+        self.methods = method_order((r.get("method") for r in self.records), preferred)
+        self.units: dict[str, _Units] = {}
+        self._order: dict[str, dict[int, int]] = {}  # a task's record → its position (units of records naming none)
+        self._cache: dict[tuple, np.ndarray] = {}
+        self.cells: dict[tuple, _Cell] = {}
+        rows: list[dict[str, Any]] = []
+        for (task,), task_records in _groups(self.records, "task").items():
+            self.units[task] = self._make_units(task, task_records)
+            if task == "speed":
+                rows += self._speed_rows(task_records)
+                continue
+            for (method, length), recs in _groups(task_records, "method", "length").items():
+                rows += self._cell_rows(task, method, length, recs)
+        order = {m: i for i, m in enumerate(self.methods)}
+        task_rank = {t: i for i, t in enumerate(("ppl",) + ACCURACY_TASKS + ("entropy", "speed"))}
+        metric_rank = {m: i for i, m in enumerate(("ppl", "accuracy") + ENTROPY_METRICS + SPEED_METRICS + tuple(SPEED_RATIOS.values()))}
+        rows.sort(key=lambda r: (task_rank.get(r["task"], len(task_rank)), str(r["task"]), order.get(r["method"], len(order)),
+                                 r["length"] if r["length"] is not None else -1, metric_rank.get(r["metric"], 99)))
+        self.rows = rows
+        self.table = Table(rows, analysis=self)
+
+    # ---- construction ----
+    def _make_units(self, task: str, records: Sequence[Mapping[str, Any]]) -> _Units:
+        self._order[task] = {id(r): i for i, r in enumerate(records)}
+        keys = sorted({self._key(r, i) for i, r in enumerate(records)}, key=_unit_sort)
+        field_ = MACRO_FIELDS.get(task)
+        if field_ and any(r.get(field_) is not None for r in records):
+            names = sorted({dict(k).get(field_) for k in keys}, key=_sort_value)
+            rank = {n: i for i, n in enumerate(names)}
+            strata = np.array([rank[dict(k).get(field_)] for k in keys], dtype=int)
+        else:
+            strata = np.zeros(len(keys), dtype=int)
+        indices = resample_indices(strata, self.resamples, self.seed)
+        return _Units(keys, strata, indices, resample_counts(indices, len(keys)))
+
+    @staticmethod
+    def _key(record: Mapping[str, Any], i: int) -> tuple:
+        key = unit_key(record)
+        return key if key else (("_record", i),)  # a record naming no unit stands alone (never paired)
+
+    def _cell_rows(self, task: str, method: str, length: Any, recs: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        units = self.units[task]
+        order = self._order[task]
+        seeds = _by_seed(recs)
+        base = {"method": method, "task": task, "length": length}
+        rows: list[dict[str, Any]] = []
+        metrics: dict[str, _Metric] = {}
+
+        def arrays(pick, macro=False, log=False):
+            num = np.zeros((len(seeds), len(units.keys)))
+            den = np.zeros_like(num)
+            for s, srecs in enumerate(seeds.values()):
+                for r in srecs:
+                    got = pick(r)
+                    if got is None:
+                        continue
+                    j = units.position[self._key(r, order[id(r)])]
+                    num[s, j] += got[0]
+                    den[s, j] += got[1]
+            return _Metric(num, den, macro, log)
+
+        if is_perplexity(task):
+            per_seed = {}
+            for s, srecs in seeds.items():
+                per_seed[s] = ppl_value(srecs)
+            _check_protocol(recs)
+            metrics["ppl"] = arrays(_ppl_sums, log=True)
+            values = {s: v["ppl"] for s, v in per_seed.items()}
+            value = _mean_over_seeds(list(values.values()), log=True) if len(values) > 1 else next(iter(values.values()))
+            nll = statistics.fmean(v["nll"] for v in per_seed.values()) if all(v["nll"] is not None for v in per_seed.values()) else None
+            row = {**base, "metric": "ppl", "value": value, "n": max(v["n"] for v in per_seed.values()), "nll": nll,
+                   "tokens_scored": sum(v["tokens_scored"] for v in per_seed.values())}
+            rows.append(self._finish(row, metrics["ppl"], units, _seed_fields(values)))
+        elif task == "entropy":
+            for metric in ENTROPY_METRICS:
+                per_seed = {s: [float(r[metric]) for r in srecs if _finite(r.get(metric))] for s, srecs in seeds.items()}
+                if not any(per_seed.values()):
+                    continue
+                metrics[metric] = arrays(lambda r, metric=metric: (float(r[metric]), 1.0) if _finite(r.get(metric)) else None)
+                values = {s: statistics.fmean(v) if v else None for s, v in per_seed.items()}
+                row = {**base, "metric": metric, "value": _mean_over_seeds(list(values.values()), log=False),
+                       "n": max(len(v) for v in per_seed.values())}
+                rows.append(self._finish(row, metrics[metric], units, _seed_fields(values)))
+        else:
+            per_seed = {s: accuracy_value(task, srecs) for s, srecs in seeds.items()}
+            if any(n for _, n in per_seed.values()):
+                field_ = MACRO_FIELDS.get(task)
+                macro = bool(field_) and any(r.get(field_) is not None for r in recs if _finite(r.get("score")))
+                metrics["accuracy"] = arrays(lambda r: (float(r["score"]), 1.0) if _finite(r.get("score")) else None, macro=macro)
+                values = {s: v for s, (v, n) in per_seed.items()}
+                row = {**base, "metric": "accuracy", "value": _mean_over_seeds(list(values.values()), log=False),
+                       "n": max(n for _, n in per_seed.values())}
+                rows.append(self._finish(row, metrics["accuracy"], units, _seed_fields(values)))
+        self.cells[(method, task, length)] = _Cell(method, task, length, list(seeds), metrics)
+        return rows
+
+    def _finish(self, row: dict[str, Any], metric: _Metric, units: _Units, seed_fields: dict[str, Any]) -> dict[str, Any]:
+        reps = self._reps(metric, units)
+        ci = percentile_interval(reps)
+        if ci is not None and metric.log:
+            ci = (_exp(ci[0]), _exp(ci[1]))
+        row["ci95"] = list(ci) if ci is not None else None
+        row.update(seed_fields)
+        return row
+
+    def _speed_rows(self, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Medians over repeats, each with the bootstrap of the median over repeats; ratios to plain's median
+        at the same length paired by repeat."""
+        units = self.units["speed"]
+        order = self._order["speed"]
+        vectors: dict[tuple, dict[str, np.ndarray]] = {}
+        for (method, length), recs in _groups(records, "method", "length").items():
+            for metric in SPEED_METRICS:
+                vec = np.full(len(units.keys), np.nan)
+                for r in recs:
+                    if _finite(r.get(metric)):
+                        vec[units.position[self._key(r, order[id(r)])]] = float(r[metric])
+                if np.isfinite(vec).any():
+                    vectors.setdefault((method, length), {})[metric] = vec
+        rows = []
+        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a resample of only repeats a method lacks
+            for (method, length), metrics in vectors.items():
+                plain = vectors.get((PLAIN, length), {})
+                for metric, vec in metrics.items():
+                    values = [float(v) for v in vec[np.isfinite(vec)]]
+                    reps = np.nanmedian(vec[units.indices], axis=1) if len(values) > 1 else np.full(self.resamples, values[0])
+                    ci = percentile_interval(reps)
+                    value = statistics.median(values)
+                    rows.append({"method": method, "task": "speed", "length": length, "metric": metric, "value": value,
+                                 "ci95": list(ci) if ci else None, "n": len(values)})
+                    base = plain.get(metric)
+                    if base is not None and statistics.median(base[np.isfinite(base)].tolist()) > 0:
+                        base_value = statistics.median(base[np.isfinite(base)].tolist())
+                        ratio_reps = reps / np.nanmedian(base[units.indices], axis=1)
+                        ci = percentile_interval(ratio_reps)
+                        rows.append({"method": method, "task": "speed", "length": length, "metric": SPEED_RATIOS[metric],
+                                     "value": value / base_value, "ci95": list(ci) if ci else None, "n": len(values)})
+        return rows
+
+    # ---- resamples ----
+    def _reps(self, metric: _Metric, units: _Units, mask: np.ndarray | None = None) -> np.ndarray:
+        """Resampled statistic of one cell (mean over its seeds; mean NLL for perplexity), ``(B,)``; cached per
+        cell and mask (the ranking compares every pair of methods, mostly on the same units)."""
+        if mask is not None and mask.all():
+            mask = None
+        key = (id(metric), None if mask is None else mask.tobytes())
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        num, den = (metric.num, metric.den) if mask is None else (metric.num * mask, metric.den * mask)
+        per_seed = [_ratio(units.counts, num[s], den[s], units.columns, metric.macro) for s in range(num.shape[0])]
+        self._cache[key] = out = np.mean(per_seed, axis=0)
+        return out
+
+    def _point(self, metric: _Metric, units: _Units, mask: np.ndarray | None = None) -> float:
+        num, den = (metric.num, metric.den) if mask is None else (metric.num * mask, metric.den * mask)
+        ones = np.ones((1, num.shape[1]))
+        return float(np.mean([_ratio(ones, num[s], den[s], units.columns, metric.macro)[0] for s in range(num.shape[0])]))
+
+    def _metric(self, method: str, task: str, length: Any, metric: str) -> _Metric | None:
+        cell = self.cells.get((method, task, length))
+        return None if cell is None else cell.metrics.get(metric)
+
+    @staticmethod
+    def _present(metric: _Metric) -> np.ndarray:
+        """Units the cell has in every seed."""
+        return (metric.den > 0).all(axis=0)
+
+    def replicates(self, method: str, task: str, length: Any, metric: str, *, mask: np.ndarray | None = None) -> np.ndarray | None:
+        """The ``(B,)`` resampled values of one cell (mean NLL for perplexity), or None when absent."""
+        m = self._metric(method, task, length, metric)
+        return None if m is None else self._reps(m, self.units[task], mask)
+
+    def unit_count(self, method: str, task: str, length: Any, metric: str) -> int:
+        m = self._metric(method, task, length, metric)
+        return 0 if m is None else int(self._present(m).sum())
+
+    def compare(self, a: str, b: str, task: str, lengths: Any, metric: str, *,
+                length_b: Any = None) -> dict[str, Any] | None:
+        """Paired comparison of method ``a`` against ``b`` (module docstring): ``{"kind": "ratio"|"difference",
+        "estimate", "ci95", "n", "significant", "direction"}`` — ``direction`` is +1 when ``a`` is higher,
+        −1 when lower, 0 when not significant. ``lengths`` is one length or a list (the statistic is then
+        the mean over them, each paired on its own shared units); ``length_b`` compares ``a`` at ``lengths``
+        with ``b`` at another length (a method against itself across lengths)."""
+        many = isinstance(lengths, (list, tuple))
+        la = list(lengths) if many else [lengths]
+        lb = la if length_b is None else ([length_b] * len(la))
+        units = self.units.get(task)
+        if units is None or not la:
+            return None
+        reps_a, reps_b, pts_a, pts_b, ns = [], [], [], [], []
+        log = False
+        for x, y in zip(la, lb):
+            ma, mb = self._metric(a, task, x, metric), self._metric(b, task, y, metric)
+            if ma is None or mb is None:
+                return None
+            log = ma.log
+            mask = self._present(ma) & self._present(mb)
+            ns.append(int(mask.sum()))
+            if not mask.any():
+                return None
+            reps_a.append(self._reps(ma, units, mask))
+            reps_b.append(self._reps(mb, units, mask))
+            pts_a.append(self._point(ma, units, mask))
+            pts_b.append(self._point(mb, units, mask))
+        diff = np.mean(reps_a, axis=0) - np.mean(reps_b, axis=0)
+        point = float(np.mean(pts_a) - np.mean(pts_b))
+        ci = percentile_interval(diff)
+        n = min(ns)
+        significant = ci is not None and n >= MIN_PAIRED and (ci[0] > 0 or ci[1] < 0)
+        direction = (1 if point > 0 else -1) if significant else 0
+        if log:
+            return {"kind": "ratio", "estimate": _exp(point), "ci95": [_exp(ci[0]), _exp(ci[1])] if ci else None,
+                    "n": n, "significant": significant, "direction": direction}
+        return {"kind": "difference", "estimate": point, "ci95": list(ci) if ci else None, "n": n,
+                "significant": significant, "direction": direction}
+
+    def mean_interval(self, method: str, task: str, lengths: Sequence[Any], metric: str) -> list[float] | None:
+        """95 % interval of a method's mean over several lengths (resample by resample)."""
+        reps = [self.replicates(method, task, L, metric) for L in lengths]
+        if not reps or any(r is None for r in reps):
+            return None
+        ci = percentile_interval(np.mean(reps, axis=0))
+        return list(ci) if ci else None
+
+    def curve_intervals(self, method: str, length: Any) -> tuple[list, list] | None:
+        """Per-bucket 95 % intervals of the mean-NLL-by-position curve (documents resampled; first seed's
+        records and mean over seeds as for the cell), or None when the records carry no per-bucket sums."""
+        recs = [r for r in self.records if r.get("task") == "ppl" and r.get("method") == method and r.get("length") == length
+                and r.get("curve_nll_sum") is not None and r.get("curve_tokens") is not None]
+        if not recs:
+            return None
+        units = self.units["ppl"]
+        order = self._order["ppl"]
+        seeds = _by_seed(recs)
+        k = len(recs[0]["curve_nll_sum"])
+        if any(len(r["curve_nll_sum"]) != k for r in recs):
+            return None
+        reps = []
+        for srecs in seeds.values():
+            num = np.zeros((len(units.keys), k))
+            den = np.zeros_like(num)
+            for r in srecs:
+                j = units.position[self._key(r, order[id(r)])]
+                num[j] += np.asarray(r["curve_nll_sum"], dtype=float)
+                den[j] += np.asarray(r["curve_tokens"], dtype=float)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                reps.append((units.counts @ num) / (units.counts @ den))
+        reps = np.mean(reps, axis=0)  # (B, k)
+        lo, hi = [], []
+        for j in range(k):
+            ci = percentile_interval(reps[:, j])
+            lo.append(ci[0] if ci else None)
+            hi.append(ci[1] if ci else None)
+        return lo, hi
+
+
 def aggregate(records: Iterable[Mapping[str, Any]], preferred: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Aggregate rows per method × task × length × metric (module docstring), ordered by task, method
     (:func:`method_order`), length and metric."""
-    records = list(records)
-    order = {m: i for i, m in enumerate(method_order((r.get("method") for r in records), preferred))}
-    rows: list[dict[str, Any]] = []
-    by_task = _groups(records, "task")
-    for (task,), task_records in by_task.items():
-        if task == "speed":
-            rows += _speed_rows(task_records)
-            continue
-        for (method, length), recs in _groups(task_records, "method", "length").items():
-            base = {"method": method, "task": task, "length": length}
-            if task == "ppl":
-                v = ppl_value(recs)
-                rows.append({**base, "metric": "ppl", "value": v["ppl"], "n": v["n"], "nll": v["nll"], "tokens_scored": v["tokens_scored"]})
-            elif task == "entropy":
-                for metric in ENTROPY_METRICS:
-                    values = [float(r[metric]) for r in recs if _finite(r.get(metric))]
-                    if values:
-                        rows.append({**base, "metric": metric, "value": statistics.fmean(values), "n": len(values)})
-            else:
-                value, n = accuracy_value(task, recs)
-                if n:
-                    rows.append({**base, "metric": "accuracy", "value": value, "n": n})
-    task_rank = {t: i for i, t in enumerate(("ppl",) + ACCURACY_TASKS + ("entropy", "speed"))}
-    metric_rank = {m: i for i, m in enumerate(("ppl", "accuracy") + ENTROPY_METRICS + SPEED_METRICS + tuple(SPEED_RATIOS.values()))}
-    rows.sort(key=lambda r: (task_rank.get(r["task"], len(task_rank)), str(r["task"]), order.get(r["method"], len(order)),
-                             r["length"] if r["length"] is not None else -1, metric_rank.get(r["metric"], 99)))
-    return rows
-
-
-def _speed_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    medians: dict[tuple, dict[str, tuple[float, int]]] = {}
-    for (method, length), recs in _groups(records, "method", "length").items():
-        for metric in SPEED_METRICS:
-            values = [float(r[metric]) for r in recs if _finite(r.get(metric))]
-            if values:
-                medians.setdefault((method, length), {})[metric] = (statistics.median(values), len(values))
-    rows = []
-    for (method, length), metrics in medians.items():
-        plain = medians.get((PLAIN, length), {})
-        for metric, (value, n) in metrics.items():
-            rows.append({"method": method, "task": "speed", "length": length, "metric": metric, "value": value, "n": n})
-            base = plain.get(metric)
-            if base is not None and base[0] > 0:
-                rows.append({"method": method, "task": "speed", "length": length, "metric": SPEED_RATIOS[metric],
-                             "value": value / base[0], "n": n})
-    return rows
+    return Analysis(records, preferred).rows
 
 
 class Table:
-    """Lookup of aggregate rows by (method, task, length, metric)."""
+    """Lookup of aggregate rows by (method, task, length, metric); ``analysis`` (when built by
+    :class:`Analysis`) gives the resamples behind them."""
 
-    def __init__(self, rows: Iterable[Mapping[str, Any]]):
+    def __init__(self, rows: Iterable[Mapping[str, Any]], analysis: Analysis | None = None):
         self.rows = list(rows)
+        self.analysis = analysis
         self._index = {(r["method"], r["task"], r["length"], r["metric"]): r for r in self.rows}
 
     def get(self, method: str, task: str, length: int, metric: str) -> float | None:
         row = self._index.get((method, task, length, metric))
         return None if row is None else row["value"]
+
+    def row(self, method: str, task: str, length: int, metric: str) -> Mapping[str, Any] | None:
+        return self._index.get((method, task, length, metric))
 
     def methods(self, task: str | None = None) -> list[str]:
         return list(dict.fromkeys(r["method"] for r in self.rows if task is None or r["task"] == task))
@@ -226,10 +661,17 @@ class Table:
     def tasks(self) -> list[str]:
         return list(dict.fromkeys(r["task"] for r in self.rows))
 
+    def accuracy_tasks(self) -> list[str]:
+        """Tasks with an accuracy metric: :data:`ACCURACY_TASKS` order first, then any other."""
+        tasks = self.tasks()
+        scored = [t for t in tasks if any(r["task"] == t and r["metric"] == "accuracy" for r in self.rows)]
+        return [t for t in ACCURACY_TASKS if t in scored] + [t for t in scored if t not in ACCURACY_TASKS]
+
 
 # ---- per-position NLL curves ------------------------------------------------------------------------------
-def nll_curves(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Mean NLL by position in the window per (method, length): ``{"method", "length", "positions", "mean_nll"}``.
+def nll_curves(records: Iterable[Mapping[str, Any]], analysis: Analysis | None = None) -> list[dict[str, Any]]:
+    """Mean NLL by position in the window per (method, length): ``{"method", "length", "positions", "mean_nll"}``
+    (with ``analysis``, also ``ci_low``/``ci_high``: per-bucket bootstrap intervals over documents).
 
     Records of :mod:`ropekit.eval.perplexity` carry per-bucket sums (``curve_nll_sum``, ``curve_tokens``,
     ``curve_positions``): the curve is Σ sums / Σ counts over the documents, exact. Records that carry a
@@ -258,44 +700,97 @@ def nll_curves(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 pairs = [(float(r["nll_curve"][j]), float(r.get("tokens_scored") or 1)) for r in generic if _finite(r["nll_curve"][j])]
                 weight = sum(w for _, w in pairs)
                 mean.append(sum(v * w for v, w in pairs) / weight if weight else None)
-        curves.append({"method": method, "length": length, "positions": positions, "mean_nll": mean})
+        curve = {"method": method, "length": length, "positions": positions, "mean_nll": mean}
+        if analysis is not None and with_sums:
+            got = analysis.curve_intervals(method, length)
+            if got is not None:
+                curve["ci_low"], curve["ci_high"] = got
+        curves.append(curve)
     return curves
 
 
 # ---- perplexity vs downstream ---------------------------------------------------------------------------
+def _tau_interval(analysis: Analysis, points: list[tuple[str, list[tuple[str, Any]], list[tuple[str, Any]]]]) -> list[float] | None:
+    """Two-level bootstrap interval of τ-b (module docstring). ``points``: per method, the (task, length)
+    cells whose mean is its log-perplexity (x) and whose mean is its accuracy (y)."""
+    n = len(points)
+    if n < 2:
+        return None
+    xs, ys = [], []
+    for _, xcells, ycells in points:
+        xr = [analysis.replicates(m, t, L, "ppl") for m, t, L in xcells]
+        yr = [analysis.replicates(m, t, L, "accuracy") for m, t, L in ycells]
+        if any(r is None for r in xr + yr):
+            return None
+        xs.append(np.mean(xr, axis=0))
+        ys.append(np.mean(yr, axis=0))
+    x, y = np.stack(xs, axis=1), np.stack(ys, axis=1)  # (B, methods)
+    draw = np.random.default_rng(analysis.seed + 1).integers(0, n, size=(x.shape[0], n))
+    rows = np.arange(x.shape[0])[:, None]
+    ci = percentile_interval(tau_b_rows(x[rows, draw], y[rows, draw]))
+    return list(ci) if ci else None
+
+
 def perplexity_correlations(table: Table, target_length: int | None) -> list[dict[str, Any]]:
     """Kendall τ across methods between perplexity and each accuracy task (LCEG Table 6), two ways:
 
     * ``"target"`` — perplexity and accuracy at one length: the target length when both tasks were
       evaluated there, else the longest length they share;
     * ``"mean"`` — per method, the mean log-perplexity (log of the geometric mean) and the mean accuracy
-      over every length both tasks share; methods lacking any of those lengths are left out.
+      over every length both tasks share; methods lacking any of those lengths are left out;
 
-    Negative τ means lower perplexity goes with higher accuracy.
+    and, with two or more accuracy tasks, ``task="pooled"`` rows of each mode: per method the mean over the
+    tasks of the per-task log-perplexity and of the per-task accuracy (methods with every task). With an
+    :class:`Analysis` behind the table each row has ``ci95``, the two-level bootstrap interval of τ
+    (module docstring). Negative τ means lower perplexity goes with higher accuracy.
     """
     ppl_lengths = set(table.lengths("ppl"))
+    analysis = table.analysis
     out = []
-    for task in [t for t in table.tasks() if any(r["task"] == t and r["metric"] == "accuracy" for r in table.rows)]:
+    per_task: dict[str, dict[str, dict[str, tuple]]] = {"target": {}, "mean": {}}
+    for task in table.accuracy_tasks():
         shared = sorted(ppl_lengths & set(table.lengths(task)))
         if not shared:
             continue
         methods = [m for m in table.methods("ppl") if m in table.methods(task)]
         at = target_length if target_length in shared else shared[-1]
         pairs = [(m, table.get(m, "ppl", at, "ppl"), table.get(m, task, at, "accuracy")) for m in methods]
-        pairs = [(m, p, a) for m, p, a in pairs if p is not None and a is not None and _finite(p)]
-        result = kendall_tau([p for _, p, _ in pairs], [a for _, _, a in pairs])
-        out.append({"task": task, "mode": "target", "lengths": [at], "tau": result.tau, "p_value": result.p_value,
-                    "n": result.n, "methods": [m for m, _, _ in pairs], "interpretation": interpret(result)})
-        means = []
+        pairs = [(m, p, a) for m, p, a in pairs if p is not None and a is not None and _finite(p) and p > 0]
+        per_task["target"][task] = {m: (math.log(p), a, [(m, "ppl", at)], [(m, task, at)]) for m, p, a in pairs}
+        means = {}
         for m in methods:
             p = [table.get(m, "ppl", L, "ppl") for L in shared]
             a = [table.get(m, task, L, "accuracy") for L in shared]
             if all(v is not None and _finite(v) and v > 0 for v in p) and all(v is not None for v in a):
-                means.append((m, statistics.fmean(math.log(v) for v in p), statistics.fmean(a)))
-        result = kendall_tau([p for _, p, _ in means], [a for _, _, a in means])
-        out.append({"task": task, "mode": "mean", "lengths": shared, "tau": result.tau, "p_value": result.p_value,
-                    "n": result.n, "methods": [m for m, _, _ in means], "interpretation": interpret(result)})
+                means[m] = (statistics.fmean(math.log(v) for v in p), statistics.fmean(a),
+                            [(m, "ppl", L) for L in shared], [(m, task, L) for L in shared])
+        per_task["mean"][task] = means
+        for mode, lengths in (("target", [at]), ("mean", shared)):
+            out.append(_kendall_row(analysis, task, mode, lengths, per_task[mode][task]))
+    tasks = list(per_task["target"])
+    if len(tasks) >= 2:
+        for mode in ("target", "mean"):
+            common = [m for m in table.methods("ppl") if all(m in per_task[mode][t] for t in tasks)]
+            pooled = {}
+            for m in common:
+                vals = [per_task[mode][t][m] for t in tasks]
+                pooled[m] = (statistics.fmean(v[0] for v in vals), statistics.fmean(v[1] for v in vals),
+                             [c for v in vals for c in v[2]], [c for v in vals for c in v[3]])
+            lengths = sorted({L for t in tasks for v in per_task[mode][t].values() for _, _, L in v[2]})
+            row = _kendall_row(analysis, "pooled", mode, lengths, pooled)
+            row["tasks"] = tasks
+            out.append(row)
     return out
+
+
+def _kendall_row(analysis: Analysis | None, task: str, mode: str, lengths: list, points: dict[str, tuple]) -> dict[str, Any]:
+    methods = list(points)
+    result = kendall_tau([points[m][0] for m in methods], [points[m][1] for m in methods])
+    row = {"task": task, "mode": mode, "lengths": list(lengths), "tau": result.tau, "p_value": result.p_value,
+           "n": result.n, "methods": methods, "interpretation": interpret(result)}
+    if analysis is not None:
+        row["ci95"] = _tau_interval(analysis, [(m, points[m][2], points[m][3]) for m in methods]) if result.tau is not None else None
+    return row
 
 
 # ---- ranking ----------------------------------------------------------------------------------------------
@@ -306,13 +801,21 @@ RANK_TASKS = ("passkey", "niah", "ruler", "longbench", "manyshot")
 def rank_methods(table: Table, window: int | None, target_length: int | None,
                  preferred: Sequence[str] | None = None) -> dict[str, Any]:
     """Rank the methods: ``{"rule": text, "task", "lengths", "ppl_length", "rows": [{"rank", "method",
-    "primary", "ppl"}]}``.
+    "primary", "primary_ci95", "ppl", "ppl_ci95", "tied", "tied_with_next", "better_than_next"}]}``.
 
-    Primary key: the mean accuracy of the first task of :data:`RANK_TASKS` present, over its lengths
-    beyond the pretrained ``window`` (all its lengths when no window is known or none lies beyond),
-    higher first; a method must have every one of those lengths to get a value. Tie-break: perplexity
-    at the target length (the longest perplexity length when the target was not evaluated), lower first.
-    Methods without a primary value come after those with one; equal keys share a rank (1, 2, 2, 4).
+    Order: the mean accuracy of the first task of :data:`RANK_TASKS` present, over its lengths beyond the
+    pretrained ``window`` (all its lengths when no window is known or none lies beyond), higher first; a
+    method must have every one of those lengths to get a value. Then perplexity at the target length (the
+    longest perplexity length when the target was not evaluated), lower first. Methods without a primary
+    value come after those with one.
+
+    Rank: with an :class:`Analysis` behind the table, 1 + the number of methods *significantly* better —
+    B is significantly better than A when its primary accuracy is higher with the paired interval of the
+    difference excluding 0, or, when the primary difference is not significant (or neither has one), its
+    perplexity is lower with the paired interval of the ratio excluding 1 (:meth:`Analysis.compare`). So
+    methods inside each other's noise share a rank (``tied``), and nothing is ranked above another on a
+    difference the data cannot tell from noise. Without an analysis equal keys share a rank (1, 2, 2, 4).
+    ``tied_with_next``: whether the next method in the order is not significantly worse.
     """
     methods = method_order(table.methods(), preferred)
     task = next((t for t in RANK_TASKS if t in table.tasks()), None)
@@ -322,15 +825,19 @@ def rank_methods(table: Table, window: int | None, target_length: int | None,
         lengths = [L for L in all_lengths if window is not None and L > window] or all_lengths
     ppl_lengths = table.lengths("ppl")
     ppl_at = (target_length if target_length in ppl_lengths else ppl_lengths[-1]) if ppl_lengths else None
+    analysis = table.analysis
     rows = []
     for m in methods:
-        primary = None
+        primary = primary_ci = None
         if task:
             values = [table.get(m, task, L, "accuracy") for L in lengths]
             if values and all(v is not None for v in values):
                 primary = statistics.fmean(values)
-        ppl = table.get(m, "ppl", ppl_at, "ppl") if ppl_at is not None else None
-        rows.append({"method": m, "primary": primary, "ppl": ppl})
+                if analysis is not None:
+                    primary_ci = analysis.mean_interval(m, task, lengths, "accuracy")
+        row = table.row(m, "ppl", ppl_at, "ppl") if ppl_at is not None else None
+        rows.append({"method": m, "primary": primary, "primary_ci95": primary_ci,
+                     "ppl": row["value"] if row else None, "ppl_ci95": row.get("ci95") if row else None})
     if not task and ppl_at is None:
         return {"rule": "", "task": None, "lengths": [], "ppl_length": None, "rows": []}
 
@@ -340,20 +847,51 @@ def rank_methods(table: Table, window: int | None, target_length: int | None,
         return (p is None, -(p or 0.0), q)
 
     rows.sort(key=key)
-    previous, rank = None, 0
-    for i, row in enumerate(rows, 1):
-        k = key(row)
-        if k != previous:
-            rank, previous = i, k
-        row["rank"] = rank
+
+    def better(b_row, a_row) -> bool:
+        """Whether ``b_row`` is significantly better than ``a_row``."""
+        if analysis is None:
+            return key(b_row) < key(a_row)
+        b, a = b_row["method"], a_row["method"]
+        if task:
+            if (b_row["primary"] is None) != (a_row["primary"] is None):
+                return a_row["primary"] is None
+            if b_row["primary"] is not None:
+                c = analysis.compare(b, a, task, lengths, "accuracy")
+                if c is not None and c["significant"]:
+                    return c["direction"] > 0
+        if ppl_at is None:
+            return False
+        if (b_row["ppl"] is None) != (a_row["ppl"] is None):
+            return a_row["ppl"] is None
+        c = analysis.compare(b, a, "ppl", ppl_at, "ppl")
+        return c is not None and c["significant"] and c["direction"] < 0
+
+    for row in rows:
+        row["rank"] = 1 + sum(better(other, row) for other in rows if other is not row)
+    rows.sort(key=lambda r: (r["rank"], key(r)))  # a method significantly better only on perplexity moves up
+    counts: dict[int, int] = {}
+    for row in rows:
+        counts[row["rank"]] = counts.get(row["rank"], 0) + 1
+    for i, row in enumerate(rows):
+        row["tied"] = counts[row["rank"]] > 1
+        row["tied_with_next"] = i + 1 < len(rows) and not better(row, rows[i + 1])
     parts = []
     if task:
         where = (f"over the lengths beyond the pretrained window of {window} tokens ({', '.join(map(str, lengths))})"
                  if window is not None and all(L > window for L in lengths) else f"over all its lengths ({', '.join(map(str, lengths))})")
-        parts.append(f"Methods are ranked by mean {task} accuracy {where}, higher first")
-        if ppl_at is not None:
-            parts.append(f"ties are broken by perplexity at {ppl_at} tokens, lower first")
-        parts.append("methods missing a value rank last; equal keys share a rank")
+        key_text = f"mean {task} accuracy {where}, higher first" + (f", then perplexity at {ppl_at} tokens, lower first" if ppl_at is not None else "")
     else:
-        parts.append(f"Methods are ranked by perplexity at {ppl_at} tokens, lower first; methods without it rank last")
+        key_text = f"perplexity at {ppl_at} tokens, lower first"
+    if analysis is not None:
+        parts.append(f"Rank = 1 + the number of methods significantly better: higher {task} accuracy with the paired 95 % bootstrap "
+                     f"interval of the difference (over the shared prompts) excluding 0"
+                     + (f", or, where the accuracy difference is inside the noise, lower perplexity at {ppl_at} tokens with the "
+                        "paired interval of the ratio excluding 1" if ppl_at is not None else "") if task else
+                     f"Rank = 1 + the number of methods with a significantly lower perplexity at {ppl_at} tokens (paired 95 % "
+                     "bootstrap interval of the ratio, over the shared documents, excluding 1)")
+        parts.append("methods sharing a rank (“2=”) are tied: their differences are inside the noise")
+        parts.append(f"rows in rank order, within a rank by {key_text}; methods missing a value come last")
+    else:
+        parts.append(f"Methods are ranked by {key_text}; methods missing a value rank last; equal keys share a rank")
     return {"rule": "; ".join(parts) + ".", "task": task, "lengths": lengths, "ppl_length": ppl_at, "rows": rows}

@@ -1,0 +1,160 @@
+"""The report's findings, control table, method cards and figures on synthetic studies with known effects
+(:mod:`synthetic_study`): a study shaped like the ``quick`` preset where every claim is built to hold, one
+where they are built to fail, and one that lacks what most claims need."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import synthetic_study as ss
+
+from ropekit.study import report_findings as findings
+from ropekit.study.report import write_report
+from ropekit.study.report_figures import _Figures, png_size
+
+HOLDS, FAILS, INCONCLUSIVE, ABSENT = findings.HOLDS, findings.FAILS, findings.INCONCLUSIVE, findings.ABSENT
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """The 22 variants of the quick preset's shape (seeds for the fine-tuned ones), with its report."""
+    directory = tmp_path_factory.mktemp("quick")
+    records = ss.build(directory, ss.QUICK, seeds=[0, 1])
+    paths = write_report(directory)
+    return directory, records, paths, json.loads(Path(paths["json"]).read_text())
+
+
+def verdicts(summary):
+    return {c["id"]: c["verdict"] for c in summary["findings"]["claims"]}
+
+
+def test_claims_that_hold(quick):
+    _, records, _, summary = quick
+    got = verdicts(summary)
+    assert {k: got[k] for k in "abcdf"} == {k: HOLDS for k in "abcdf"}
+    assert got["e"] in (HOLDS, INCONCLUSIVE)
+    claims = {c["id"]: c for c in summary["findings"]["claims"]}
+    # (a): the base model's 2k/256 ratio, by hand from the records (mean NLL per token, same documents)
+    def nll(method, L):
+        rs = [r for r in records["ppl"] if r["method"] == method and r["length"] == L]
+        return sum(r["nll_sum"] for r in rs) / sum(r["tokens_scored"] for r in rs)
+    ratio = math.exp(nll("base", 2048) - nll("base", 256))
+    assert f"ratio to the window {ratio:.3f}" in " ".join(claims["a"]["evidence"])
+    assert "score mode truncate" in " ".join(claims["a"]["evidence"])  # the caveat of non-same-target scoring
+    assert any(e.startswith("pose-yarn vs yarn-ft") for e in claims["d"]["evidence"])
+    assert any(e.startswith("pose-pi vs pi-ft") for e in claims["d"]["evidence"])
+    assert {e.split(":")[0].split(" vs ")[0] for e in claims["f"]["evidence"]} == {"ntk-ft", "yarn-ft"}
+    assert all(c["rule"] and c["source"] for c in claims.values())
+    head = summary["findings"]["headline"]
+    assert head.startswith("At 1k tokens (4× the 256-token window) the lowest perplexity is") and "claims checked below" in head
+
+
+def test_control_table_and_its_paired_intervals(quick):
+    directory, records, _, summary = quick
+    assert summary["control"]["label"] == "base-ft"
+    effects = {(e["method"], e["task"], e["length"]): e for e in summary["control"]["effects"]}
+    e = effects[("yarn-ft", "ppl", 1024)]
+    # fine-tuned variants carry two seeds: the ratio is of the seed-averaged mean NLL, per document
+    def mean_nll(method):
+        seeds = sorted({r.get("seed") for r in records["ppl"] if r["method"] == method}, key=str)
+        per = []
+        for s in seeds:
+            rs = [r for r in records["ppl"] if r["method"] == method and r["length"] == 1024 and r.get("seed") == s]
+            per.append(sum(r["nll_sum"] for r in rs) / sum(r["tokens_scored"] for r in rs))
+        return sum(per) / len(per)
+    assert e["estimate"] == pytest.approx(math.exp(mean_nll("yarn-ft") - mean_nll("base-ft")))
+    assert e["kind"] == "ratio" and e["significant"] and e["ci95"][1] < 1 and e["n"] == 8
+    acc = effects[("self-extend", "passkey", 1024)]
+    assert acc["kind"] == "difference" and acc["significant"] and acc["ci95"][0] > 0 and acc["n"] == 20
+    html = (directory / "report" / "index.html").read_text()
+    assert 'id="control"' in html and "Effect relative to the control base-ft" in html
+    assert 'class="num sig"' in html
+
+
+def test_ranking_marks_ties_and_tables_bold_only_outside_the_noise(quick):
+    directory, _, _, summary = quick
+    rows = summary["ranking"]["rows"]
+    ranks = [r["rank"] for r in rows]
+    assert ranks == sorted(ranks) and ranks[0] == 1
+    assert any(r["tied"] for r in rows)  # several methods solve no prompt beyond the window: tied
+    zero = [r for r in rows if r["primary"] == 0.0]
+    assert len({r["rank"] for r in zero if r["ppl"] and abs(r["ppl"] - zero[0]["ppl"]) < 1e-9}) <= 1
+    html = (directory / "report" / "index.html").read_text()
+    table = html[html.index('<p class="caption">Methods ranked'):]
+    table = table[:table.index("</table>")]
+    assert re.search(r'<td class="num rank">\d+=</td>', table)
+
+
+def test_method_cards_hold_recipe_and_costs(quick):
+    _, _, _, summary = quick
+    cards = {c["label"]: c for c in summary["method_cards"]}
+    assert cards["longrope-search"]["search_seconds"] == pytest.approx(95.0) and cards["longrope-search"]["kind"] == "searched"
+    pose = dict(cards["pose-yarn"]["recipe"])
+    assert pose["sequence length"] == "256" and "target_length 1024" in pose["PoSE"] and pose["steps"] == "40"
+    assert cards["yarn-ft"]["train_seconds"] > 0 and cards["yarn-ft"]["seeds"] == [0, 1]
+    assert cards["base"]["kind"] == "base" and cards["base-ft"]["kind"].startswith("control")
+    assert set(cards["ntk"]["eval_seconds"]) == {"ppl", "passkey"}
+
+
+def test_figures_are_2x_and_free_of_overlapping_text(quick):
+    directory, _, paths, _ = quick
+    assert paths["figure_overlaps"] == {}  # no two texts of any figure overlap, none is cut off
+    names = {Path(p).name for p in paths["figures"]}
+    assert {"ppl_vs_length.png", "ppl_ratio_vs_length.png", "nll_by_position.png", "passkey_vs_length.png",
+            "passkey_heatmaps.png", "ppl_vs_accuracy.png", "train_loss.png"} <= names
+    html = (directory / "report" / "index.html").read_text()
+    sizes = re.findall(r'<img src="data:image/png;base64,[^"]+" alt="[^"]*" width="(\d+)" height="(\d+)">', html)
+    assert len(sizes) == len(paths["figures"])
+    for p, (w, h) in zip(paths["figures"], sizes):
+        pw, ph = png_size(Path(p).read_bytes())
+        assert (pw, ph) == pytest.approx((2 * int(w), 2 * int(h)), abs=1), p  # 200 dpi shown at 100 CSS px per inch
+
+
+def test_line_styles_tell_frozen_from_fine_tuned(tmp_path):
+    infos = {"base": findings.VariantInfo("base", None, kind="base"),
+             "base-ft": findings.VariantInfo("base-ft", None, kind="control"),
+             "yarn": findings.VariantInfo("yarn", "yarn"),
+             "yarn-ft": findings.VariantInfo("yarn-ft", "yarn", kind="fine-tuned"),
+             "pose-yarn": findings.VariantInfo("pose-yarn", "yarn", kind="fine-tuned", pose=True),
+             "ntk": findings.VariantInfo("ntk", "ntk")}
+    figs = _Figures(tmp_path, list(infos), 256, 1024, infos)
+    assert figs.style("yarn")["linestyle"] == "-" and figs.style("ntk")["linestyle"] == "-"
+    assert figs.style("yarn-ft")["linestyle"] != "-" and figs.style("pose-yarn")["linestyle"] not in ("-", figs.style("yarn-ft")["linestyle"])
+    assert figs.style("base")["linestyle"] == "-" and figs.style("base-ft")["linestyle"] != "-"
+    # one panel per family, the references in none of them; colours distinct within a panel
+    panels = dict(figs.families(list(infos)))
+    assert panels == {"NTK & base frequency": ["ntk"], "YaRN & LongRoPE": ["yarn", "yarn-ft", "pose-yarn"]}
+    assert len({figs.color(m) for m in panels["YaRN & LongRoPE"]}) == 3
+
+
+FAILING = [
+    ss.variant("base", None, "base", ppl=(0, -0.05, -0.10, -0.15), acc=(0.9, 0.85, 0.8, 0.8)),
+    ss.variant("ntk", "ntk", ppl=(0, -0.05, -0.10, -0.15), acc=(0.9, 0.5, 0.3, 0.1), params={"factor": 4}),
+    ss.variant("ntk-ft", "ntk", "ft", ppl=(0, 0.1, 0.2, 0.3), acc=(0.9, 0.5, 0.3, 0.1), params={"factor": 4}),
+    ss.variant("yarn-ft", "yarn", "ft", ppl=(0, 0.1, 0.2, 0.3), acc=(0.9, 0.5, 0.3, 0.1), params={"factor": 4}),
+    ss.variant("pose-yarn", "yarn", "pose", ppl=(0, 0.3, 0.5, 0.6), acc=(0.9, 0.5, 0.3, 0.1), params={"factor": 4}),
+]
+
+
+def test_claims_that_do_not_hold(tmp_path):
+    ss.build(tmp_path, FAILING, tasks=("ppl", "passkey"))
+    summary = json.loads(Path(write_report(tmp_path)["json"]).read_text())
+    got = verdicts(summary)
+    assert {k: got[k] for k in "abcdf"} == {k: FAILS for k in "abcdf"}
+    assert summary["control"] is None and "Effect relative to the control" not in Path(tmp_path / "report" / "index.html").read_text()
+
+
+def test_claims_not_measured(tmp_path):
+    spec = [ss.variant("base", None, "base", ppl=(0, 0.1, 0.2, 0.3)), ss.variant("yarn", "yarn", ppl=(0, 0, 0, 0))]
+    ss.build(tmp_path, spec, tasks=("ppl",))
+    summary = json.loads(Path(write_report(tmp_path)["json"]).read_text())
+    got = verdicts(summary)
+    assert got["a"] == HOLDS and {k: got[k] for k in "bcdef"} == {k: ABSENT for k in "bcdef"}
+    assert all(c["evidence"] for c in summary["findings"]["claims"])
