@@ -14,8 +14,8 @@ package turn these into transformers rope types, and the tests compare them with
 implementation and with the papers' formulas written out independently.
 
 Paper references: LCEG = "A Controlled Study on Long Context Extension and Generalization in LLMs"
-(shared paper 002), YaRN = Peng et al. 2023 (arXiv 2309.00071), PoSE = shared paper 003,
-Entropy-ABF = shared paper 001, HARPE = shared paper 004.
+(shared LCEG (Lu et al. 2024)), YaRN = Peng et al. 2023 (arXiv 2309.00071), PoSE = shared PoSE (Zhu et al. 2024),
+Entropy-ABF = shared Entropy-ABF (Zhang et al. 2024), HARPE = shared HARPE (Lian et al. 2025).
 """
 
 from __future__ import annotations

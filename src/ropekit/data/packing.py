@@ -1,7 +1,7 @@
 """Packing token documents into fixed-length training rows, and per-source length upsampling.
 
 **Stream packing** (:class:`PackedStream`, the recipe of Fu et al. 2024 and of the LCEG controlled study,
-paper 002 §7.9: "packed all sampled data into chunks of the training length, regardless of document
+LCEG (Lu et al. 2024) §7.9: "packed all sampled data into chunks of the training length, regardless of document
 boundaries"): the documents, each followed by an end-of-text separator, are concatenated into one
 stream that is cut into rows of ``seq_len`` tokens. A document may be split across two rows. The last,
 partial row is dropped (``drop_last``) or padded.
@@ -35,7 +35,7 @@ Row options, identical for both:
   row with the logits of that document alone.
 
 **Per-source length upsampling** (Fu et al. 2024, "per_source" mode of their ``slimpajama_packing.py``;
-used for the LCEG data, paper 002 §7.9): *within* each source, documents of at least ``threshold`` tokens
+used for the LCEG data, LCEG (Lu et al. 2024) §7.9): *within* each source, documents of at least ``threshold`` tokens
 are made ``factor`` times more frequent relative to shorter ones, so long documents gain weight while
 the mixture *between* sources (their weights) is unchanged. Two ways, same long/short ratio:
 

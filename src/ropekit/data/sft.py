@@ -23,7 +23,7 @@ before it nor whitespace after it. Two ways, same result on ChatML (tested):
   Character spans become token spans through the tokenizer's offset mapping (a token belongs to the
   response when it starts inside it), which is robust where BPE merges across the boundary.
 
-**Long conversations** (paper 001, Zhang et al., *Extending LLMs' Context Window with 100 Samples*, §4.1:
+**Long conversations** (Entropy-ABF (Zhang et al. 2024), Zhang et al., *Extending LLMs' Context Window with 100 Samples*, §4.1:
 "kept English conversations only, excluded those with less than 10,000 tokens, and split longer
 conversations so that we have a maximum sequence length of 16,384 tokens", following the FastChat
 cleaning pipeline of Zheng et al.). Conversations shorter than ``min_tokens`` are dropped (the paper:

@@ -9,7 +9,7 @@
           weight: 1.0                # share of the training rows, relative to the other sources
           max_documents: null        # use only the first N documents / conversations
           upsample_long: null        # or {threshold: 4096, factor: 10, mode: downsample_short|repeat_long}
-          min_tokens: 0              # sft only: drop shorter conversations (paper 001 §4.1: 10,000 at 16k)
+          min_tokens: 0              # sft only: drop shorter conversations (Entropy-ABF (Zhang et al. 2024) §4.1: 10,000 at 16k)
       packing:
         reset_positions: false       # position ids restart at each document
         document_mask: false         # attention only within a document (4-D mask, see ropekit.data.packing)
@@ -40,7 +40,7 @@ raise a one-line :class:`RopekitError`.
 whose position ids reach up to ``target_length − 1``.
 
 **Modes.** Without ``pose``/``randpos``, text sources are stream-packed (documents + EOS, cut into rows,
-Fu et al.) and SFT sources are packed whole (:mod:`ropekit.data.packing`). With ``pose`` (paper 003) or
+Fu et al.) and SFT sources are packed whole (:mod:`ropekit.data.packing`). With ``pose`` (PoSE, Zhu et al. 2024) or
 ``randpos``, every item is one *document* (``documents: whole``, the paper's setup: documents shorter
 than ``seq_len`` are dropped) or one ``target_length`` window of the EOS-joined stream (``documents:
 packed``: every token used, documents may be cut); its text and position ids are drawn by

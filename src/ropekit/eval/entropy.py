@@ -48,7 +48,7 @@ different input distribution without saying so).
 Records (one per length × sample): ``positions`` and the nested lists ``entropy`` and ``normalised``
 indexed ``[layer][head][position]`` (5 significant digits), ``keys`` (keys seen per position, in
 layer 0), the means over layers and heads at the last position (``entropy_last``, ``normalised_last``)
-and per layer (``layer_entropy_last``). The figure follows Entropy-ABF (paper 001) Fig. 1: entropy at the last
+and per layer (``layer_entropy_last``). The figure follows Entropy-ABF (Entropy-ABF, Zhang et al. 2024) Fig. 1: entropy at the last
 position vs context length per layer, plus entropy vs query position.
 """
 
@@ -425,7 +425,7 @@ def shown_layers(n_layers: int, most: int = 5) -> list[int]:
 
 
 def plot_entropy(records: list[dict[str, Any]], path: str) -> str:
-    """Entropy-ABF (paper 001) Fig. 1 style: (a) entropy at the last query position vs context length, one
+    """Entropy-ABF (Entropy-ABF, Zhang et al. 2024) Fig. 1 style: (a) entropy at the last query position vs context length, one
     line per shown layer, mean over heads and samples, with the uniform ceiling ``ln n``; (b) entropy vs
     query position at the longest length, same layers, with ``ln(i+1)``. Written as PNG to ``path``."""
     import matplotlib

@@ -16,7 +16,7 @@ DECLARED_FACTOR = Param(
 class ABF(Method):
     """Adjusted base frequency (Xiong et al. 2023): replace ``b`` by a larger ``b'``; ``θ_i = b'^(−2i/d)``.
 
-    Default ``b' = 500,000`` as in Entropy-ABF (paper 001, Table 1). Continual pre-training is expected.
+    Default ``b' = 500,000`` as in Entropy-ABF (Zhang et al. 2024, Table 1). Continual pre-training is expected.
 
     Composition: the base change as a per-pair ratio on the effective frequencies,
     ``θ'_i = θ^eff_i · (b/b')^(2i/d)``, the model's own attention factor kept.
@@ -51,7 +51,7 @@ class ABF(Method):
 
 @register
 class EntropyABF(ABF):
-    """Entropy-aware ABF (Zhang et al. 2024, paper 001 §3.2, Eq. 5).
+    """Entropy-aware ABF (Zhang et al. 2024, Entropy-ABF §3.2, Eq. 5).
 
     ABF with ``b' = 500,000`` plus a per-query-position logit scale
     ``t = max(log_c i, 1)`` (``i`` the 1-based query index, ``c`` the pretrained window) on every layer

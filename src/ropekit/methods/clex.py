@@ -13,7 +13,7 @@ from .clex_ode import CLEXFrequencies, attach_clex
 from ..core.rope import default_inv_freq
 
 #: t_max when neither ``max_factor`` nor a target is given (the reference code's default; LCEG used 32 on
-#: Llama-2-7B, 16 on Llama-3-8B and 64 on Phi-2 — paper 002, appendix "implementation details").
+#: Llama-2-7B, 16 on Llama-3-8B and 64 on Phi-2 — LCEG (Lu et al. 2024), appendix "implementation details").
 DEFAULT_MAX_FACTOR = 16
 
 
@@ -24,7 +24,7 @@ def _default_max_factor(info):
 
 @register
 class CLEX(Method):
-    """CLEX (Chen et al. 2024, ICLR, arXiv 2310.16450 §3; LCEG paper 002 §3 and appendix; notes §8).
+    """CLEX (Chen et al. 2024, ICLR, arXiv 2310.16450 §3; LCEG (Lu et al. 2024) §3 and appendix; notes §8).
 
     The log-frequencies ``z(t) = log θ(t)`` follow ``dz/dt = W_down·σ(W_up·(z + log ξ(t))) + ∂_t log ξ(t)``
     from ``z(1) = log θ``, ``ξ(t)`` the NTK-aware basis at ``α = 2t − 1`` (:mod:`ropekit.methods.clex_ode`).

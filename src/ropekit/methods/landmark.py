@@ -1,5 +1,5 @@
 """Landmark attention (Mohtashami & Jaggi 2023, "Landmark Attention: Random-Access Infinite Context Length
-for Transformers", arXiv 2305.16300; summarised in LCEG, shared paper 002 §3, and notes §8).
+for Transformers", arXiv 2305.16300; summarised in LCEG (Lu et al. 2024) §3, and notes §8).
 
 The input is cut into blocks of ``mem_freq`` tokens and a special *landmark* token follows each block. In
 attention, a query sees the tokens of its own block directly and every earlier block only through that
@@ -53,7 +53,7 @@ def default_local_blocks(window: int, mem_freq: int, top_k: int) -> int:
 
 @register
 class Landmark(Method):
-    """Landmark attention (Mohtashami & Jaggi 2023, arXiv 2305.16300 §3; LCEG paper 002 §3).
+    """Landmark attention (Mohtashami & Jaggi 2023, arXiv 2305.16300 §3; LCEG (Lu et al. 2024) §3).
 
     * Tokens: a landmark token after every ``mem_freq`` tokens (paper default 50; LCEG uses 63, i.e.
       blocks of 64). Installing adds the token: a new embedding row, initialised to the mean of the
@@ -76,7 +76,7 @@ class Landmark(Method):
     title = "Landmark attention"
     summary = ("A landmark token after every block; grouped softmax gates each block by its landmark; "
                "top-k block retrieval at inference.")
-    reference = "Mohtashami & Jaggi 2023, arXiv 2305.16300 §3; LCEG (paper 002) §3"
+    reference = "Mohtashami & Jaggi 2023, arXiv 2305.16300 §3; LCEG (LCEG, Lu et al. 2024) §3"
     params = (
         Param("mem_freq", int, DEFAULT_MEM_FREQ, "tokens per block: a landmark follows every mem_freq tokens", minimum=1),
         Param("top_k", int, DEFAULT_TOP_K, "blocks retrieved per query and head at inference (0: every block)", minimum=0),

@@ -1,6 +1,6 @@
 """What PoSE saves: a training step at the original window with PoSE positions vs. full-length training.
 
-PoSE (paper 003, §3–4) fine-tunes on sequences of the original window ``L_c`` whose position ids span the
+PoSE (PoSE (Zhu et al. 2024), §3–4) fine-tunes on sequences of the original window ``L_c`` whose position ids span the
 target ``L_t``; full-length training runs sequences of ``L_t`` tokens. The paper's efficiency argument is
 that PoSE's step costs what a step of ordinary training at the window costs, whatever the target.
 :func:`pose_vs_full` measures it in one run:

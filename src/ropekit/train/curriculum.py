@@ -3,7 +3,7 @@
 A run is a list of stages (``stages:`` in the config, or one stage built from the top-level sections).
 Stage ``k`` covers the global optimizer steps ``start_k + 1 … start_k + steps_k``; each stage may change the
 method's parameters (e.g. the RoPE base of ABF), the sequence length, the data and the peak learning rate.
-The multi-stage ABF recipe of paper 004 (HARPE, §4.2 "ABF Multi-Stage": b = 1M at 32k → 2M at 64k → 5M at
+The multi-stage ABF recipe of HARPE (Lian et al. 2025) (HARPE, §4.2 "ABF Multi-Stage": b = 1M at 32k → 2M at 64k → 5M at
 128k on Llama-2-7B) is ``configs/train/llama2-7b-abf-3stage.yaml``; EasyContext ran the same kind of schedule
 as separate shell-script launches with hand-edited ``config.json`` files (notes/training.md §1).
 

@@ -53,7 +53,7 @@ output:
 """
 
 _TINY_POSE = """\
-# tiny-pose: PoSE (paper 003) - train at the original 64-token window while the position ids span the
+# tiny-pose: PoSE (PoSE, Zhu et al. 2024) - train at the original 64-token window while the position ids span the
 # 256-token target: two chunks per sequence, the second shifted by a skip drawn anew at every step, so
 # every relative distance up to the target is seen without ever running a 256-token forward. YaRN s=4
 # supplies the frequencies (PoSE composes with PI/NTK/YaRN; the paper's main results use YaRN).
@@ -120,7 +120,7 @@ output:
 """
 
 _TINY_CLEX = """\
-# tiny-clex: CLEX (Chen et al. 2024; LCEG paper 002 uses max scale 32 and SiLU on Llama-2) - the frequencies
+# tiny-clex: CLEX (Chen et al. 2024; LCEG (Lu et al. 2024) uses max scale 32 and SiLU on Llama-2) - the frequencies
 # are a learned ODE in the scale t; every step draws t from 1..max_factor and spreads the sequence's positions
 # over t times its length, so a short sequence trains the frequencies of a long one. At inference t = n/64.
 # Trained at 2x the window: the reference divides the positions by floor(n/window), so they span 64*t.
@@ -153,7 +153,7 @@ output:
 """
 
 _TINY_SFT = """\
-# tiny-sft: supervised fine-tuning on long conversations at 4x the window (Entropy-ABF, paper 001 §4.1:
+# tiny-sft: supervised fine-tuning on long conversations at 4x the window (Entropy-ABF, Entropy-ABF (Zhang et al. 2024) §4.1:
 # loss on assistant turns only; conversations longer than seq_len are split at turn boundaries).
 # conversations.jsonl holds one conversation per line: {"messages": [{"role": "user", "content": ...},
 # {"role": "assistant", "content": ...}, ...]} (or ShareGPT's {"conversations": [{"from", "value"}]}).
@@ -184,7 +184,7 @@ output:
 """
 
 _ABF_CURRICULUM = """\
-# abf-curriculum: multi-stage ABF, the curriculum of paper 004 (HARPE §4.2 "ABF Multi-Stage": base 1M at
+# abf-curriculum: multi-stage ABF, the curriculum of HARPE (Lian et al. 2025) (HARPE §4.2 "ABF Multi-Stage": base 1M at
 # 32k -> 2M at 64k -> 5M at 128k on Llama-2-7B, i.e. 8x -> 16x -> 32x its 4k window), scaled to the tiny
 # model: 2x -> 4x -> 8x its 64-token window with bases 1e5 -> 2e5 -> 5e5 (the paper's 1 : 2 : 5 ratios).
 # Each stage re-installs ABF with its base and restarts the warm-up; Adam moments carry over.
@@ -233,7 +233,7 @@ EXAMPLES: dict[str, tuple[str, str]] = {
     "tiny-longlora": ("tiny Llama 64 → 256 tokens: LongLoRA (PI + S²-Attn, LoRA + embeddings/norms)", _TINY_LONGLORA),
     "tiny-clex": ("tiny Llama 64 → 256 tokens: CLEX (learned ODE frequencies, scale drawn per step)", _TINY_CLEX),
     "tiny-sft": ("tiny Llama, ABF, SFT on your long conversations (loss on assistant turns only)", _TINY_SFT),
-    "abf-curriculum": ("tiny Llama, 3-stage ABF curriculum 2× → 4× → 8× (paper 004's multi-stage ABF, scaled)", _ABF_CURRICULUM),
+    "abf-curriculum": ("tiny Llama, 3-stage ABF curriculum 2× → 4× → 8× (HARPE's (Lian et al. 2025) multi-stage ABF, scaled)", _ABF_CURRICULUM),
 }
 
 
