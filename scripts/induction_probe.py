@@ -1,9 +1,9 @@
 """Can the built-in base model learn to copy within its pre-training budget? A probe, not part of ropekit.
 
-The quick study's base model (:mod:`ropekit.train.builtin_base`) does not retrieve passkeys even inside
-its 256-token window: copying the key needs an induction head (a previous-token head in one layer whose
-output a later head matches against the current token; Olsson et al. 2022), and that circuit did not form
-in the 5-minute budget. This script trains the same architecture on the same tokenizer and text with a
+Without a copy curriculum the quick study's base model (:mod:`ropekit.train.builtin_base`) did not retrieve
+passkeys even inside its 256-token window: copying the key needs an induction head (a previous-token head
+in one layer whose output a later head matches against the current token; Olsson et al. 2022), and that
+circuit did not form in a 5-minute budget of natural text. This script trains the same architecture on the same tokenizer and text with a
 chosen data curriculum and prints, every ``--every`` steps, one JSON line:
 
 * ``loss``: mean training loss of the last 20 steps (whatever the batch held);
@@ -22,6 +22,7 @@ Examples (2-core CPU, about 0.32 s per step on two threads)::
 
     python scripts/induction_probe.py                                      # the shipped recipe
     python scripts/induction_probe.py --steps 700 --lr 2e-3 --trigram-until 0 --copy-until 0 --copy-rows 0
+    python scripts/induction_probe.py --steps 900 --trigram-until 99 --copy-until 450   # the 2026-11-22 recipe
 """
 
 from __future__ import annotations
@@ -35,14 +36,15 @@ import torch
 
 from ropekit.data.local_text import stdlib_documents
 from ropekit.data.passkey_text import KEY_RANGE, build_prompt
+from ropekit.models.tiny import build_tiny_model
 from ropekit.runtime import deterministic
 from ropekit.train.builtin_base import (
     SETTINGS,
     _settings,
+    learning_rate,
     training_data,
 )
-from ropekit.models.tiny import build_tiny_model
-from ropekit.train.pretrain import pretrain_step, warmup_cosine_lr
+from ropekit.train.pretrain import pretrain_step
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,8 +52,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=SETTINGS["steps"])
     p.add_argument("--lr", type=float, default=SETTINGS["lr"])
-    p.add_argument("--trigram-until", type=float, default=plan["trigram_until"], help="fraction of the steps")
-    p.add_argument("--copy-until", type=float, default=plan["copy_until"], help="fraction of the steps")
+    p.add_argument("--trigram-until", type=int, default=plan["trigram_until"], help="step where the trigram phase ends")
+    p.add_argument("--copy-until", type=int, default=plan["copy_until"], help="step where the copy phase ends")
+    p.add_argument("--warmup", type=int, default=SETTINGS["warmup"], help="warm-up steps")
     p.add_argument("--passkey-rows", type=int, default=SETTINGS["retrieval_rows"])
     p.add_argument("--copy-rows", type=int, default=plan["copy_rows"], help="copy rows in each phase-3 batch")
     p.add_argument("--alphabet", type=int, default=plan["alphabet"])
@@ -65,7 +68,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     settings, texts = _settings(args.seed, args.steps)
-    settings.update(lr=args.lr, retrieval_rows=args.passkey_rows, curriculum={
+    settings.update(lr=args.lr, warmup=args.warmup, retrieval_rows=args.passkey_rows, curriculum={
         "trigram_until": args.trigram_until, "copy_until": args.copy_until, "copy_rows": args.copy_rows,
         "alphabet": args.alphabet, "span": [int(v) for v in args.span.split(",")]})
     window = settings["window"]
@@ -112,7 +115,7 @@ def main() -> None:
         started, losses = time.perf_counter(), []
         for step in range(args.steps):
             ids = curriculum.batch(step, gen)
-            losses.append(pretrain_step(model, opt, ids, warmup_cosine_lr(step, args.steps, args.lr),
+            losses.append(pretrain_step(model, opt, ids, learning_rate(step, settings),
                                         attention_mask=torch.ones_like(ids)))
             if (step + 1) % args.every == 0 or step + 1 == args.steps:
                 recent = sum(losses[-20:]) / len(losses[-20:])

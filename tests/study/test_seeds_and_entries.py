@@ -111,3 +111,26 @@ def test_the_report_keeps_two_perplexity_protocols_apart_and_judges_the_window_o
     assert "Perplexity: ppl-same" in html
     claim = next(c for c in summary["findings"]["claims"] if c["id"] == "a")
     assert "ppl-same" in claim["rule"]
+
+
+def test_pretrain_asks_for_the_base_model_to_be_rebuilt_without_changing_the_studys_identity(monkeypatch, tmp_path):
+    from ropekit.study import pieces
+
+    raw = {**copy.deepcopy(SMALL), "model": "builtin-base"}
+    plain, rebuilt = parse_study(raw), parse_study({**raw, "pretrain": True})
+    assert plain.as_dict() == rebuilt.as_dict()  # the same study: where the base model comes from is not its identity
+    assert rebuilt.as_dict(placement=True)["pretrain"] is True
+    assert parse_study(rebuilt.as_dict(placement=True)).pretrain is True  # what a worker process receives
+    asked = []
+
+    def fake_pretrain(seed, **kwargs):
+        asked.append(kwargs.get("shipped", True))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(pieces, "pretrain_base", fake_pretrain)
+    piece = plan(rebuilt)[0]
+    assert piece.id == "pretrain:base"
+    for config in (plain, rebuilt):
+        with pytest.raises(RuntimeError):
+            pieces.execute_piece(config, None, piece, tmp_path)
+    assert asked == [True, False]  # the shipped model, then a model trained here

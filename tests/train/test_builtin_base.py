@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import random
 
 import pytest
@@ -87,8 +89,10 @@ def _curriculum(steps: int = 900, window: int = 64, batch_size: int = 4) -> buil
 def test_curriculum_phases_follow_the_settings():
     cur, _ = _curriculum()
     phases = [cur.phase(s) for s in range(900)]
-    assert phases.index("copy") == 99 and phases.index("text") == 450  # 0.11 and 0.5 of 900 steps
-    assert phases[:99] == ["trigram"] * 99 and set(phases[450:]) == {"text"}
+    plan = builtin_base.SETTINGS["curriculum"]  # phase ends in steps, whatever the total
+    assert phases.index("copy") == plan["trigram_until"] and phases.index("text") == plan["copy_until"]
+    assert phases[:plan["trigram_until"]] == ["trigram"] * plan["trigram_until"]
+    assert set(phases[plan["copy_until"]:]) == {"text"}
     gen = torch.Generator().manual_seed(0)
     for step in (0, 200, 600):  # every phase spends the same tokens per step
         assert cur.batch(step, gen).numel() == 4 * 64
@@ -131,6 +135,77 @@ def test_text_batches_hold_passkey_copy_and_natural_rows():
     assert set(ids[2].tolist()) <= set(cur.alphabet.tolist()) | {tok.eos_token_id}
     natural = cur.natural.unfold(0, 64, 1)
     assert (natural == ids[3]).all(dim=1).any()  # the rest: windows of the natural-text stream
+
+
+def test_learning_rate_warms_up_in_steps_then_decays_to_a_tenth():
+    settings = dict(builtin_base.SETTINGS, steps=1000, warmup=40, lr=1.0)
+    lrs = [builtin_base.learning_rate(s, settings) for s in range(1000)]
+    assert lrs[0] == pytest.approx(1 / 40) and lrs[39] == pytest.approx(1.0)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[39:])) and lrs[-1] == pytest.approx(0.1, abs=1e-4)
+
+
+# ---- the shipped model ---------------------------------------------------------------------------------------
+SHIPPED = builtin_base.SHIPPED_DIR
+
+
+def _shipped_meta():
+    if not builtin_base.is_cached(SHIPPED):
+        pytest.fail(f"no shipped base model in {SHIPPED} (ropekit pretrain-base --force --ship)")
+    return builtin_base.describe(SHIPPED)
+
+
+def test_shipped_model_was_trained_with_the_current_settings():
+    """A settings change without re-shipping (``ropekit pretrain-base --force --ship``) fails here."""
+    import platform
+
+    from ropekit.runtime import settings_key
+
+    recorded = _shipped_meta()["settings"]
+    expected, _ = builtin_base._settings(0, None)
+    assert {k: v for k, v in recorded.items() if k != "corpus"} == \
+        json.loads(json.dumps({k: v for k, v in expected.items() if k != "corpus"}))
+    if _shipped_meta().get("python", "").rsplit(".", 1)[0] != platform.python_version().rsplit(".", 1)[0]:
+        pytest.skip("the corpus fingerprint is the standard library's of another Python version")
+    assert settings_key(recorded) == settings_key(expected)  # with the corpus fingerprint
+
+
+def test_pretrain_base_returns_the_shipped_model_without_training(tmp_path):
+    _shipped_meta()
+    fail = lambda *a: pytest.fail("trained instead of using the shipped model")
+    assert builtin_base.pretrain_base(0, tmp_path, progress=False, on_step=fail) == SHIPPED
+    assert builtin_base.base_model_path(0, tmp_path) == SHIPPED
+    assert not list(tmp_path.iterdir())  # nothing cached
+    # other settings, another seed, or shipped=False: not the shipped model
+    assert builtin_base.shipped_model_path(1) is None and builtin_base.shipped_model_path(0, steps=7) is None
+    assert builtin_base.base_model_path(0, tmp_path, shipped=False).parent == tmp_path
+
+
+def test_shipped_model_loads_offline_and_is_small(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    from ropekit.models.loading import load_model
+
+    meta = _shipped_meta()
+    assert (SHIPPED / "model.safetensors").stat().st_size <= 20 * 2**20
+    loaded = load_model(str(SHIPPED))
+    model, tok = loaded.model, loaded.tokenizer
+    cfg, settings = model.config, meta["settings"]
+    assert cfg.max_position_embeddings == settings["window"] == 256
+    rope_theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", None))
+    assert rope_theta == settings["model"]["rope_theta"] and cfg.hidden_size == settings["model"]["hidden_size"]
+    assert len(tok) == cfg.vocab_size == settings["vocab_size"] and tok.eos_token == builtin_base.EOS
+    ids = torch.tensor([tok("def add(a, b):\n    return a + b\n").input_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert torch.isfinite(logits).all() and next(model.parameters()).dtype == torch.float32
+
+
+def test_ship_model_copies_a_model_that_then_matches(small_settings, tmp_path):
+    path = builtin_base.pretrain_base(0, tmp_path / "cache", steps=2, progress=False, threads=1)
+    target = builtin_base.ship_model(path, tmp_path / "shipped")
+    assert (target / "model.safetensors").is_file() and builtin_base.describe(target)["python"]
+    assert builtin_base.shipped_model_path(0, steps=2, shipped_dir=target) == target
+    assert builtin_base.shipped_model_path(0, steps=3, shipped_dir=target) is None
 
 
 def _split(row: list[int], sep: int) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""``ropekit pretrain-base``: the study's built-in base model, pre-trained here once and then cached."""
+"""``ropekit pretrain-base``: the study's built-in base model — shipped in the package, rebuilt here on demand."""
 
 from __future__ import annotations
 
@@ -12,15 +12,23 @@ from .common import out, print_json
 def pretrain_base_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of the tokenizer sample, the weights and the batches."),
     steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Optimizer steps (default: the built-in setting)."),
-    force: bool = typer.Option(False, "--force", help="Train again even when a cached model exists."),
+    force: bool = typer.Option(False, "--force", help="Train again from scratch even when the shipped or a cached model "
+                                                      "matches the settings (the result replaces the cache entry)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads (default: 2, fewer when other "
+                                                                          "work keeps the cores busy)."),
+    ship: bool = typer.Option(False, "--ship", help="Copy the result into the package's shipped base model folder "
+                                                    "(for maintainers re-shipping it after a settings change)."),
     json_out: bool = typer.Option(False, "--json", help="Print the model directory and its training facts as JSON."),
 ):
-    """Pre-train (or find cached) the study's built-in base model and print its directory."""
+    """Print the study's built-in base model directory: the shipped model when it matches the settings, else a
+    cached one, else pre-trained here now (--force always pre-trains, deterministically)."""
     from ..runtime import quiet_transformers as quiet
-    from ..train.builtin_base import describe, pretrain_base
+    from ..train.builtin_base import describe, pretrain_base, ship_model
 
     with quiet():
-        path = pretrain_base(seed, steps=steps, use_cache=not force)
+        path = pretrain_base(seed, steps=steps, use_cache=not force, threads=threads)
+    if ship:
+        path = ship_model(path)
     meta = describe(path)
     if json_out:
         print_json({"path": str(path), **meta})

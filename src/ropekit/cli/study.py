@@ -45,13 +45,15 @@ def _status(study_dir: Path, json_out: bool) -> None:
 def study_cmd(
     config: Optional[str] = typer.Argument(None, help="A study YAML file — or `status` followed by a study directory."),
     status_dir: Optional[Path] = typer.Argument(None, help="With `status`: the study directory."),
-    preset: Optional[str] = typer.Option(None, "--preset", help="A built-in study: quick, smollm2, lceg-llama2-7b."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="A built-in study: quick, standard, smollm2, lceg-llama2-7b."),
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Study directory (default: study-NAME); holds study.sqlite."),
     workers: int = typer.Option(1, "--workers", "-w", help="Worker processes sharing the pieces (threads split between them)."),
     backend: str = typer.Option("local", "--backend", help="local (processes on this machine) or ray (every piece a Ray task)."),
     address: Optional[str] = typer.Option(None, "--address", help="ray: the cluster (auto, or HOST:PORT of its head); "
                                           "default: start a local one."),
     show: bool = typer.Option(False, "--show", help="Print the config (a preset's YAML) and exit."),
+    pretrain: bool = typer.Option(False, "--pretrain", help="builtin-base: pre-train the base model here (minutes) "
+                                  "instead of starting from the one shipped in the package."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the report when the study finishes."),
     json_out: bool = typer.Option(False, "--json", help="Print the final status (or `status`) as JSON."),
     device: Annotated[Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps (default: the config's `device`, auto; with several GPUs each worker gets its own).")] = None,
@@ -78,6 +80,8 @@ def study_cmd(
         typer.echo(preset_text(preset), nl=False)  # raw: rich would wrap long lines and break the YAML
         return
     cfg = load_study_config(config, preset=preset)
+    if pretrain:
+        cfg.pretrain = True
     for key, value in (("device", device), ("dtype", dtype), ("attn", attn)):
         if value is not None:
             setattr(cfg, key, value)

@@ -25,6 +25,7 @@ A study config is a YAML mapping (``ropekit study CONFIG.yaml``, or a preset: ``
     device: auto               # auto | cpu | cuda | cuda:N | mps (dtype: auto | float32 | bfloat16 | float16;
                                #   attn: auto | sdpa | eager | flash_attention_2 | flex_attention)
     resources: {train: {gpus: 8}, eval: {gpus: 1}}   # what each piece kind asks Ray for (--backend ray)
+    pretrain: false            # true (or `ropekit study --pretrain`): pre-train builtin-base here, not the shipped one
     evals:                     # task → options of that task's run() (see `ropekit eval --help`)
       ppl: {lengths: [256, 512, 1024, 2048], samples: 4, score_mode: truncate}
       passkey: {lengths: [256, 1024, 2048], depths: [0.1, 0.5, 0.9], trials: 2}
@@ -151,6 +152,9 @@ class StudyConfig:
     resources: dict[str, dict[str, float]] = field(default_factory=dict)
     #: Training seeds: every fine-tuned (and searched) variant is trained once per seed; None means ``[seed]``.
     seeds: list[int] | None = None
+    #: Pre-train the built-in base model here instead of starting from the one shipped in the package (how the
+    #: study runs, not what it is: not part of its identity).
+    pretrain: bool = False
 
     @property
     def training_seeds(self) -> list[int]:
@@ -174,7 +178,8 @@ class StudyConfig:
         if self.seeds is not None:  # only when given: the recorded configuration of older studies stays the same
             out["seeds"] = list(self.seeds)
         if placement:
-            out.update(device=self.device, dtype=self.dtype, attn=self.attn, resources=copy.deepcopy(self.resources))
+            out.update(device=self.device, dtype=self.dtype, attn=self.attn, resources=copy.deepcopy(self.resources),
+                       pretrain=self.pretrain)
         return out
 
     def variant(self, label: str) -> Variant:
@@ -301,6 +306,7 @@ class _Study(StrictModel):
     dtype: Literal[DTYPE_CHOICES] = "auto"
     attn: Literal[ATTN_CHOICES] = "auto"
     resources: _Resources = Field(default_factory=_Resources)
+    pretrain: bool = False
 
     @field_validator("recipe", "resources", mode="before")
     @classmethod
@@ -433,7 +439,7 @@ def parse_study(raw: Any, source: str = "study config") -> StudyConfig:
                          recipe=copy.deepcopy(written.recipe), seed=written.seed, window=written.window,
                          description=written.description, device=written.device, dtype=written.dtype,
                          attn=written.attn, resources=written.resources.parsed(),
-                         seeds=list(written.seeds) if written.seeds is not None else None)
+                         seeds=list(written.seeds) if written.seeds is not None else None, pretrain=written.pretrain)
     if config.recipe:
         _check_recipe(config)
     return config

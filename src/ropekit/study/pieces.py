@@ -93,7 +93,7 @@ def base_model_path(config: StudyConfig, store) -> str:
     for a in store.artifacts(PRETRAIN):
         if a["name"] == "model" and Path(a["path"]).is_dir():
             return a["path"]
-    return str(pretrain_base(config.seed, progress=False))  # the cache was cleared since: rebuild it
+    return str(pretrain_base(config.seed, progress=False, shipped=not getattr(config, "pretrain", False)))  # cache cleared: rebuild
 
 
 def placement(config: StudyConfig, device: str | None = None):
@@ -144,7 +144,8 @@ class _Sink:
 
 
 def _run_pretrain(config: StudyConfig, store: StudyStore, piece: PlannedPiece, report, threads: int | None) -> dict[str, Any]:
-    path = pretrain_base(config.seed, progress=False, threads=threads, on_step=report)
+    path = pretrain_base(config.seed, progress=False, threads=threads, on_step=report,
+                         shipped=not getattr(config, "pretrain", False))
     meta = describe(path)
     return {"artifacts": {"model": str(path)},
             "metrics": [{"step": meta["settings"]["steps"], "loss": meta["final_loss"]}]}

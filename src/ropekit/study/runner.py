@@ -216,7 +216,7 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                 # several GPUs: worker i evaluates on cuda:(i mod n) instead of every worker sharing cuda:0
                 requested = getattr(config, "device", "auto") or "auto"
                 procs = [ctx.Process(target=_worker_main, daemon=False,
-                                     args=(str(study_dir), config.as_dict(), threads, worker_device(requested, i),
+                                     args=(str(study_dir), config.as_dict(placement=True), threads, worker_device(requested, i),
                                            getattr(config, "dtype", "auto"), getattr(config, "attn", "auto")))
                          for i in range(workers)]
                 for proc in procs:

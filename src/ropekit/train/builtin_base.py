@@ -13,9 +13,16 @@ starts from, and it must exist offline on a 2-core CPU. :func:`pretrain_base` bu
    *within* its window and retrieval beyond it measures the method. The held-out split and the
    language-reference prose, which make up the built-in evaluation corpus (:mod:`ropekit.data.corpora`),
    are never trained on;
-3. the result is cached under ``$ROPEKIT_CACHE`` (default ``~/.cache/ropekit``) as ``base-llama-<hash>``,
-   the hash covering every setting and a fingerprint of the corpus: a normal ``save_pretrained`` directory
-   with its tokenizer, loadable by ``ropekit.load_model(path)`` or any transformers code.
+3. the result is shipped in the package (``ropekit/train/base_model/``: safetensors, config, tokenizer and
+   the training record ``ropekit_base.json``), so a study starts from it without pre-training; it is used
+   whenever its recorded settings equal :data:`SETTINGS` (and the seed). Otherwise — other settings, another
+   seed, or ``use_cache=False`` (``ropekit pretrain-base --force``) — the model is trained here and cached
+   under ``$ROPEKIT_CACHE`` (default ``~/.cache/ropekit``) as ``base-llama-<hash>``, the hash covering every
+   setting and a fingerprint of the corpus: a normal ``save_pretrained`` directory with its tokenizer,
+   loadable by ``ropekit.load_model(path)`` or any transformers code.
+
+The shipped model: 900 steps of 16 × 256 tokens (the copy curriculum's 450, then 450 of text), about
+1.1M parameters, 4.5 MB of float32 safetensors.
 
 Deterministic for a seed on a given machine (fixed threads, deterministic kernels).
 """
@@ -23,6 +30,7 @@ Deterministic for a seed on a given machine (fixed threads, deterministic kernel
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -35,11 +43,17 @@ from ..data.local_text import corpus_digest, stdlib_documents
 from ..data.passkey_text import KEY_RANGE, build_prompt
 from ..models.loading import load_model
 from ..models.tiny import build_tiny_model
-from ..runtime import cache_root, default_threads, deterministic, save_model_atomically, settings_key
-from .pretrain import pretrain_step, warmup_cosine_lr
+from ..runtime import (
+    cache_root,
+    default_threads,
+    deterministic,
+    save_model_atomically,
+    settings_key,
+)
+from .pretrain import pretrain_step
 
 #: Bump when training changes in a way SETTINGS does not capture (invalidates cached models).
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 #: File in the model directory recording how it was trained.
 META_FILE = "ropekit_base.json"
 #: The end-of-text token (also padding); the tokenizer's only special token.
@@ -54,13 +68,19 @@ SETTINGS: dict[str, Any] = {
     "steps": 900,
     "batch_size": 16,
     "lr": 3e-3,
+    # linear warm-up over this many steps, then cosine decay to 10 % of lr (absolute, as the copy phases below:
+    # the induction circuit's timing depends on them)
+    "warmup": 45,
     # rows of each phase-3 batch packed with passkey documents (the rest is natural text)
     "retrieval_rows": 4,
     "train_bytes": 3_000_000,
-    # the copy curriculum (see Curriculum): phase ends as fractions of the steps, rows of phase-3 batches
-    # that repeat random spans, the synthetic alphabet's size and the spans' length range
-    "curriculum": {"trigram_until": 0.11, "copy_until": 0.5, "copy_rows": 2, "alphabet": 32, "span": [8, 32]},
+    # the copy curriculum (see Curriculum): the steps at which its first two phases end, rows of phase-3
+    # batches that repeat random spans, the synthetic alphabet's size and the spans' length range
+    "curriculum": {"trigram_until": 99, "copy_until": 450, "copy_rows": 2, "alphabet": 32, "span": [8, 32]},
 }
+
+#: The shipped base model (package data): the result of :func:`pretrain_base` with SETTINGS and seed 0.
+SHIPPED_DIR = Path(__file__).with_name("base_model")
 
 
 def passkey_document(rng: random.Random, max_sentences: int) -> str:
@@ -96,14 +116,14 @@ class Curriculum:
     whose output a later head matches against the current token — attends from the answer's "␣" to the
     token after the earlier "␣", then from each digit to the digit after its earlier occurrence. Natural
     text and packed passkey documents alone did not grow that circuit within the budget (measured:
-    0 % in-window passkeys after 700 steps), so the first half of pre-training teaches its two halves in
+    0 % in-window passkeys after 700 steps), so the first 450 steps of pre-training teach its two halves in
     turn, on a small *alphabet* (the ten digits, the space token that precedes a number, then the most
     frequent tokens of the text):
 
-    1. ``trigram`` rows (the first ``trigram_until`` of the steps): the next token is a fixed random
+    1. ``trigram`` rows (steps before ``trigram_until``): the next token is a fixed random
        function of the two before it (80 %, else random), so moving the previous token into the current
        position — the previous-token head — lowers the loss at once;
-    2. ``copy`` rows (until ``copy_until``): random spans of distinct alphabet tokens, each repeated 2–4
+    2. ``copy`` rows (steps before ``copy_until``): random spans of distinct alphabet tokens, each repeated 2–4
        times, which only an induction head predicts (the loss leaves ln |alphabet| at about step 350);
     3. the language model's data: windows of the natural-text stream, with ``retrieval_rows`` rows of packed
        passkey documents and ``copy_rows`` copy rows that keep the circuit in use.
@@ -118,8 +138,7 @@ class Curriculum:
         self.natural, self.passkey_docs, self.eos = natural, passkey_docs, tokenizer.eos_token_id
         self.window, self.batch_size, self.steps = settings["window"], settings["batch_size"], settings["steps"]
         self.retrieval_rows, self.copy_rows = settings["retrieval_rows"], plan["copy_rows"]
-        self.trigram_until = round(plan["trigram_until"] * self.steps)
-        self.copy_until = round(plan["copy_until"] * self.steps)
+        self.trigram_until, self.copy_until = int(plan["trigram_until"]), int(plan["copy_until"])
         self.span = tuple(plan["span"])
         specials = [tokenizer.convert_tokens_to_ids(c) for c in "0123456789\u0120"]  # "Ġ": the byte-level space
         frequent = torch.bincount(natural, minlength=len(tokenizer)).argsort(descending=True).tolist()
@@ -195,8 +214,44 @@ def training_data(settings: dict[str, Any], texts: list[str], seed: int):
     return tokenizer, Curriculum(tokenizer, torch.tensor(stream), documents, settings, seed)
 
 
-def base_model_path(seed: int = 0, cache_dir=None, *, steps: int | None = None) -> Path:
-    """Where :func:`pretrain_base` keeps (or will keep) the model for these settings."""
+def learning_rate(step: int, settings: dict[str, Any]) -> float:
+    """Linear warm-up over ``settings["warmup"]`` steps, then cosine decay to 10 % of ``settings["lr"]``."""
+    peak, warmup, total = settings["lr"], settings["warmup"], settings["steps"]
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    fraction = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * fraction)))
+
+
+def shipped_model_path(seed: int = 0, *, steps: int | None = None, shipped_dir: Path | None = None) -> Path | None:
+    """The shipped base model's directory when it was trained with the current SETTINGS, this seed and these
+    steps, else ``None``.
+
+    The corpus fingerprint is not compared: the training split comes from the local Python's standard
+    library, so another Python version would rebuild a (slightly) different model, but the shipped one is
+    still the model these settings describe. ``ropekit pretrain-base --force`` rebuilds it here.
+    """
+    directory = Path(shipped_dir) if shipped_dir is not None else SHIPPED_DIR
+    if not is_cached(directory) or not (directory / "model.safetensors").is_file():
+        return None
+    try:
+        recorded = dict(describe(directory)["settings"])
+    except (OSError, ValueError, KeyError):
+        return None
+    recorded.pop("corpus", None)
+    wanted = json.loads(json.dumps(dict(SETTINGS, seed=int(seed))))
+    if steps is not None:
+        wanted["steps"] = int(steps)
+    return directory if recorded == wanted else None
+
+
+def base_model_path(seed: int = 0, cache_dir=None, *, steps: int | None = None, shipped: bool = True) -> Path:
+    """Where :func:`pretrain_base` finds (or will keep) the model for these settings: the shipped model when
+    it matches them (and ``shipped``), else the cache entry."""
+    if shipped:
+        found = shipped_model_path(seed, steps=steps)
+        if found is not None:
+            return found
     settings, _ = _settings(seed, steps)
     return cache_root(cache_dir) / f"base-llama-{settings_key(settings)}"
 
@@ -206,16 +261,24 @@ def is_cached(path: Path) -> bool:
 
 
 def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, use_cache: bool = True,
-                  progress: bool = True, threads: int | None = None, on_step=None) -> Path:
-    """Train (or find cached) the built-in base model; returns its directory (model + tokenizer + meta).
+                  shipped: bool = True, progress: bool = True, threads: int | None = None, on_step=None) -> Path:
+    """The built-in base model's directory (model + tokenizer + meta): the shipped model when it matches the
+    settings, else a cached one, else trained here now.
+
+    ``use_cache=False`` trains again from scratch (ignoring both the shipped and the cached model) and
+    replaces the cache entry; ``shipped=False`` ignores only the shipped model.
 
     Each step is a batch of :class:`Curriculum` (copy curriculum first, then natural text with packed
     passkey documents). Measured on 2 CPU cores: the copy loss leaves its plateau at about step 350 and the
     finished model retrieves passkeys inside its window (README, "What the papers found").
 
-    AdamW (β 0.9/0.95), warm-up then cosine decay, gradient clipping at 1.
+    AdamW (β 0.9/0.95), warm-up then cosine decay (:func:`learning_rate`), gradient clipping at 1.
     ``on_step(done, total)`` is called after every step (a study's progress bar).
     """
+    if use_cache and shipped:
+        found = shipped_model_path(seed, steps=steps)
+        if found is not None:
+            return found
     settings, texts = _settings(seed, steps)
     path = cache_root(cache_dir) / f"base-llama-{settings_key(settings)}"
     if use_cache and is_cached(path):
@@ -236,7 +299,7 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
         with runtime.progress("pre-training the base model", total=total, enabled=progress) as bar:
             for step in range(total):
                 ids = curriculum.batch(step, gen)
-                losses.append(pretrain_step(model, opt, ids, warmup_cosine_lr(step, total, settings["lr"]),
+                losses.append(pretrain_step(model, opt, ids, learning_rate(step, settings),
                                             attention_mask=torch.ones_like(ids)))
                 recent = sum(losses[-20:]) / len(losses[-20:])
                 bar.update(advance=1, info=f"{curriculum.phase(step)} loss {recent:.3f}")
@@ -253,6 +316,28 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
                        "(sources and their docstrings) with packed passkey documents and repeated-span rows",
     }
     return save_model_atomically(model, path, meta, extra=tokenizer.save_pretrained, meta_file=META_FILE)
+
+
+#: The files of a model directory that are shipped (weights, config, tokenizer, training record).
+SHIPPED_FILES = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json", "special_tokens_map.json", META_FILE)
+
+
+def ship_model(path: Path, shipped_dir: Path | None = None) -> Path:
+    """Copy the model directory ``path`` into the package's shipped folder (:data:`SHIPPED_DIR`), its training
+    record with the Python version whose standard library it was trained on; returns the folder."""
+    import platform
+    import shutil
+
+    target = Path(shipped_dir) if shipped_dir is not None else SHIPPED_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    for name in SHIPPED_FILES[:-1]:
+        if (Path(path) / name).is_file():
+            shutil.copyfile(Path(path) / name, target / name)
+    # the corpus fingerprint depends on the standard library, so record whose it was
+    meta = dict(describe(path), python=platform.python_version())
+    (target / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return target
 
 
 def load_base(seed: int = 0, cache_dir=None, **kwargs):
