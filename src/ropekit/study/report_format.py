@@ -110,6 +110,8 @@ UNIT_NOUNS = {"ppl": "documents", "speed": "repeats", "entropy": "samples"}
 
 
 def unit_noun(task: str) -> str:
+    if isinstance(task, str) and task.startswith(("ppl-", "ppl_")):  # a further perplexity entry (stats.is_perplexity)
+        return "documents"
     return UNIT_NOUNS.get(task, "prompts")
 
 
