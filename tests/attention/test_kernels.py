@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -119,3 +120,95 @@ def test_fused_gpu_kernel_is_used_only_after_it_agrees_with_the_explicit_path(mo
                 out, _ = kernels._fused_cuda_or_explicit(q, k, v, bias, 0.3)
         assert torch.allclose(out.double(), want_out, atol=1e-5)
     assert len(calls) == (3 if behaviour == "agrees" else 1)
+
+
+# ---- no CPU-only kernel off the CPU ---------------------------------------------------------------------------------
+CPU_ONLY = "aten::_scaled_dot_product_flash_attention_for_cpu"
+
+
+class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple[str, str]] = []  # (op, device of its first tensor argument)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        first = next((a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)), None)
+        self.ops.append((func._schema.name, first.device.type if first is not None else ""))
+        return func(*args, **(kwargs or {}))
+
+
+def _every_attention_call(device: str):
+    """Every ropekit attention function on ``device``: the kernels, the Self-Extend / LM-Infinite / Dual Chunk layer
+    paths (eager — the forward's shared decisions given, as the first layer would have read them — and traced),
+    Landmark's grouped and retrieval attention, and S²-Attn."""
+    from ropekit.attention import kernels
+    from ropekit.attention.dual_chunk import DualChunkAttention
+    from ropekit.attention.landmark import grouped_attention, retrieval_attention
+    from ropekit.attention.lm_infinite import LambdaAttention, _causal_lse
+    from ropekit.attention.masks import AttentionMask
+    from ropekit.attention.s2_attn import ShiftedSparseAttention
+    from ropekit.attention.self_extend import SelfExtendAttention
+
+    n, dim = 40, 16
+    q = torch.randn(2, 4, n, dim, device=device)
+    k, v = torch.randn(2, 2, 2, n, dim, device=device).unbind(0)
+    inv = 1.0 / 10000 ** (torch.arange(0, dim, 2, device=device) / dim)
+    pos = torch.arange(n, device=device)[None].expand(2, n)
+    allowed = torch.ones(n, n, dtype=torch.bool, device=device).tril()[None, None]
+    kernels.attention_with_lse(q, k, v, None)
+    kernels.attention_with_lse(q, k, v, allowed)
+    kernels.attention_with_lse(q[:, :2], k, v, allowed)
+    _causal_lse(q, k, v, dim ** -0.5)
+
+    def sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
+        raise AssertionError("the window cases are not under test here")
+
+    attend = dict(scaling=dim ** -0.5, kernel=sdpa, position_ids=pos)
+    layers = [SelfExtendAttention(lambda: inv, 3, 8, chunk=16), LambdaAttention(10, 3, lambda: inv, chunk_size=16),
+              DualChunkAttention(lambda: inv, 16, 4)]
+    for traced in (False, True):
+        for layer in layers:
+            kernels._MEMO.sig = None
+            with mock.patch.object(torch.compiler, "is_compiling", lambda: traced):
+                layer(None, q, k, v, None, **attend)  # prefill
+                layer(None, q[:, :, -1:], k, v, None, **{**attend, "position_ids": pos[:, -1:]})  # a decoding step
+    mask = AttentionMask(None, n, n, device=device)
+    grouped_attention(q, k, v, (torch.arange(n, device=device) % 5 == 4)[None].expand(2, n), mask, 0.25)
+    retrieval_attention(q, k, v, mask, pos, pos, block=5, top_k=2, local_blocks=1, inv_freq=inv, scaling=0.25)
+    ShiftedSparseAttention(0.25)(torch.nn.Module().train(), q, k, v, None, scaling=0.25, kernel=sdpa)
+
+
+def test_no_cpu_only_kernel_reaches_other_devices(monkeypatch):
+    """On a non-CPU device (``meta`` here: every op runs on shapes alone, so nothing can be read back either) no
+    ropekit attention function calls the CPU-only fused kernel; on the CPU the same calls do use it (the recorder
+    sees it)."""
+    from ropekit.attention import dual_chunk, kernels, lm_infinite, self_extend
+
+    # the eager paths' per-forward decisions (host reads made once by the first layer) are given, as that layer
+    # would have read them for a plain causal prefill / decoding step: consecutive positions, past every window
+    def se_layout(self, mask, q_pos, k_pos, q_len, k_len, device):
+        return False, True
+
+    def lm_layout(self, position_ids, attention_mask, query, key, kwargs):
+        q_len, k_len = position_ids.shape[1], key.shape[2]
+        hits = [True] * len(range(0, q_len, self.chunk_size))
+        unpadded = [True] * len(range(0, q_len, max(1, min(self.chunk_size, self.local_window - 1))))
+        return k_len - q_len, k_len - 1, True, min(self.global_tokens, k_len), hits, unpadded
+
+    def dc_layout(self, mask, q_pos, k_pos, q_len, k_len):
+        return False, [(True, True, True)] * len(range(0, q_len, self.chunk))
+
+    monkeypatch.setattr(self_extend.SelfExtendAttention, "_layout", se_layout)
+    monkeypatch.setattr(self_extend.SelfExtendAttention, "_position_range", staticmethod(lambda k_pos: (-1, 0)))
+    monkeypatch.setattr(lm_infinite.LambdaAttention, "_layout", lm_layout)
+    monkeypatch.setattr(dual_chunk.DualChunkAttention, "_layout", dc_layout)
+
+    with _OpRecorder() as meta:
+        _every_attention_call("meta")
+    assert ("aten::bmm", "meta") in meta.ops or ("aten::matmul", "meta") in meta.ops  # the attention did run
+    assert not {op for op, d in meta.ops if d == "cpu"}  # nothing falls back to CPU tensors either
+    assert CPU_ONLY not in {op for op, _ in meta.ops}, "a CPU-only kernel was called on a meta tensor"
+    with _OpRecorder() as cpu:
+        _every_attention_call("cpu")
+    assert CPU_ONLY in {op for op, _ in cpu.ops}
+    kernels._MEMO.sig = None

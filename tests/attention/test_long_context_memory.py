@@ -223,3 +223,175 @@ def test_decoding_rotates_each_key_to_its_group_once(monkeypatch):
         key_rotations = [n_rows for heads, n_rows in rotated if heads == k.shape[1]]  # not the query's rotation
         assert key_rotations[0] == (W + 2) - W + 1 and all(r == 1 for r in key_rotations[1:]), key_rotations
         assert sum(key_rotations) == n - W  # every group key rotated exactly once per prompt
+
+
+def _forbid_per_head_copies(monkeypatch):
+    """Any repeat_interleave / repeat (how K/V get copied per query head) fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("keys/values copied per query head")
+
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", refuse)
+    monkeypatch.setattr(torch, "repeat_interleave", refuse)
+    monkeypatch.setattr(torch.Tensor, "repeat", refuse)
+    monkeypatch.setattr(kernels, "expand_kv", refuse)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (6, 3), (4, 1)])
+def test_s2_attn_never_copies_keys_per_query_head(monkeypatch, heads, kv_heads):
+    """S²-Attn folds grouped query heads into its group blocks (also when an odd number of KV heads puts one KV
+    head on both sides of the shifted/unshifted split) and equals the naive definition: per query head, causal
+    attention within ``⌊t/g⌋`` (first half of the heads) or ``⌊(t + g − ⌊g/2⌋)/g⌋`` (second half), over keys
+    repeated per head."""
+    from ropekit.attention.s2_attn import ShiftedSparseAttention
+
+    n, ratio = 22, 0.25
+    q, k, v = _inputs(batch=2, heads=heads, kv_heads=kv_heads, q_len=n, k_len=n, seed=4)
+    g = -(-n // 4)  # ⌈n·r⌉
+    t = torch.arange(n)
+    causal = t[None, :] <= t[:, None]
+    want = torch.empty(2, heads, n, DIM, dtype=torch.float64)
+    for h in range(heads):
+        ids = (t + (g - g // 2)) // g if h >= heads // 2 else t // g
+        allowed = causal & (ids[:, None] == ids[None, :])
+        kv = h // (heads // kv_heads)
+        logits = (q[:, h].double() @ k[:, kv].double().transpose(-1, -2)) * DIM ** -0.5
+        want[:, h] = torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1) @ v[:, kv].double()
+    _forbid_per_head_copies(monkeypatch)
+    module = torch.nn.Module().train()
+    got = ShiftedSparseAttention(ratio)(module, q, k, v, None, scaling=DIM ** -0.5, kernel=None)[0]
+    torch.testing.assert_close(got.transpose(1, 2).double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_landmark_never_copies_keys_per_query_head(monkeypatch):
+    """Landmark's grouped softmax (training) and top-k retrieval (inference) score grouped query heads against
+    their KV head without copying K/V per query head, and still equal the naive definitions (the reference
+    tests' own, computed with keys repeated per head before the copies are forbidden)."""
+    from test_landmark_attention import aligned, mask_of, naive_grouped, naive_retrieval, random_inputs, rope
+
+    from ropekit.attention.landmark import grouped_attention, retrieval_attention
+    from ropekit.core.rope import default_inv_freq
+
+    q, k, v, gen = random_inputs(0, heads=8, kv_heads=2, q_len=23, k_len=23)
+    is_landmark = torch.rand(2, 23, generator=gen) < 0.25
+    mask, allowed = mask_of(None, 23, 23)
+    want_grouped = naive_grouped(q, k, v, is_landmark, allowed, 0.35)
+
+    block, k_len, q_len = 4, 36, 30
+    q2, k2, v2, _ = random_inputs(7, heads=8, kv_heads=2, q_len=q_len, k_len=k_len)
+    inv_freq = default_inv_freq(100.0, 8)
+    pos = torch.arange(k_len)[None].expand(2, -1)
+    mask2, allowed2 = mask_of(None, q_len, k_len)
+    want_retrieval = naive_retrieval(q2, k2, v2, allowed2, pos[:, -q_len:], pos, block=block, top_k=2,
+                                     local_blocks=1, inv_freq=inv_freq, scale=0.4)
+    q_rot, k_rot = rope(q2, pos[:, None, -q_len:], inv_freq), rope(k2, pos[:, None], inv_freq)
+    assert aligned(k_len, block).shape == (2, k_len)
+
+    _forbid_per_head_copies(monkeypatch)
+    got = grouped_attention(q, k, v, is_landmark, mask, 0.35, chunk=5)
+    torch.testing.assert_close(got, want_grouped, atol=1e-10, rtol=1e-10)
+    got = retrieval_attention(q_rot, k_rot, v2, mask2, pos[:, -q_len:], pos, block=block, top_k=2, local_blocks=1,
+                              inv_freq=inv_freq, scaling=0.4, chunk=7)
+    torch.testing.assert_close(got, want_retrieval, atol=1e-9, rtol=1e-9)
+
+
+# ---- host syncs of the eager per-layer path ----------------------------------------------------------------------
+class _SyncCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts host reads of tensor values: the ops behind ``.item()``, ``int(t)``, ``bool(t)`` and ``torch.equal``
+    (each a device→host sync on an accelerator); ``.tolist()`` is counted by a patch (it reads without an op)."""
+
+    SYNC_OPS = ("aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero")
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in self.SYNC_OPS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _count_syncs(monkeypatch, fn) -> int:
+    counter = _SyncCounter()
+    real_tolist = torch.Tensor.tolist
+
+    def tolist(self):
+        counter.count += 1
+        return real_tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    with counter:
+        fn()
+    monkeypatch.setattr(torch.Tensor, "tolist", real_tolist)
+    return counter.count
+
+
+#: Host syncs one eager forward may make, whatever the number of layers: the first layer's shared decisions
+#: (kernels.forward_memo) — at most two reads per method plus transformers' own (the same for the plain model).
+SYNCS_PER_FORWARD = 6
+
+
+@pytest.mark.parametrize("method", ["self_extend", "lm_infinite", "dual_chunk"])
+def test_eager_forward_makes_no_host_sync_per_layer(monkeypatch, method):
+    """An eager forward (prefill, padded prefill, cached decoding steps) of a 2-layer and an 8-layer model makes the
+    same number of host syncs — 0 per layer — and at most :data:`SYNCS_PER_FORWARD` per forward; the outputs are
+    the ones the checked paths give (the 8-layer model's padded row equals the row alone)."""
+    import ropekit
+    from ropekit.models.tiny import build_tiny_model
+
+    params = {"self_extend": dict(factor=4), "lm_infinite": dict(factor=4), "dual_chunk": dict(factor=4)}[method]
+    n = 150  # past the 64-token window
+    ids = torch.randint(3, 256, (2, n), generator=torch.Generator().manual_seed(0))
+    pad = torch.ones(2, n, dtype=torch.long)
+    pad[1, :11] = 0
+    counts = {}
+    for layers in (2, 8):
+        model = ropekit.extend(build_tiny_model("llama", seed=0, num_layers=layers), method, **params)
+
+        def prefill_and_decode(model=model):
+            with torch.no_grad():
+                out = model(ids[:1], use_cache=True)
+                cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+                for _ in range(3):  # cached decoding, consecutive positions
+                    out = model(nxt, cache=cache, use_cache=True)
+                    cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+                positions = (pad.cumsum(-1) - 1).clamp(min=0)
+                return model(ids, attention_mask=pad, position_ids=positions).logits
+
+        per_forward = {}
+        for name, fn in (("all", prefill_and_decode),):
+            per_forward[name] = _count_syncs(monkeypatch, fn)
+        counts[layers] = per_forward["all"]
+        if layers == 8:
+            with torch.no_grad():
+                positions = (pad.cumsum(-1) - 1).clamp(min=0)
+                batch = model(ids, attention_mask=pad, position_ids=positions).logits
+                alone = model(ids[1:, 11:], position_ids=positions[1:, 11:]).logits
+            torch.testing.assert_close(batch[1, 11:], alone[0], rtol=1e-4, atol=1e-4)
+    assert counts[2] == counts[8], counts  # nothing per layer
+    assert counts[8] <= 5 * SYNCS_PER_FORWARD, counts  # 5 forwards
+
+
+def test_memory_table_counts_the_buffers_a_real_run_allocates():
+    """scripts/attention_memory_table.py measures on meta what a run allocates: its Self-Extend table and decoding
+    cache equal those of the same run on the CPU with real tensors and the formulas from their definitions (cos +
+    sin of the table rows, TABLE_MIN doubled past n; one group-key buffer of n − W + 1 keys per layer)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "attention_memory_table.py"
+    spec = importlib.util.spec_from_file_location("attention_memory_table", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    shape = dict(layers=3, heads=4, kv_heads=2, head_dim=16, window=64, dtype=torch.float32)
+    n = 300
+    meta = script.measure("self_extend", n, shape, "meta")
+    cpu = script.measure("self_extend", n, shape, "cpu")
+    W = shape["window"] // 4
+    assert meta["tables"] == cpu["tables"] == 2 * 1024 * 16 * 4  # cos + sin, 1024 rows ≥ n, float32
+    assert meta["decode_cache"] == cpu["decode_cache"] == 3 * 2 * (n + 1 - W) * 16 * 4
+    for method in ("lm_infinite", "dual_chunk", "landmark"):
+        assert script.measure(method, n, shape, "meta")["decode_cache"] == 0
+    # the layer peak is above the output for every method (Self-Extend keeps its rotated queries/keys for the call)
+    assert meta["layer_peak"] >= 4 * n * 16 * 4 + 2 * n * 16 * 4
+    assert "| self_extend |" in script.table([n], shape)

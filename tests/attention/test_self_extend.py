@@ -455,3 +455,20 @@ def test_rule_is_lceg_eq13_pair_by_pair():
                                                                   _turn(k_raw[b, 0, j].tolist(), c, theta)))
                         far_diff = max(far_diff, abs(want - slash))
     assert got.log_normaliser is None and far_diff > 1e-2
+
+
+def test_beam_search_with_the_cache_equals_beam_search_without_it():
+    """Beam search reorders the KV cache's rows between steps: the group-rotated keys kept for decoding must
+    notice and be rebuilt (without that check, seed 1 below picks other sequences: scores differ by 0.03)."""
+    model = _extended("llama", group_size=4, window_size=8)
+    model.eval()
+    for seed in range(4):
+        ids = _ids(2, 60, seed=seed)
+        kw = dict(max_new_tokens=25, do_sample=False, num_beams=4, num_return_sequences=4, pad_token_id=0,
+                  length_penalty=0.0, attention_mask=torch.ones_like(ids), output_scores=True,
+                  return_dict_in_generate=True)
+        with torch.no_grad():
+            cached = model.generate(ids, use_cache=True, **kw)
+            uncached = model.generate(ids, use_cache=False, **kw)
+        assert torch.equal(cached.sequences, uncached.sequences), seed
+        torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores, rtol=0, atol=1e-4)

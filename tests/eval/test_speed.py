@@ -66,3 +66,54 @@ def test_summary_medians_and_ratios():
     rows = {r["method"]: r for r in summarize(recs)}
     assert rows[PLAIN]["prefill_s"] == 2.0 and rows[PLAIN]["repeats"] == 3
     assert rows["yarn"]["prefill_ratio"] == 2.0 and rows["yarn"]["decode_ratio"] == 2.0 and rows["yarn"]["memory_ratio"] == 0.5
+
+
+def test_loglog_slopes_match_numpy_polyfit_and_the_plot_is_written(tmp_path):
+    """The slope of the least-squares fit in log-log equals numpy.polyfit's on noisy synthetic power laws; the fit
+    uses only lengths past the window when there are two or more; the PNG is written."""
+    import numpy as np
+
+    from ropekit.eval.speed import cost_slopes, loglog_slope, plot_cost
+
+    rng = np.random.default_rng(0)
+    lengths = [1024, 2048, 4096, 8192, 16384, 32768]
+    rows = []
+    for method, k_time, k_mem in ((PLAIN, 2.0, 1.0), ("lm_infinite", 1.0, 1.0), ("dual_chunk", 1.9, 1.1)):
+        for n in lengths:
+            rows.append({"method": method, "length": n,
+                         "prefill_s": 1e-7 * n ** k_time * float(np.exp(rng.normal(0, 0.1))),
+                         "peak_mem_bytes": 300.0 * n ** k_mem * float(np.exp(rng.normal(0, 0.1)))})
+    for method in (PLAIN, "lm_infinite", "dual_chunk"):
+        mine = [r for r in rows if r["method"] == method]
+        for field in ("prefill_s", "peak_mem_bytes"):
+            x, y = [r["length"] for r in mine], [r[field] for r in mine]
+            want = np.polyfit(np.log(x), np.log(y), 1)[0]
+            assert loglog_slope(x, y) == pytest.approx(want, rel=1e-12, abs=1e-12)
+    # past a 4096-token window: only 8k, 16k, 32k are fitted
+    plain = [r for r in rows if r["method"] == PLAIN and r["length"] > 4096]
+    want = np.polyfit(np.log([r["length"] for r in plain]), np.log([r["prefill_s"] for r in plain]), 1)[0]
+    slopes = cost_slopes(rows, window=4096)
+    assert slopes[PLAIN]["lengths"] == [8192, 16384, 32768]
+    assert slopes[PLAIN]["prefill_s"] == pytest.approx(want, rel=1e-12)
+    assert cost_slopes(rows, window=20000)[PLAIN]["lengths"] == lengths  # fewer than two past it: every length
+    with pytest.raises(ValueError):
+        loglog_slope([8, 8], [1.0, 2.0])
+
+    png = tmp_path / "speed.png"
+    got = plot_cost(rows, png, window=4096, title="synthetic")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert got == slopes
+    with pytest.raises(RopekitError, match="not a .png"):
+        plot_cost(rows, tmp_path / "speed.pdf")
+
+
+def test_cli_speed_plot_writes_the_png_and_prints_slopes(tmp_path):
+    from typer.testing import CliRunner
+
+    from ropekit.cli import app
+
+    png = tmp_path / "figs" / "speed.png"
+    result = CliRunner().invoke(app, ["eval", "speed", "tiny", "--methods", "lm_infinite", "--lengths", "96,192",
+                                      "--decode-tokens", "0", "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    assert png.exists() and "log-log slopes" in result.output and "lm_infinite" in result.output

@@ -1,6 +1,10 @@
-"""GPU checks (``-m gpu``; skipped in one line without CUDA): every attention method in bfloat16 under sdpa and
-flash_attention_2 with padded batches, and a 32k-token Self-Extend / LM-Infinite prefill on a 1B-shaped random
-model within a memory bound that an n × n score matrix would break.
+"""GPU checks (``-m gpu``; skipped in one line without CUDA): every registered method (frequency methods, attention
+methods, Entropy-ABF, CLEX, Dynamic YaRN, Dual Chunk, …) in bfloat16 under sdpa and flash_attention_2 with padded
+batches, and a 32k-token Self-Extend / LM-Infinite prefill on a 1B-shaped random model within a memory bound that an
+n × n score matrix would break. flash_attention_2 cases skip in one line when ``flash_attn`` is not installed.
+
+CPU check path: ``ROPEKIT_GPU_TEST_DEVICE=cpu pytest -m gpu tests/gpu`` runs the same bodies on the CPU in bfloat16
+(sdpa cases; the 32k prefill and CUDA-only checks still skip), to check the bodies on a machine without a GPU.
 
 References: the same extended model in float32 on the CPU (whose paths the CPU suite checks against naive
 O(n²) definitions), each padded row against the row alone, and plain transformers inside the window.
@@ -8,40 +12,46 @@ O(n²) definitions), each padded row against the row alone, and plain transforme
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
 
 import ropekit
+from ropekit.demo import demo_settings
+from ropekit.install import rope_info
 from ropekit.models.tiny import TINY_WINDOW, build_tiny_model
+
+#: Where the bodies run: ``cuda`` (the default), or ``cpu`` to check them in bfloat16 without a GPU.
+DEVICE = os.environ.get("ROPEKIT_GPU_TEST_DEVICE", "cuda")
+ON_CUDA = DEVICE.startswith("cuda")
+cuda_only = pytest.mark.skipif(not ON_CUDA, reason="CUDA-only check (ROPEKIT_GPU_TEST_DEVICE=cpu runs the bodies on CPU)")
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU (run -m gpu on a machine with one)"),
+    pytest.mark.skipif(ON_CUDA and not torch.cuda.is_available(), reason="no CUDA GPU (run -m gpu on a machine with one)"),
 ]
 
-#: Every method that replaces or changes attention, with parameters that take inputs past the tiny window.
-ATTENTION_METHODS = {
-    "self_extend": dict(factor=4),
-    "lm_infinite": dict(factor=4),
-    "landmark": dict(factor=4),
-    "dual_chunk": dict(factor=4),
-    "longlora": dict(factor=4),
-    "abf": dict(factor=4),
-    "harpe": dict(factor=4),
-}
+#: Every registered method, with the demo's parameters for the tiny model (factor 4: its 64-token window → 256;
+#: LongRoPE gets NTK's per-pair factors, the one method that cannot run on ``factor`` alone).
+METHODS = demo_settings(rope_info(build_tiny_model("llama", seed=0)), factor=4.0)
 #: bfloat16 logits of a random tiny model: ~3 significant digits, logits of order 1.
 ATOL_BF16 = 6e-2
 
 
-def _kernels():
-    kernels = ["sdpa"]
-    try:
-        import flash_attn  # noqa: F401
+HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
 
-        kernels.append("flash_attention_2")
-    except ImportError:
-        pass
-    return kernels
+
+def _kernels():
+    """sdpa always; flash_attention_2 as a case that skips in one line where it cannot run (never dropped)."""
+    flash_skip = None
+    if not HAS_FLASH_ATTN:
+        flash_skip = "flash_attention_2: the flash_attn package is not installed (pip install flash-attn)"
+    elif not ON_CUDA:
+        flash_skip = "flash_attention_2 needs a CUDA GPU (the CPU check path runs sdpa only)"
+    flash = pytest.param("flash_attention_2", marks=pytest.mark.skipif(flash_skip is not None, reason=flash_skip or ""))
+    return ["sdpa", flash]
 
 
 def _model(method: str, attn: str, device: str, dtype: torch.dtype):
@@ -49,7 +59,7 @@ def _model(method: str, attn: str, device: str, dtype: torch.dtype):
     if attn == "flash_attention_2":
         model = model.to(dtype)  # flash_attention_2 refuses float32 weights
         model.set_attn_implementation("flash_attention_2")
-    model = ropekit.extend(model, method, **ATTENTION_METHODS[method])
+    model = ropekit.extend(model, method, **METHODS[method])
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -63,10 +73,10 @@ def _batch(device: str, length: int = 3 * TINY_WINDOW):
 
 
 @pytest.mark.parametrize("attn", _kernels())
-@pytest.mark.parametrize("method", sorted(ATTENTION_METHODS))
+@pytest.mark.parametrize("method", sorted(METHODS))
 def test_bf16_padded_batch_matches_rows_alone_and_float32_cpu(method, attn):
-    model = _model(method, attn, "cuda", torch.bfloat16)
-    ids, mask = _batch("cuda")
+    model = _model(method, attn, DEVICE, torch.bfloat16)
+    ids, mask = _batch(DEVICE)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         batch = model(ids, attention_mask=mask, position_ids=pos).logits.float()
@@ -83,11 +93,11 @@ def test_bf16_padded_batch_matches_rows_alone_and_float32_cpu(method, attn):
 
 
 @pytest.mark.parametrize("attn", _kernels())
-@pytest.mark.parametrize("method", ["self_extend", "lm_infinite"])
+@pytest.mark.parametrize("method", ["self_extend", "lm_infinite", "dual_chunk", "dynamic_yarn", "yarn"])
 def test_bf16_cached_generate_equals_the_uncached_forward(method, attn):
     """Greedy generation with the KV cache on the GPU follows the uncached forward's argmax (bf16 ties aside)."""
-    model = _model(method, attn, "cuda", torch.bfloat16)
-    ids, _ = _batch("cuda")
+    model = _model(method, attn, DEVICE, torch.bfloat16)
+    ids, _ = _batch(DEVICE)
     prompt = ids[:1]
     with torch.no_grad():
         out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
@@ -111,6 +121,7 @@ def _one_b_model(device: str = "cuda"):
     return model
 
 
+@cuda_only
 @pytest.mark.parametrize("method", ["self_extend", "lm_infinite"])
 def test_32k_prefill_of_a_1b_shaped_model_stays_within_memory(method):
     n = 32768
@@ -129,6 +140,7 @@ def test_32k_prefill_of_a_1b_shaped_model_stays_within_memory(method):
     assert extra < 12 * 2**30, f"{extra / 2**30:.1f} GiB above the weights"
 
 
+@cuda_only
 def test_device_auto_resolves_to_this_gpu():
     from ropekit.runtime.devices import resolve_devices
 

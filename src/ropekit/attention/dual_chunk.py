@@ -32,7 +32,14 @@ import torch
 
 from ..core.rope_info import RopeInfo
 from .interface import PairLogits
-from .kernels import attention_with_lse, merge_attention, pair_scores, rotate_by
+from .kernels import (
+    attention_with_lse,
+    forward_memo,
+    memoized,
+    merge_attention,
+    pair_scores,
+    rotate_by,
+)
 from .masks import AttentionMask, query_key_positions
 
 #: Query rows per block: memory O(QUERY_CHUNK × keys) per head.
@@ -87,25 +94,28 @@ class DualChunkAttention:
         ``(out (B, Lq, H, D), None)`` like transformers' kernels."""
         q_len, k_len = query.shape[2], key.shape[2]
         q_pos, k_pos = query_key_positions(kwargs.get("position_ids"), q_len, k_len, query.device)
-        mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
-        active = mask.active_queries()
-        last = torch.where(active, q_pos, -1).max()
-        if bool(last < self.chunk_len):  # every pair intra-chunk: the plain model, exactly
+        # What needs a host read of the mask or the positions is decided once per forward by the first layer and
+        # shared by the others (forward_memo): no host sync per layer.
+        memo = forward_memo(attention_mask, kwargs.get("position_ids"), q_len, k_len)
+        mask = memoized(memo, ("mask", query.shape[0], query.shape[1], kwargs.get("sliding_window")),
+                        lambda: AttentionMask.for_call(attention_mask, query, key, kwargs))
+        plain, present = memoized(memo, ("dual_chunk", self.chunk_len, self.chunk),
+                                  lambda: self._layout(mask, q_pos, k_pos, q_len, k_len))
+        if plain:  # every pair intra-chunk: the plain model, exactly
             return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         q_succ, q_inter, k_chunk = self._rotated(query, key, q_pos, k_pos)
         off = k_len - q_len
         outs = []
-        for a in range(0, q_len, self.chunk):
+        for index, a in enumerate(range(0, q_len, self.chunk)):
             b = min(a + self.chunk, q_len)
             hi = min(k_len, b + off)  # causal by index: no row of the block attends past key index hi − 1
             ok = mask.block(a, b, 0, hi)
             relation = self._relation(q_pos[:, a:b], k_pos[:, :hi])
             parts = []
-            for q_src, k_src, which in ((query, key, relation == 0), (q_succ, k_chunk, relation == 1),
-                                        (q_inter, k_chunk, relation >= 2)):
-                allowed = ok & which
-                if bool(allowed.any()):
-                    parts.append(attention_with_lse(q_src[:, :, a:b], k_src[:, :, :hi], value[:, :, :hi], allowed,
+            for kind, (q_src, k_src, which) in enumerate(((query, key, relation == 0), (q_succ, k_chunk, relation == 1),
+                                                          (q_inter, k_chunk, relation >= 2))):
+                if present[index][kind]:
+                    parts.append(attention_with_lse(q_src[:, :, a:b], k_src[:, :, :hi], value[:, :, :hi], ok & which,
                                                     scale=scaling))
             if not parts:  # rows that attend to nothing (padding): zeros, as the kernels give
                 outs.append(torch.zeros_like(query[:, :, a:b]))
@@ -113,6 +123,24 @@ class DualChunkAttention:
             outs.append(merge_attention(parts)[0] if len(parts) > 1 else parts[0][0])
         out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
         return out.transpose(1, 2).contiguous(), None
+
+    def _layout(self, mask, q_pos, k_pos, q_len: int, k_len: int) -> tuple[bool, list[tuple[bool, bool, bool]]]:
+        """One forward's host-side decisions, read in one sync: whether every attending query lies in the first
+        chunk (the plain kernel), and for each block of query rows whether it has allowed intra-, successive- and
+        inter-chunk pairs (an absent part is skipped)."""
+        active = mask.active_queries()
+        flags = [(torch.where(active, q_pos, -1).max() < self.chunk_len)[None]]
+        off = k_len - q_len
+        for a in range(0, q_len, self.chunk):
+            b = min(a + self.chunk, q_len)
+            hi = min(k_len, b + off)
+            ok = mask.block(a, b, 0, hi)
+            relation = self._relation(q_pos[:, a:b], k_pos[:, :hi])
+            flags.append(torch.stack([(ok & (relation == 0)).any(), (ok & (relation == 1)).any(),
+                                      (ok & (relation >= 2)).any()]))
+        values = torch.cat(flags).tolist()
+        present = [tuple(values[1 + 3 * i:4 + 3 * i]) for i in range(len(flags) - 1)]
+        return bool(values[0]), present
 
     def pair_logits(self, module, query, key, attention_mask, *, scaling, rows, **kwargs) -> PairLogits:
         """The three chunk rules pair by pair: the logit at the true positions inside a chunk, with the query at

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 
 import torch
 
@@ -31,6 +32,15 @@ def pair_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     wide = torch.promote_types(query.dtype, torch.float32)
     q = query.to(wide).reshape(b, kv, (heads // kv) * rows, dim)
     return torch.matmul(q, key.to(wide).transpose(-1, -2)).reshape(b, heads, rows, key.shape[2])
+
+
+def pair_values(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``probs (B, H, R, Lk) · value (B, H_kv, Lk, D)`` → ``(B, H, R, D)`` in ``value``'s dtype, without copying the
+    values per query head: the ``H / H_kv`` query heads of a KV head are folded into rows (as :func:`pair_scores`)."""
+    b, heads, rows, k_len = probs.shape
+    kv = value.shape[1]
+    p = probs.to(value.dtype).reshape(b, kv, (heads // kv) * rows, k_len)
+    return torch.matmul(p, value).reshape(b, heads, rows, value.shape[-1])
 
 
 def _explicit_attention(query, key, value, bias, scale):
@@ -59,6 +69,10 @@ def _cuda_efficient_attention(query, key, value, bias, scale):
     )
     return out, lse[..., : query.shape[2]].float()
 
+
+#: Device types that run PyTorch's fused memory-efficient kernel (``meta`` can be added to count a CUDA run's
+#: allocations on shapes alone: scripts/attention_memory_table.py).
+FUSED_DEVICES: tuple[str, ...] = ("cuda",)
 
 #: (device type, dtype) → whether the fused CUDA kernel agreed with the explicit path on first use.
 _FUSED_VERIFIED: dict[tuple[str, torch.dtype], bool] = {}
@@ -142,7 +156,7 @@ def attention_with_lse(
             query, key, value, 0.0, False, attn_mask=bias, scale=scale
         )
         lse = lse.to(torch.float32)
-    elif query.device.type == "cuda" and query.dtype in (torch.float32, torch.bfloat16, torch.float16):
+    elif query.device.type in FUSED_DEVICES and query.dtype in (torch.float32, torch.bfloat16, torch.float16):
         if bias is not None:
             bias = bias.expand(query.shape[0], heads, query.shape[2], key.shape[2])
         out, lse = _fused_cuda_or_explicit(query, key, value, bias, scale)
@@ -235,3 +249,47 @@ def rotate_by(x: torch.Tensor, offsets: torch.Tensor, inv_freq: torch.Tensor) ->
     freqs = offsets[:, None, :, None].to(torch.float32) * inv_freq.to(device=x.device, dtype=torch.float32)
     emb = torch.cat((freqs, freqs), dim=-1)
     return rotate(x, emb.cos().to(x.dtype), emb.sin().to(x.dtype))
+
+
+# ---- per-forward decisions ---------------------------------------------------------------------------------------
+class _ForwardMemo:
+    """What one forward's layers share: every layer of a model gets the same ``attention_mask`` and
+    ``position_ids`` objects (transformers builds them once per forward), so decisions that need a host read of
+    their values (is anything padded, how far apart are the positions, which query chunks have pairs of a kind)
+    are made by the first layer and reused by the others — a constant number of host syncs per forward instead
+    of a few per layer. Identified by those objects themselves (weak references, plus their in-place version
+    counters) and the query/key lengths: a new forward, a new mask or new positions start a new memo."""
+
+    def __init__(self):
+        self.refs: tuple = ()
+        self.sig: tuple | None = None
+        self.values: dict = {}
+
+
+_MEMO = _ForwardMemo()
+
+
+def forward_memo(attention_mask, position_ids, q_len: int, k_len: int) -> dict:
+    """The dict of decisions shared by the layers of the current forward (see :class:`_ForwardMemo`).
+
+    With neither a mask nor positions, every decision follows from the lengths alone, and the memo is keyed by them.
+    """
+    objs = tuple(o for o in (attention_mask, position_ids) if o is not None)
+    sig = (tuple((id(o), getattr(o, "_version", 0)) for o in objs), attention_mask is None, position_ids is None,
+           int(q_len), int(k_len))
+    memo = _MEMO
+    if memo.sig == sig and len(memo.refs) == len(objs) and all(r() is o for r, o in zip(memo.refs, objs)):
+        return memo.values
+    try:
+        refs = tuple(weakref.ref(o) for o in objs)
+    except TypeError:  # an object without weak references: no sharing (correct, only slower)
+        return {}
+    memo.refs, memo.sig, memo.values = refs, sig, {}
+    return memo.values
+
+
+def memoized(memo: dict, key, compute):
+    """``memo[key]``, computed once with ``compute()`` per forward."""
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]

@@ -53,11 +53,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import RopekitError
-from ..core.rope_info import RopeInfo
 from ..core.rope import rotate
+from ..core.rope_info import RopeInfo
+from ..errors import RopekitError
 from .interface import PairLogits, plain_pair_logits
-from .kernels import expand_kv, pair_scores
+from .kernels import pair_scores, pair_values
 from .masks import AttentionMask, query_key_positions
 
 #: Keyword argument through which the model-side hooks hand each layer the landmark layout of its keys.
@@ -132,7 +132,7 @@ def grouped_logits(scores: torch.Tensor, is_landmark: torch.Tensor, allowed: tor
     padded = torch.cat([gates_at_landmarks, scores.new_full((batch, heads, q_len, 1), NEG_INF)], dim=-1)
     closing = _closing_landmark(is_landmark)[:, None, None, :].expand(batch, heads, q_len, k_len)
     gate = padded.gather(-1, closing)  # s_{i, L_p(j)} for every key j (−∞ when the landmark is not visible)
-    segments = int(block.max()) + 1 if k_len else 1
+    segments = max(1, k_len)  # block ids are < Lk: a bound from shapes (reading block.max() would sync the host)
     earlier = earlier.expand(batch, heads, q_len, k_len)
     block_lse = _segment_logsumexp(torch.where(earlier, scores, torch.full_like(scores, NEG_INF)),
                                    block[:, None, None, :].expand(batch, heads, q_len, k_len), segments)
@@ -165,20 +165,19 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     """
     batch, heads, q_len, _ = query.shape
     k_len = key.shape[2]
-    key, value = expand_kv(key, heads), expand_kv(value, heads)
-    offset = k_len - q_len
+    offset = k_len - q_len  # grouped-query heads are folded into rows (pair_scores/pair_values): no K/V copy per head
     rows = chunk or _chunk_rows(batch * heads * k_len * 4)
     outs = []
     for a in range(0, q_len, rows):
         b = min(a + rows, q_len)
         hi = b + offset  # causal: no row of the chunk attends past key hi − 1
-        scores = torch.matmul(query[:, :, a:b], key[:, :, :hi].transpose(-1, -2)).to(_score_dtype(query.dtype))
+        scores = pair_scores(query[:, :, a:b], key[:, :, :hi]).to(_score_dtype(query.dtype))
         adjusted, main = grouped_logits(scores * scaling, is_landmark[:, :hi], mask.block(a, b, 0, hi),
                                         torch.arange(a, b, device=query.device) + offset)
         probs = _weights(adjusted, main)
         if training and dropout > 0.0:
             probs = torch.nn.functional.dropout(probs, p=dropout)
-        outs.append(torch.matmul(probs.to(value.dtype), value[:, :, :hi]))
+        outs.append(pair_values(probs, value[:, :, :hi]))
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
@@ -225,7 +224,6 @@ def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     raw_landmarks = _raw_landmarks(key, k_pos, landmark_index, heads, inv_freq)
     key_blocks = key[:, :, :full_blocks * block].reshape(batch, kv_heads, full_blocks, block, dim)
     value_blocks = value[:, :, :full_blocks * block].reshape(batch, kv_heads, full_blocks, block, dim)
-    key_h, value_h = expand_kv(key, heads), expand_kv(value, heads)
 
     picks = max(1, min(top_k, full_blocks))
     per_row = heads * (k_len + full_blocks + picks * block * (dim + 1))
@@ -237,17 +235,18 @@ def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         allowed = mask.block(a, b, 0, k_len).expand(batch, 1, b - a, k_len)
         q_index = torch.arange(a, b, device=device) + offset  # key index of each query
         first_local = torch.clamp(q_index // block - local_blocks, min=0)  # first block of the local window
-        lo, hi = int(first_local.min()) * block, b + offset
+        # from shapes (no host read): first_local grows with the row, so its min/max are the first/last row's
+        lo, hi = max(0, (a + offset) // block - local_blocks) * block, b + offset
 
         # the local window: own block and `local_blocks` before it, at true positions
         in_window = torch.arange(lo, hi, device=device)[None, :] >= (first_local * block)[:, None]
         local_ok = allowed[..., lo:hi] & in_window[None, None]
-        local_scores = torch.matmul(q, key_h[:, :, lo:hi].transpose(-1, -2)).to(_score_dtype(q.dtype)) * scaling
+        local_scores = pair_scores(q, key[:, :, lo:hi]).to(_score_dtype(q.dtype)) * scaling
         local_landmark = (torch.arange(lo, hi, device=device) % block == block - 1)[None]
         local_adjusted, main = grouped_logits(local_scores, local_landmark, local_ok, q_index - lo)
-        parts, values = [local_adjusted], [value_h[:, :, lo:hi]]
+        parts, values = [local_adjusted], [value[:, :, lo:hi]]
 
-        older = int(first_local.max())  # most older blocks any query of the chunk has
+        older = max(0, (b - 1 + offset) // block - local_blocks)  # most older blocks any query of the chunk has
         if top_k > 0 and older > 0:
             mem_logits, mem_gates, mem_values = _retrieved_blocks(
                 q, q_index, first_local, allowed, q_pos[:, a:b], k_pos, raw_landmarks, key_blocks,
@@ -262,14 +261,14 @@ def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
             width = part.flatten(3).shape[-1]
             p = probs[..., start:start + width].to(val.dtype)
             start += width
-            term = torch.matmul(p, val) if val.dim() == 4 else torch.einsum("bhck,bhckd->bhcd", p, val.flatten(3, 4))
+            term = pair_values(p, val) if val.dim() == 4 else torch.einsum("bhck,bhckd->bhcd", p, val.flatten(3, 4))
             out = term if out is None else out + term
         outs.append(out)
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
 def _raw_landmarks(key, k_pos, landmark_index, heads, inv_freq) -> torch.Tensor:
-    """Landmark keys rotated back to position 0, expanded to the query heads: (B, H, blocks, D) in float32
+    """Landmark keys rotated back to position 0, per KV head: (B, H_kv, blocks, D) in float32
     (float64 only for float64 inputs; never float64 on an accelerator that runs a half-precision model).
 
     At position 0 a query can score all of them at one distance. Stable in float32: the angle of the rotation
@@ -278,7 +277,7 @@ def _raw_landmarks(key, k_pos, landmark_index, heads, inv_freq) -> torch.Tensor:
     angle error that would grow with the position ``p``."""
     raw = _rotate_per_head(key[:, :, landmark_index].to(_score_dtype(key.dtype)), -k_pos[:, None, landmark_index],
                            inv_freq)
-    return expand_kv(raw, heads)
+    return raw  # query head h scores KV head h // g (pair_scores): never copied per query head
 
 
 def _select_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landmarks, landmark_index, *, block, top_k,
@@ -302,7 +301,7 @@ def _select_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landmarks
         scores = torch.zeros(batch, heads, rows, older, dtype=raw_landmarks.dtype, device=device)
     else:  # the query moved to the relative distance `score_at` (small), landmarks at 0
         q_scoring = _rotate_per_head(q.to(raw_landmarks.dtype), (score_at - q_pos)[:, None], inv_freq)
-        scores = torch.matmul(q_scoring, raw_landmarks[:, :, :older].transpose(-1, -2))
+        scores = pair_scores(q_scoring, raw_landmarks[:, :, :older]).to(raw_landmarks.dtype)
     scores = scores.masked_fill(~candidate[:, None], NEG_INF)
     # the best `picks`; equal scores go to the more recent block (at layer 0 every landmark key is the same
     # token's, so all scores tie there up to rounding)

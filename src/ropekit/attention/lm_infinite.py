@@ -38,7 +38,14 @@ import torch
 
 from ..errors import UnsupportedModelError
 from .interface import PairLogits
-from .kernels import attention_with_lse, merge_attention, pair_scores, rotate_by
+from .kernels import (
+    attention_with_lse,
+    forward_memo,
+    memoized,
+    merge_attention,
+    pair_scores,
+    rotate_by,
+)
 from .masks import AttentionMask, key_positions
 
 #: Largest number of queries processed together; a chunk costs chunk × (chunk + L_local + globals) logits.
@@ -80,29 +87,62 @@ class LambdaAttention:
             mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
             out = self._attend(query, key, value, mask, position_ids, key_pos, scaling, traced=True)
             return out.transpose(1, 2).contiguous(), None
+        # Eager: what needs a host read of the positions or the mask is decided once per forward by the first layer
+        # and shared by the others (forward_memo) — no host sync per layer.
+        memo = forward_memo(attention_mask, kwargs.get("position_ids"), q_len, k_len)
+        layout = memoized(memo, ("lm_infinite", self.local_window, self.global_tokens, self.chunk_size),
+                          lambda: self._layout(position_ids, attention_mask, query, key, kwargs))
+        lo_pos, hi_pos, consecutive, n_global, chunk_hits, unpadded_hits = layout
         # Every real key has a position ≥ 0, so a query below the window cannot have a pair outside the band.
-        lo_pos, hi_pos = (int(p) for p in torch.aminmax(position_ids))
         if hi_pos < self.local_window:
             return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-        if q_len == 1 and k_len > 1 and lo_pos >= k_len - 1:
-            mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
-            if mask.is_causal:
-                out = self._attend_decode(query, key, value, position_ids, k_len, scaling)
-                return out.transpose(1, 2).contiguous(), None
+        mask = memoized(memo, ("mask", query.shape[0], query.shape[1], kwargs.get("sliding_window")),
+                        lambda: AttentionMask.for_call(attention_mask, query, key, kwargs))
+        if q_len == 1 and k_len > 1 and lo_pos >= k_len - 1 and mask.is_causal:
+            out = self._attend_decode(query, key, value, position_ids, k_len, scaling)
+            return out.transpose(1, 2).contiguous(), None
         if attention_mask is None and 1 < q_len < k_len:
             raise UnsupportedModelError(
                 "LM-Infinite got cached keys without an attention mask (a static KV cache?)",
                 "use the default dynamic cache (generate's default) with LM-Infinite",
             )
         key_pos = key_positions(position_ids, k_len)
-        mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
-        steps = torch.arange(q_len, device=query.device)
-        if (mask.is_causal and self.local_window >= 2
-                and bool((position_ids == position_ids[:, :1] + steps).all())):
-            out = self._attend_unpadded(query, key, value, position_ids, key_pos, scaling)
+        if mask.is_causal and self.local_window >= 2 and consecutive:
+            out = self._attend_unpadded(query, key, value, position_ids, key_pos, scaling, n_global, unpadded_hits)
         else:
-            out = self._attend(query, key, value, mask, position_ids, key_pos, scaling)
+            out = self._attend(query, key, value, mask, position_ids, key_pos, scaling, n_global=n_global,
+                               chunk_hits=chunk_hits)
         return out.transpose(1, 2).contiguous(), None
+
+    def _layout(self, position_ids, attention_mask, query, key, kwargs):
+        """One forward's host-side decisions, read in one sync: the smallest and largest query position, whether
+        the positions are consecutive along each row, how many leading keys can be global (position < G in some
+        row), and for each query chunk of :meth:`_attend` and :meth:`_attend_unpadded` whether its largest
+        position reaches the window (only then has it a global part)."""
+        q_len, k_len = position_ids.shape[1], key.shape[2]
+        L = self.local_window
+        steps = torch.arange(q_len, device=position_ids.device)
+        k_pos = key_positions(position_ids, k_len)
+        chunk_max = position_ids.amax(dim=0)  # (Lq,) largest query position over the batch
+        small = chunk_max.new_full((1,), -1)
+
+        def hits(size):
+            starts = range(0, q_len, size)
+            return torch.stack([torch.cat([chunk_max[a:a + size], small]).max() >= L for a in starts])
+
+        global_keys = (k_pos < self.global_tokens).any(dim=0)
+        last_global = torch.where(global_keys, torch.arange(k_len, device=k_pos.device), -1).max() + 1
+        values = torch.cat([
+            torch.stack([position_ids.min(), position_ids.max(),
+                         (position_ids == position_ids[:, :1] + steps).all().long(), last_global.long()]).long(),
+            hits(self.chunk_size).long(), hits(max(1, min(self.chunk_size, L - 1))).long(),
+        ]).tolist()
+        n_chunks = len(range(0, q_len, self.chunk_size))
+        lo_pos, hi_pos, consecutive, n_global = values[:4]
+        n_global = n_global if self.global_tokens > 0 else 0
+        chunk_hits = [bool(v) for v in values[4:4 + n_chunks]]
+        unpadded_hits = [bool(v) for v in values[4 + n_chunks:]]
+        return lo_pos, hi_pos, bool(consecutive), n_global, chunk_hits, unpadded_hits
 
     def pair_logits(self, module, query, key, attention_mask, *, scaling=None, rows, **kwargs) -> PairLogits:
         """The Λ rule pair by pair (:class:`~ropekit.attention.interface.PairRule`; module docstring):
@@ -128,7 +168,8 @@ class LambdaAttention:
         return PairLogits(logits, mask.rows(rows) & (band | far_global))
 
     # ------------------------------------------------------------------------------------------------
-    def _global_candidates(self, key, value, k_pos, inv_freq, traced: bool = False, causal: bool = False):
+    def _global_candidates(self, key, value, k_pos, inv_freq, traced: bool = False, causal: bool = False,
+                           n: int | None = None):
         """Keys [0, n) that can be global (position < G in some row), un-rotated: R_{−j}(R_j k) = k.
 
         ``traced`` (no host sync): ``n`` from shapes — ``min(Lk, G)`` when nothing is padded (``causal``: real
@@ -138,8 +179,9 @@ class LambdaAttention:
         if traced:
             n = min(key.shape[2], self.global_tokens) if causal else key.shape[2]
             return n, rotate_by(key[:, :, :n], -k_pos[:, :n], inv_freq), value[:, :, :n], k_pos[:, :n]
-        hits = (k_pos < self.global_tokens).any(dim=0).nonzero()
-        n = int(hits.max()) + 1 if hits.numel() else 0
+        if n is None:  # (one host read; __call__ passes the forward's shared count instead)
+            hits = (k_pos < self.global_tokens).any(dim=0).nonzero()
+            n = int(hits.max()) + 1 if hits.numel() else 0
         if n == 0:
             return 0, None, None, None
         return n, rotate_by(key[:, :, :n], -k_pos[:, :n], inv_freq), value[:, :, :n], k_pos[:, :n]
@@ -168,7 +210,7 @@ class LambdaAttention:
         out = parts[0][0] if len(parts) == 1 else merge_attention(parts)[0]
         return out.to(query.dtype)
 
-    def _attend_unpadded(self, query, key, value, q_pos, k_pos, scale):
+    def _attend_unpadded(self, query, key, value, q_pos, k_pos, scale, n_global=None, hits=None):
         """The Λ rule when nothing is padded and positions are consecutive: the band is an index band.
 
         Each chunk of ``C < L`` queries ``[a, b)`` (keys ``[a', b')`` with ``a' = a + offset``) splits its band
@@ -181,11 +223,11 @@ class LambdaAttention:
         L = self.local_window
         offset = k_len - q_len
         inv_freq = self.inv_freq()
-        n_global, key_g, value_g, k_pos_g = self._global_candidates(key, value, k_pos, inv_freq)
-        chunk = min(self.chunk_size, L - 1)  # keeps the old triangle [a' − L + 1, b' − L + 1) left of a'
+        n_global, key_g, value_g, k_pos_g = self._global_candidates(key, value, k_pos, inv_freq, n=n_global)
+        chunk = max(1, min(self.chunk_size, L - 1))  # keeps the old triangle [a' − L + 1, b' − L + 1) left of a'
         chunk_max = q_pos.amax(dim=0)
         outs = []
-        for start in range(0, q_len, chunk):
+        for index, start in enumerate(range(0, q_len, chunk)):
             stop = min(start + chunk, q_len)
             q = query[:, :, start:stop]
             a, b = start + offset, stop + offset
@@ -197,7 +239,7 @@ class LambdaAttention:
                 parts.append((out.flip(2), lse.flip(2)))
             if a > old_hi:
                 parts.append(attention_with_lse(q, key[:, :, old_hi:a], value[:, :, old_hi:a], None, scale))
-            if n_global and int(chunk_max[start:stop].max()) >= L:
+            if n_global and (hits[index] if hits is not None else int(chunk_max[start:stop].max()) >= L):
                 g_hi = min(n_global, b)
                 parts.append(self._global_part(q, q_pos[:, start:stop], key_g[:, :, :g_hi], value_g[:, :, :g_hi],
                                                k_pos_g[:, :g_hi], None, scale, inv_freq))
@@ -206,7 +248,8 @@ class LambdaAttention:
         return torch.cat(outs, dim=2)
 
     # ------------------------------------------------------------------------------------------------
-    def _attend(self, query, key, value, mask, q_pos, k_pos, scale, traced: bool = False):
+    def _attend(self, query, key, value, mask, q_pos, k_pos, scale, traced: bool = False, n_global=None,
+                chunk_hits=None):
         """(B, H, Lq, D) attention output under the Λ rule, query chunk by query chunk.
 
         ``traced``: nothing depends on tensor values (for ``torch.compile(fullgraph=True)``): the global part of
@@ -218,10 +261,11 @@ class LambdaAttention:
 
         # Global candidates: keys [0, n_global) — up to the last key whose position is < G in any row
         # (G tokens plus any left padding before them).
-        n_global, key_g, value_g, k_pos_g = self._global_candidates(key, value, k_pos, inv_freq, traced, mask.is_causal)
+        n_global, key_g, value_g, k_pos_g = self._global_candidates(key, value, k_pos, inv_freq, traced, mask.is_causal,
+                                                                    n=n_global)
         chunk_max = q_pos.amax(dim=0)  # (Lq,) largest query position over the batch
         outs = []
-        for start in range(0, q_len, self.chunk_size):
+        for index, start in enumerate(range(0, q_len, self.chunk_size)):
             stop = min(start + self.chunk_size, q_len)
             qp = q_pos[:, start:stop]
             q = query[:, :, start:stop]
@@ -231,7 +275,8 @@ class LambdaAttention:
             allowed = (dist < L) & mask.block(start, stop, lo, hi)
             parts = [attention_with_lse(q, key[:, :, lo:hi], value[:, :, lo:hi], allowed, scale)]
             # (b) global part: the first G positions, seen at distance L (query rotated to position L).
-            if n_global and (traced or int(chunk_max[start:stop].max()) >= L):
+            reaches = traced or (chunk_hits[index] if chunk_hits is not None else int(chunk_max[start:stop].max()) >= L)
+            if n_global and reaches:
                 g_hi = min(n_global, hi)
                 parts.append(self._global_part(q, qp, key_g[:, :, :g_hi], value_g[:, :, :g_hi], k_pos_g[:, :g_hi],
                                                mask.block(start, stop, 0, g_hi), scale, inv_freq))

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .interface import PairLogits, plain_pair_logits
-from .kernels import expand_kv, pair_scores
+from .kernels import pair_scores
 from .masks import AttentionMask
 
 
@@ -82,15 +82,16 @@ class ShiftedSparseAttention:
             return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         size = group_size(length, self.group_size_ratio)
         mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
-        key, value = expand_kv(key, heads), expand_kv(value, heads)
+        g = heads // key.shape[1]
         split = heads // 2
         scale = scaling if scaling is not None else 1.0 / math.sqrt(dim)
-        halves = []
-        for sl, shifted in ((slice(0, split), False), (slice(split, heads), True)):
-            if sl.stop > sl.start:
-                lead = size // 2 if shifted else size  # tokens in the first group
-                halves.append(_grouped(query[:, sl], key[:, sl], value[:, sl], mask, size, lead, scale, dropout))
-        out = torch.cat(halves, dim=1) if len(halves) > 1 else halves[0]
+        pieces = []
+        for start, stop, shifted in ((0, split, False), (split, heads, True)):
+            lead = size // 2 if shifted else size  # tokens in the first group
+            for h0, h1, k0, k1 in _kv_runs(start, stop, g):  # query heads [h0, h1) use KV heads [k0, k1)
+                pieces.append(_grouped(query[:, h0:h1], key[:, k0:k1], value[:, k0:k1], mask, size, lead, scale,
+                                       dropout))
+        out = torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]
         return out.transpose(1, 2).contiguous(), None
 
     def pair_logits(self, module, query, key, attention_mask, *, scaling=None, rows, **kwargs) -> PairLogits:
@@ -114,6 +115,22 @@ class ShiftedSparseAttention:
         return PairLogits(pair_scores(query[:, :, rows], key) * scale, mask.rows(rows) & same_group)
 
 
+def _kv_runs(start: int, stop: int, g: int) -> list[tuple[int, int, int, int]]:
+    """Query heads ``[start, stop)`` cut into runs ``(h0, h1, k0, k1)`` whose query heads use exactly the KV heads
+    ``[k0, k1)`` (query head ``h`` uses KV head ``h // g``), each KV head serving the same number of them: a
+    partial group at either end is a run of its own. Keys and values are sliced, never copied per query head."""
+    runs = []
+    h = start
+    while h < stop:
+        if h % g or stop - h < g:  # a partial group: the heads of one KV head
+            end = min(stop, (h // g + 1) * g)
+        else:  # whole groups
+            end = stop - (stop - h) % g
+        runs.append((h, end, h // g, (end - 1) // g + 1))
+        h = end
+    return runs
+
+
 def _group_masks(mask: AttentionMask, n_groups: int, size: int, front: int, length: int) -> torch.Tensor:
     """The mask's diagonal blocks, one per group: bool (B|1, groups, size, size), False for the dummies.
 
@@ -134,14 +151,19 @@ def _grouped(q, k, v, mask: AttentionMask, size: int, lead: int, scale: float, d
 
     The sequence is padded with ``size − lead`` dummies in front and to a multiple of ``size`` at the end,
     viewed as (B, groups, h, size, d), attended with a per-group mask that hides the dummies, and cut back.
+    Grouped-query heads (``q`` with ``m`` heads per KV head of ``k``/``v``) are folded into rows of their KV
+    head's blocks, ``(B, groups, h_kv, m·size, d)``, so keys and values are never copied per query head.
     """
     batch, heads, length, dim = q.shape
+    kv_heads = k.shape[1]
+    m = heads // kv_heads
     front = size - lead
     n_groups = -(-(length + front) // size)
     back = n_groups * size - length - front
 
     def blocks(x):
-        return F.pad(x, (0, 0, front, back)).view(batch, heads, n_groups, size, dim).transpose(1, 2)
+        h = x.shape[1]
+        return F.pad(x, (0, 0, front, back)).view(batch, h, n_groups, size, dim).transpose(1, 2)
 
     token = torch.arange(n_groups * size, device=q.device).view(n_groups, size) - front
     real = (token >= 0) & (token < length)
@@ -152,10 +174,13 @@ def _grouped(q, k, v, mask: AttentionMask, size: int, lead: int, scale: float, d
     # A row that sees nothing (a dummy, or a padding query) attends to itself: no NaN, and it is discarded.
     eye = torch.eye(size, dtype=torch.bool, device=q.device)
     allowed = allowed | (eye & ~allowed.any(dim=-1, keepdim=True))
+    q_blocks = blocks(q).reshape(batch, n_groups, kv_heads, m * size, dim)  # query head h = k·m + i → KV head k
+    rows_allowed = allowed[:, :, None, None].expand(allowed.shape[0], n_groups, 1, m, size, size)
     out = F.scaled_dot_product_attention(
-        blocks(q), blocks(k), blocks(v), attn_mask=allowed[:, :, None], dropout_p=dropout, scale=scale
-    )  # (B, groups, h, size, d)
-    out = out.transpose(1, 2).reshape(batch, heads, n_groups * size, dim)
+        q_blocks, blocks(k), blocks(v), attn_mask=rows_allowed.reshape(allowed.shape[0], n_groups, 1, m * size, size),
+        dropout_p=dropout, scale=scale,
+    )  # (B, groups, h_kv, m·size, d)
+    out = out.reshape(batch, n_groups, heads, size, dim).transpose(1, 2).reshape(batch, heads, n_groups * size, dim)
     return out[:, :, front:front + length]
 
 

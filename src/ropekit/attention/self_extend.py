@@ -34,7 +34,16 @@ import torch
 
 from ..core.rope_info import RopeInfo
 from .interface import PairLogits
-from .kernels import attention_with_lse, merge_attention, offset_table, pair_scores, rotate_by, rotate_from_table
+from .kernels import (
+    attention_with_lse,
+    forward_memo,
+    memoized,
+    merge_attention,
+    offset_table,
+    pair_scores,
+    rotate_by,
+    rotate_from_table,
+)
 from .masks import AttentionMask, query_key_positions
 
 #: Query rows per chunk: memory is O(QUERY_CHUNK × keys) per head, masked work O(n × QUERY_CHUNK). 256 was the
@@ -85,15 +94,22 @@ class SelfExtendAttention:
         #: ropekit's own decoding cache entry, beside transformers' KV cache: the group-rotated keys
         #: (see :meth:`_cached_group_keys`).
         self._group_keys: _GroupKeyCache | None = None
+        #: keys of the previous call (the cache entry is continued only by the next decoding step: one key more)
+        self._last_k_len: int | None = None
+        self._call_memo: dict | None = None  # the current forward's shared decisions (during a call)
 
     def __repr__(self) -> str:
         return f"SelfExtendAttention(group_size={self.group_size}, window_size={self.window_size})"
 
-    def _maybe_warn(self, q_pos: torch.Tensor) -> None:
+    def reset(self) -> None:
+        """Forget the decoding entry (the next call starts afresh; a reordered cache is also noticed by itself)."""
+        self._group_keys, self._last_k_len = None, None
+
+    def _maybe_warn(self, q_pos: torch.Tensor, memo: dict) -> None:
         """Warn once (per installed model: only layer 0's instance warns) when an input runs past the reach."""
         if not self.warn_past_reach or self._warned or self.reach is None or torch.compiler.is_compiling():
             return
-        longest = int(q_pos.max().item()) + 1
+        longest = memoized(memo, "max_position", lambda: int(q_pos.max())) + 1
         if longest > self.reach:
             self._warned = True
             warnings.warn(
@@ -112,11 +128,25 @@ class SelfExtendAttention:
         k_len = key.shape[2]
         device = query.device
         q_pos, k_pos = query_key_positions(kwargs.get("position_ids"), q_len, k_len, device)  # (B|1, Lq), (B|1, Lk)
-        self._maybe_warn(q_pos)
-
-        mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
         if torch.compiler.is_compiling():  # traced: no host sync, no branch on tensor values
+            mask = AttentionMask.for_call(attention_mask, query, key, kwargs)
             return self._attend_traced(query, key, value, mask, q_pos, k_pos, scaling).transpose(1, 2).contiguous(), None
+        # Eager: what needs a host read of the mask or the positions is decided once per forward by the first layer
+        # and shared by the others (forward_memo) — no host sync per layer.
+        continuing = q_len == 1 and self._last_k_len == k_len - 1
+        self._last_k_len = k_len
+        if not continuing:  # a new prompt, a prefill, a cropped or replaced cache: the decoding entry is stale
+            self._group_keys = None
+        memo = forward_memo(attention_mask, kwargs.get("position_ids"), q_len, k_len)
+        if self._group_keys is not None:
+            # A cache reordered in place between steps (beam search) keeps every shape: whether the cached keys are
+            # still the ones the entry rotated is read once per forward, by the first layer, for all of them.
+            entry = self._group_keys
+            if not memoized(memo, "self_extend_cache_continues", lambda: entry.continues(key, k_pos)):
+                self._group_keys = None
+        self._maybe_warn(q_pos, memo)
+        mask = memoized(memo, ("mask", query.shape[0], query.shape[1], kwargs.get("sliding_window")),
+                        lambda: AttentionMask.for_call(attention_mask, query, key, kwargs))
         if q_len == 1 and k_len > 1 and mask.is_causal:
             # cached decoding without padding: key positions are consecutive by construction (key_positions) and
             # the oldest key is k_len − 1 positions away — decided from shapes alone
@@ -124,30 +154,41 @@ class SelfExtendAttention:
                 return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
             out = self._attend_decode(query, key, value, mask, q_pos, k_pos, scaling)
             return out.transpose(1, 2).contiguous(), None
+        degenerate, consecutive = memoized(memo, ("self_extend", self.window_size),
+                                           lambda: self._layout(mask, q_pos, k_pos, q_len, k_len, device))
+        # Degenerate case (LCEG Eq. 13 with every allowed pair closer than W): plain attention, exactly.
+        if degenerate:
+            return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        if consecutive and q_len == 1:
+            out = self._attend_decode(query, key, value, mask, q_pos, k_pos, scaling)
+        else:
+            attend = self._attend_banded if consecutive else self._attend_general
+            self._call_memo = memo
+            try:
+                out = attend(query, key, value, mask, q_pos, k_pos, scaling)
+            finally:
+                self._call_memo = None
+        return out.transpose(1, 2).contiguous(), None
+
+    def _layout(self, mask, q_pos, k_pos, q_len: int, k_len: int, device) -> tuple[bool, bool]:
+        """``(degenerate, consecutive)`` of one forward, read from the host once (two scalars, one sync):
+        whether every allowed pair is closer than ``W`` (plain attention), and whether position distance equals
+        index distance for every pair that matters — one offset per row over the attended keys and attending
+        queries (no padding, left/right padding, KV cache, chunked prefill)."""
         seen_keys = mask.seen_keys()  # (B|1, Lk): keys some query attends to
         active = mask.active_queries()  # (B|1, Lq): queries that attend to something
         big = torch.iinfo(torch.long).max
         oldest = torch.where(seen_keys, k_pos, big).min(dim=-1).values
-        # Degenerate case (LCEG Eq. 13 with every allowed pair closer than W): plain attention, exactly.
-        if bool((q_pos.max(dim=-1).values - oldest < self.window_size).all()):
-            return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-
-        # Fast path when position distance = index distance for every pair that matters (one offset per row
-        # over the attended keys and attending queries: no padding, left/right padding, KV cache, chunked
-        # prefill). Otherwise (e.g. position jumps) the exact general path decides every pair by position.
+        degenerate = (q_pos.max(dim=-1).values - oldest < self.window_size).all()
         shift_k = k_pos - torch.arange(k_len, device=device)
         shift_q = q_pos - torch.arange(k_len - q_len, k_len, device=device)
         lo_k = torch.where(seen_keys, shift_k, big).min(-1).values
         hi_k = torch.where(seen_keys, shift_k, -big).max(-1).values
         lo_q = torch.where(active, shift_q, big).min(-1).values
         hi_q = torch.where(active, shift_q, -big).max(-1).values
-        consecutive = bool(((lo_k == hi_k) & (lo_q == hi_q) & (lo_k == lo_q)).all())
-        if consecutive and q_len == 1:
-            out = self._attend_decode(query, key, value, mask, q_pos, k_pos, scaling)
-        else:
-            attend = self._attend_banded if consecutive else self._attend_general
-            out = attend(query, key, value, mask, q_pos, k_pos, scaling)
-        return out.transpose(1, 2).contiguous(), None
+        consecutive = ((lo_k == hi_k) & (lo_q == hi_q) & (lo_k == lo_q)).all()
+        degenerate, consecutive = torch.stack([degenerate, consecutive]).tolist()
+        return bool(degenerate), bool(consecutive)
 
     def pair_logits(self, module, query, key, attention_mask, *, scaling, rows, **kwargs) -> PairLogits:
         """LCEG Eq. 13 pair by pair (:class:`~ropekit.attention.interface.PairRule`): the logit of query ``i``
@@ -173,10 +214,16 @@ class SelfExtendAttention:
         G, W = self.group_size, self.window_size
         inv_freq = self.inv_freq().to(query.device)
         q_group = rotate_by(query, group_query_position(q_pos, G, W) - q_pos, inv_freq)
-        k_group = self._rotate_keys_to_groups(key, k_pos, inv_freq)
+        k_group = self._rotate_keys_to_groups(key, k_pos, inv_freq, self._call_memo)
         return q_group, key, k_group, value
 
-    def _rotate_keys_to_groups(self, key, k_pos, inv_freq):
+    @staticmethod
+    def _position_range(k_pos) -> tuple[int, int]:
+        """``(min, max)`` of the key positions: one host read."""
+        lo, hi = torch.stack(list(torch.aminmax(k_pos))).tolist()
+        return int(lo), int(hi)
+
+    def _rotate_keys_to_groups(self, key, k_pos, inv_freq, memo: dict | None = None):
         """Keys rotated from ``j`` to ``⌊j/G⌋``: the same as ``rotate_by(key, ⌊j/G⌋ − j, inv_freq)``.
 
         The rotation of a key depends only on its position, so its cos/sin come from one table shared by all
@@ -185,10 +232,11 @@ class SelfExtendAttention:
         """
         if k_pos.numel() == 0 or torch.compiler.is_compiling():
             return rotate_by(key, group_key_position(k_pos, self.group_size) - k_pos, inv_freq)
-        lo, hi = torch.aminmax(k_pos)
-        if int(lo) < 0:
+        lo, hi = self._position_range(k_pos) if memo is None else memoized(memo, "key_range",
+                                                                            lambda: self._position_range(k_pos))
+        if lo < 0:
             return rotate_by(key, group_key_position(k_pos, self.group_size) - k_pos, inv_freq)
-        table = offset_table("group_key", self.group_size, int(hi) + 1, inv_freq, key.dtype)
+        table = offset_table("group_key", self.group_size, hi + 1, inv_freq, key.dtype)
         return rotate_from_table(key, k_pos, table)
 
     def _cached_group_keys(self, key, k_pos, upto: int, inv_freq) -> torch.Tensor:
@@ -196,10 +244,12 @@ class SelfExtendAttention:
 
         Cached decoding would otherwise re-rotate every cached key at every step. This entry, which ropekit owns
         beside transformers' KV cache, keeps the rotated keys in a buffer grown by doubling and rotates only the
-        keys that became group keys since the last step. It is reused only when it belongs to the same cache:
-        same batch/heads/dtype/device, no more keys than now, and the last key it rotated and the key positions'
-        offset are unchanged (a new prompt, a cropped cache or another batch rebuilds it) — otherwise the result
-        is the same, only slower.
+        keys that became group keys since the last step. It is reused only by the call that continues the one
+        that last used it — one query and exactly one key more than the previous call of this layer (``__call__``
+        drops it otherwise: a prefill, a new prompt, a cropped or replaced cache) — with the same
+        batch/heads/dtype/device and no more keys than now. Decided from shapes alone: no host sync per step.
+        A cache whose rows were reordered in place between steps (beam search) is noticed by comparing the last key
+        the entry rotated with the cache's, once per forward (``__call__``), and the entry is rebuilt.
         """
         entry = self._group_keys
         if entry is not None and not entry.matches(key, k_pos, upto):
@@ -227,13 +277,10 @@ class SelfExtendAttention:
         s = k_len - 1
         lo = max(0, s - W + 1)
         inv_freq = self.inv_freq().to(query.device)
-        fold = lambda t: t.reshape(batch, kv_heads, g, dim)  # noqa: E731 - (B, H, 1, D) → (B, H_kv, g, D)
+        fold = lambda t: t.reshape(batch, kv_heads, g, dim)
 
-        def visible(k0, k1):
-            if mask.is_causal:  # the one query is the last key: it sees them all
-                return None
-            ok = mask.block(0, 1, k0, k1)
-            return None if bool(ok.all()) else ok
+        def visible(k0, k1):  # the padding mask as it is (checking it for "all visible" would cost a host sync)
+            return None if mask.is_causal else mask.block(0, 1, k0, k1)  # causal: the one query sees every key
 
         parts = [attention_with_lse(fold(query), key[:, :, lo:], value[:, :, lo:], visible(lo, k_len), scale=scaling)]
         if lo > 0:
@@ -284,12 +331,9 @@ class SelfExtendAttention:
                 if k1 <= k0:
                     return None
                 ok = None if pattern is None else pattern(torch.arange(k0, k1, device=device)[None, :])[None, None]
-                if not mask.is_causal:
+                if not mask.is_causal:  # padding: applied as it is (no host read of whether it hides anything)
                     pad = mask.block(a, b, k0, k1)
-                    if pattern is not None:
-                        ok = ok & pad
-                    elif not bool(pad.all()):
-                        ok = pad
+                    ok = pad if ok is None else ok & pad
                 return attention_with_lse(q_src[:, :, a:b], k_src[:, :, k0:k1], value[:, :, k0:k1], ok,
                                           scale=scaling)
 
@@ -349,12 +393,11 @@ class SelfExtendAttention:
             hi = min(k_len, b + off)  # causal by index: no chunk row attends past key index hi − 1
             near = (q_pos[:, a:b, None] - k_pos[:, None, :hi] < W)[:, None]  # (B or 1, 1, c, hi)
             ok = mask.block(a, b, 0, hi)
-            parts = [attention_with_lse(query[:, :, a:b], key[:, :, :hi], value[:, :, :hi], ok & near, scale=scaling)]
-            group_ok = ok & ~near
-            if bool(group_ok.any()):
-                parts.append(attention_with_lse(q_group[:, :, a:b], k_group[:, :, :hi], value[:, :, :hi], group_ok,
-                                                scale=scaling))
-            outs.append(merge_attention(parts)[0] if len(parts) > 1 else parts[0][0])
+            # both parts always (an empty one has lse = −∞ and merges as nothing): no host read per chunk
+            parts = [attention_with_lse(query[:, :, a:b], key[:, :, :hi], value[:, :, :hi], ok & near, scale=scaling),
+                     attention_with_lse(q_group[:, :, a:b], k_group[:, :, :hi], value[:, :, :hi], ok & ~near,
+                                        scale=scaling)]
+            outs.append(merge_attention(parts)[0])
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
@@ -366,6 +409,7 @@ class _GroupKeyCache:
         batch, heads, _, dim = key.shape
         self.buffer = key.new_empty(batch, heads, max(upto, 64), dim)
         self.length = 0
+        self.shift_shape = None  # shape of the key positions' batch dimension (B|1,)
         self.last = None  # (B, H_kv, D): the last key rotated, as it was
         self.shift = None  # (B|1,): position − index of the keys
 
@@ -375,9 +419,16 @@ class _GroupKeyCache:
             return False
         if buf.dtype != key.dtype or buf.device != key.device or self.length > upto or self.length == 0:
             return False
-        if self.shift.shape != k_pos[:, 0].shape:
+        return self.shift_shape == tuple(k_pos[:, 0].shape)
+
+    def continues(self, key: torch.Tensor, k_pos: torch.Tensor) -> bool:
+        """Whether the cache still holds, at the entry's last index, the key it rotated there, with the same
+        position offsets (one host read: a beam-search reorder changes the rows, never the shapes)."""
+        if self.last is None or self.length > key.shape[2] or self.shift.shape != k_pos[:, 0].shape \
+                or self.last.shape != key[:, :, self.length - 1].shape:
             return False
-        return bool(torch.equal(self.last, key[:, :, self.length - 1]) and torch.equal(self.shift, k_pos[:, 0]))
+        same = torch.stack([(self.last == key[:, :, self.length - 1]).all(), (self.shift == k_pos[:, 0]).all()])
+        return bool(same.all())
 
     def append(self, rotated: torch.Tensor, key: torch.Tensor, k_pos: torch.Tensor, upto: int) -> None:
         if upto > self.buffer.shape[2]:
@@ -386,6 +437,7 @@ class _GroupKeyCache:
             self.buffer = grown
         self.buffer[:, :, self.length:upto] = rotated
         self.length = upto
+        self.shift_shape = tuple(k_pos[:, 0].shape)
         self.last = key[:, :, upto - 1].clone()
         self.shift = k_pos[:, 0].clone()
 

@@ -393,6 +393,8 @@ def speed_cmd(
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
     device_map: DeviceMapOpt = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="PNG: log-log prefill time and peak memory per "
+                                                 "method against length, with each method's fitted slope.")] = None,
 ):
     """Prefill time, decode time per token and peak memory per length, several methods interleaved."""
     from ..eval.records import parse_lengths
@@ -416,7 +418,21 @@ def speed_cmd(
             out=str(out_file) if out_file else None, resume=resume,
             progress=lambda text: bar.update(job, description=text),
         )
+    slopes = None
+    if plot is not None or len(set(lengths_list)) > 1:
+        from ..eval.speed import cost_slopes, plot_cost
+        from ..install import rope_info
+
+        window = rope_info(loaded.model).window
+        if plot is not None:
+            slopes = plot_cost(rows, plot, window=window, title=f"cost against length — {model}")
+            err.print(f"plot: {plot}")
+        else:
+            slopes = cost_slopes(rows, window)
     if json_out:
+        for r in rows if slopes else ():  # each row carries its method's fitted slopes
+            fit = slopes.get(r["method"], {})
+            r["prefill_slope"], r["memory_slope"] = fit.get("prefill_s"), fit.get("peak_mem_bytes")
         print_json(rows)
         return
     if loaded.model.device.type == "cpu":
@@ -435,6 +451,14 @@ def speed_cmd(
             f"{r['peak_mem_bytes'] / 2**20:.0f}", _ratio(r.get("memory_ratio")),
         )
     out.print(table)
+    if slopes:
+        fits = Table(title=f"log-log slopes (cost ∝ length^k), over lengths past the {window}-token window")
+        for col in ("method", "prefill time k", "peak memory k", "lengths"):
+            fits.add_column(col, justify="left" if col in ("method", "lengths") else "right")
+        for name, fit in slopes.items():
+            fits.add_row(name, _ratio(fit["prefill_s"]), _ratio(fit["peak_mem_bytes"]),
+                         ",".join(str(n) for n in fit["lengths"]))
+        out.print(fits)
 
 
 def _ratio(value) -> str:

@@ -13,6 +13,7 @@ resident.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import statistics
 import threading
@@ -234,3 +235,88 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     order = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}
     rows.sort(key=lambda r: (r["length"], order.get(r["method"], 0)))
     return rows
+
+
+# ---- cost against length --------------------------------------------------------------------------------------
+#: What the cost-vs-length fit and plot read from a summary row: (field, label).
+COST_FIELDS = (("prefill_s", "prefill time (s)"), ("peak_mem_bytes", "peak memory (bytes)"))
+
+
+def loglog_slope(lengths: list[float], values: list[float]) -> float:
+    """Least-squares slope of ``log value`` against ``log length``: the exponent ``k`` of ``value ∝ length^k``
+    (1: linear, 2: quadratic). Needs at least two distinct lengths and positive values."""
+    pairs = [(math.log(x), math.log(y)) for x, y in zip(lengths, values) if x > 0 and y > 0]
+    if len({x for x, _ in pairs}) < 2:
+        raise ValueError("a log-log slope needs positive values at two distinct lengths at least")
+    mx = sum(x for x, _ in pairs) / len(pairs)
+    my = sum(y for _, y in pairs) / len(pairs)
+    sxx = sum((x - mx) ** 2 for x, _ in pairs)
+    sxy = sum((x - mx) * (y - my) for x, y in pairs)
+    return sxy / sxx
+
+
+def cost_slopes(rows: list[dict[str, Any]], window: int | None = None) -> dict[str, dict[str, Any]]:
+    """Per method, the log-log slopes of prefill time and peak memory against length (:func:`loglog_slope`).
+
+    Fitted over the lengths past ``window`` (the model's pretrained window) where there are two or more of them —
+    a bounded method (LM-Infinite's Λ band) is linear only past its window — else over every length. Returns
+    ``{method: {"prefill_s": k, "peak_mem_bytes": k, "lengths": [...]}}`` (``None`` where a fit is impossible).
+    """
+    by_method: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_method.setdefault(row["method"], []).append(row)
+    out: dict[str, dict[str, Any]] = {}
+    for method, recs in by_method.items():
+        recs = sorted(recs, key=lambda r: r["length"])
+        past = [r for r in recs if window is not None and r["length"] > window]
+        used = past if len(past) >= 2 else recs
+        fit: dict[str, Any] = {"lengths": [r["length"] for r in used]}
+        for field, _ in COST_FIELDS:
+            try:
+                fit[field] = loglog_slope([r["length"] for r in used], [r[field] for r in used])
+            except ValueError:
+                fit[field] = None
+        out[method] = fit
+    return out
+
+
+def plot_cost(rows: list[dict[str, Any]], path, *, window: int | None = None, title: str = "") -> dict[str, dict[str, Any]]:
+    """Log-log plot of prefill time and peak memory per method against length into the PNG ``path``, each method's
+    fitted slope (:func:`cost_slopes`) in its legend label, the window as a dashed line; returns the slopes."""
+    from pathlib import Path
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise RopekitError(f"--plot '{path}' is not a .png path", "pass a file name ending in .png")
+    if not rows:
+        raise RopekitError("there is nothing to plot: no speed record", "measure some lengths first")
+    slopes = cost_slopes(rows, window)
+    fig = Figure(figsize=(11, 4.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    for i, (field, label) in enumerate(COST_FIELDS):
+        ax = fig.add_subplot(1, 2, i + 1)
+        for method in methods:
+            recs = sorted((r for r in rows if r["method"] == method and r[field] and r[field] > 0),
+                          key=lambda r: r["length"])
+            if not recs:
+                continue
+            k = slopes[method][field]
+            name = f"{method} (slope {k:.2f})" if k is not None else method
+            ax.plot([r["length"] for r in recs], [r[field] for r in recs], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        if window:
+            ax.axvline(window, color="grey", linestyle="--", linewidth=1.0, label=f"window ({window} tokens)")
+        ax.set_xlabel("length (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", linewidth=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=110)
+    return slopes
