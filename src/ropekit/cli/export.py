@@ -11,14 +11,16 @@ from ..errors import RopekitError
 from .common import out, print_json
 
 FORMATS = ("gguf", "vllm")
-GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")
+GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")  # ropekit.install.gguf_export.OUTTYPES, without importing torch
 
 
 def export_cmd(
     directory: str = typer.Argument(..., help="A directory written by `ropekit extend` (or save_pretrained)."),
     fmt: str = typer.Option(..., "--format", help="gguf (a llama.cpp file) or vllm (how to serve the directory)."),
-    out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="GGUF file to write (default: DIR/model-DTYPE.gguf)."),
-    dtype: str = typer.Option("f16", "--dtype", help="GGUF weight type: f32, f16, bf16 or q8_0."),
+    out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="GGUF file to write (default: DIR/model-OUTTYPE.gguf)."),
+    dtype: str = typer.Option("f16", "--outtype", "--dtype", help="GGUF weight type: f32, f16, bf16 or q8_0."),
+    freeze_length: Optional[int] = typer.Option(None, "--freeze-length", min=1, help="Write a length-dependent "
+                                                "method's frequencies as they are at this many tokens (GGUF)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing GGUF file."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ):
@@ -31,7 +33,7 @@ def export_cmd(
         serving = vllm_serving(directory)
         if json_out:
             print_json({"exact": serving.exact, "why": serving.why, "max_model_len": serving.max_model_len,
-                        "hf_overrides": serving.hf_overrides, "command": serving.command})
+                        "hf_overrides": serving.hf_overrides, "env": serving.env, "command": serving.command})
             return
         if not serving.exact:
             raise RopekitError(f"vLLM would not serve '{directory}' as ropekit computes it: {serving.why}",
@@ -39,16 +41,26 @@ def export_cmd(
         out.print(serving.command, soft_wrap=True, highlight=False)
         return
     if dtype not in GGUF_DTYPES:
-        raise RopekitError(f"--dtype {dtype!r} is not one of {', '.join(GGUF_DTYPES)}", "pass e.g. --dtype f16")
+        raise RopekitError(f"--outtype {dtype!r} is not one of {', '.join(GGUF_DTYPES)}", "pass e.g. --outtype f16")
     target = out_path or Path(directory) / f"model-{dtype}.gguf"
     if target.exists() and not overwrite:
         raise RopekitError(f"'{target}' exists", "pass another --out, or --overwrite")
-    from ..install.gguf import write_gguf
+    from ..install.gguf_export import saved_freeze_length, write_gguf
     from .common import load_model
 
     loaded = load_model(directory)
-    written = write_gguf(loaded.model, loaded.tokenizer, target, dtype=dtype)
+    if freeze_length is None:  # an export saved with --freeze-length keeps it
+        freeze_length = saved_freeze_length(directory)
+    gguf_source = loaded.path if loaded.source in ("gguf", "smollm2") else None
+    report = write_gguf(loaded.model, loaded.tokenizer, target, outtype=dtype, freeze_length=freeze_length,
+                        tokenizer_gguf=gguf_source, overwrite=overwrite)
+    print_gguf_report(report, json_out)
+
+
+def print_gguf_report(report: dict, json_out: bool) -> None:
+    """What ``write_gguf`` wrote: JSON, or two lines (the file, then its RoPE keys and vocabulary)."""
     if json_out:
-        print_json({"path": str(written), "dtype": dtype})
-    else:
-        out.print(f"[green]wrote[/] {written}")
+        print_json(report)
+        return
+    out.print(f"[green]wrote[/] {report['path']} ({report['outtype']}, context {report['context_length']})")
+    out.print(f"llama.cpp RoPE: {report['rope']}; vocabulary: {report['vocabulary']}", soft_wrap=True, highlight=False)

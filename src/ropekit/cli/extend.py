@@ -19,10 +19,47 @@ def _check_out_dir(path: Path, overwrite: bool) -> None:
         raise RopekitError(f"--out '{path}' exists and is not empty", "pass a new directory, or --overwrite")
 
 
+FORMATS = ("transformers", "gguf")
+GGUF_OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+
+
+def _gguf_target(out: Path, outtype: str, overwrite: bool) -> Path:
+    """``--out`` as a GGUF file: the path itself when it ends in .gguf, else DIR/model-OUTTYPE.gguf."""
+    target = out if out.suffix.lower() == ".gguf" else out / f"model-{outtype}.gguf"
+    if out.suffix.lower() != ".gguf" and out.exists() and not out.is_dir():
+        raise RopekitError(f"--out '{out}' exists and is a file", "pass a .gguf path or a directory")
+    if target.is_dir():
+        raise RopekitError(f"--out '{target}' is a directory", "pass a .gguf file path")
+    if target.exists() and not overwrite:
+        raise RopekitError(f"'{target}' exists", "pass another --out, or --overwrite")
+    return target
+
+
+def _extend_to_gguf(model, method, out_dir, factor, target_length, params, types, freeze_length, outtype, overwrite,
+                    json_out, device, dtype, attn, device_map) -> None:
+    """``extend --format gguf``: install the method and write one GGUF (nothing else; nothing at all on error)."""
+    from ..install import extend
+    from ..install.gguf_export import write_gguf
+    from .export import print_gguf_report
+
+    if outtype not in GGUF_OUTTYPES:
+        raise RopekitError(f"--outtype {outtype!r} is not one of {', '.join(GGUF_OUTTYPES)}", "pass e.g. --outtype f16")
+    target = _gguf_target(out_dir, outtype, overwrite)
+    loaded = load_model(model, device, dtype, attn, device_map)
+    extend(loaded.model, method, factor=factor, target_length=target_length, layer_types=types, **params)
+    # a model loaded from a GGUF keeps that file's own vocabulary (llama.cpp's converter wrote it)
+    source = loaded.path if loaded.source in ("gguf", "smollm2") else None
+    report = write_gguf(loaded.model, loaded.tokenizer, target, outtype=outtype, freeze_length=freeze_length,
+                        tokenizer_gguf=source, overwrite=overwrite)
+    report["params"] = loaded.model.config.ropekit["params"]
+    print_gguf_report(report, json_out)
+
+
 def extend_cmd(
     model: str = typer.Argument(..., help=MODEL_HELP),
     method: str = typer.Option(..., "--method", "-m", help="Method name (see `ropekit methods`)."),
-    out_dir: Path = typer.Option(..., "--out", "-o", help="Directory to write the extended model to."),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="Directory to write the extended model to (with --format "
+                                 "gguf: the .gguf file, or a directory that gets model-OUTTYPE.gguf)."),
     factor: Optional[float] = typer.Option(None, "--factor", "-f", help="Scale factor s (target = s × window)."),
     target_length: Optional[int] = typer.Option(None, "--target-length", "-t", help="Target context length in tokens."),
     param: Optional[list[str]] = typer.Option(None, "--param", "-p", help="Method parameter key=value (repeatable)."),
@@ -33,6 +70,9 @@ def extend_cmd(
     layer_types: Optional[str] = typer.Option(None, "--layer-types", help="Models with RoPE per layer type "
                                               "(Gemma 3): the layer types to extend, comma-separated (default: the "
                                               "full-attention layers)."),
+    fmt: str = typer.Option("transformers", "--format", help="transformers (a model directory) or gguf (one file "
+                            "for llama.cpp; Llama-architecture models)."),
+    outtype: str = typer.Option("f16", "--outtype", help="GGUF weight type: f32, f16, bf16 or q8_0 (--format gguf)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Allow writing into a non-empty --out directory."),
     json_out: bool = typer.Option(False, "--json", help="Print the export report as JSON."),
     device: DeviceOpt = "auto",
@@ -47,6 +87,12 @@ def extend_cmd(
     if rope_format not in ROPE_FORMATS:
         raise RopekitError(f"--rope-format {rope_format!r} is not one of {', '.join(ROPE_FORMATS)}", "pass e.g. --rope-format auto")
     types = [t.strip() for t in layer_types.split(",") if t.strip()] if layer_types else None
+    if fmt not in FORMATS:
+        raise RopekitError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", "pass --format transformers or gguf")
+    if fmt == "gguf":
+        _extend_to_gguf(model, method, out_dir, factor, target_length, params, types, freeze_length, outtype, overwrite,
+                        json_out, device, dtype, attn, device_map)
+        return
     _check_out_dir(out_dir, overwrite)
     loaded = load_model(model, device, dtype, attn, device_map)
     # extend is all or nothing and save_pretrained refuses a format before writing: a mistake leaves no --out

@@ -19,12 +19,16 @@ def verify_cmd(
     python: Optional[str] = typer.Option(None, "--python", help="The engine environment's python (default: the one "
                                          "scripts/engines.sh made under .engines/ or $ROPEKIT_ENGINES)."),
     threads: int = typer.Option(2, "--threads", min=1, help="CPU threads for the engine."),
+    freeze_length: Optional[int] = typer.Option(None, "--freeze-length", min=1, help="llama.cpp: write a "
+                                                "length-dependent method's frequencies as at this many tokens "
+                                                "(default: the export's own)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ):
     """Run an exported model in an engine and compare its per-token log-probabilities with ropekit's own."""
     from ..engines import verify
 
-    report = verify(directory, engine, length=length, tolerance=tolerance, python=python, threads=threads)
+    report = verify(directory, engine, length=length, tolerance=tolerance, python=python, threads=threads,
+                    freeze_length=freeze_length)
     if json_out:
         print_json(report.as_dict())
     else:
@@ -32,6 +36,8 @@ def verify_cmd(
         out.print(f"{verdict} {report.engine_version}: {report.tokens} tokens (original window {report.original_window}); "
                   f"max |Δ log p| {report.max_abs_diff:.2e}, mean {report.mean_abs_diff:.2e}, tolerance {report.tolerance:.0e}"
                   f" — {report.engine_seconds:.1f} s in the engine")
+        if report.details.get("gguf_rope"):
+            out.print(f"GGUF RoPE: {report.details['gguf_rope']}", soft_wrap=True, highlight=False)
         if report.details.get("command"):
             out.print(f"serve it with: {report.details['command']}", soft_wrap=True, highlight=False)
     if not report.passed:
