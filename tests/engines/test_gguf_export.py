@@ -377,6 +377,13 @@ def test_longrope_with_two_sets_is_refused(run_cli, tmp_path):
              must=("longrope", "configured context size"))
 
 
+def test_longrope_with_start_tokens_is_refused(run_cli, tmp_path):
+    """Positions below n̂ rotate with other frequencies than the rest: no per-pair rope_freqs tensor holds that."""
+    _refused(run_cli, tmp_path, "tiny", "--method", "longrope", "--param", "long_factor=" + ",".join(["2"] * 8),
+             "--param", "short_factor=" + ",".join(["2"] * 8), "--param", "start_tokens=4",
+             must=("longrope", "start_tokens"))
+
+
 @pytest.mark.parametrize("family", ["qwen2", "mistral", "gpt-neox"])
 def test_other_architectures_are_refused(run_cli, tmp_path, family):
     arch = family.replace("-", "_")

@@ -252,6 +252,10 @@ def gguf_rope(model, freeze_length: int | None = None) -> GGUFRope:
         m = get_method(record["method"])
         _refuse_attention_side(m)
         params = dict(record["params"])
+        per_position = m.position_dependent_rotation(params)
+        if per_position:
+            raise UnsupportedModelError(f"{m.name} cannot be written as a GGUF: {per_position}",
+                                        "search or install it with start_tokens 0, or serve it with ropekit itself")
         method = m.name
         original = int(record["base"]["max_position_embeddings"])
         inv_freq, attention_factor, frozen = _installed_frequencies(model, m, info, params, freeze_length, original)
