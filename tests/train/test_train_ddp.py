@@ -73,3 +73,17 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path):
         assert a.keys() == b.keys()
         for k in a:
             torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("flag, name", [("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")])
+def test_a_sharded_launch_on_the_cpu_is_refused_not_run_as_ddp(monkeypatch, flag, name):
+    """accelerate honours FSDP/DeepSpeed only on GPUs; on the CPU (`cpu=True`) it would quietly train plain DDP."""
+    from ropekit.errors import RopekitError
+    from ropekit.train import trainer
+
+    if trainer._has_accelerator_device():
+        pytest.skip("this machine has an accelerator: the launch is not refused there")
+    monkeypatch.setenv(flag, "true")
+    with pytest.raises(RopekitError) as err:
+        trainer._accelerator(None)
+    assert name in str(err.value) and "DDP" in str(err.value) and "\n" not in str(err.value)

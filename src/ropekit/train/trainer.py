@@ -602,10 +602,18 @@ def _has_accelerator_device() -> bool:
 def _accelerator(cfg: TrainConfig):
     from accelerate import Accelerator
 
+    on_cpu = not _has_accelerator_device()
+    sharded = [name for name, flag in (("FSDP", "ACCELERATE_USE_FSDP"), ("DeepSpeed", "ACCELERATE_USE_DEEPSPEED"))
+               if os.environ.get(flag, "").strip().lower() in ("1", "true", "yes")]
+    if on_cpu and sharded:
+        # accelerate sets up FSDP/DeepSpeed for GPU launches only: on the CPU it would quietly run plain DDP instead
+        raise RopekitError(f"accelerate was launched with {sharded[0]}, which it runs only on GPUs: on this machine's "
+                           "CPU it would train as plain DDP, unsharded",
+                           "launch without the FSDP/DeepSpeed config here (multi-CPU DDP), or on GPUs")
     # Without a GPU, accelerate sets up torch.distributed (gloo) only when told to run on the CPU; otherwise
     # every process of a multi-process launch would train alone.
     accelerator = Accelerator(mixed_precision="bf16" if cfg.train.precision == "bf16" else "no",
-                              cpu=not _has_accelerator_device())
+                              cpu=on_cpu)
     if accelerator.distributed_type.name == "DEEPSPEED":
         raise RopekitError("ropekit train does not drive DeepSpeed engines (its optimizer, clipping and loss guard "
                            "are ropekit's own)", "use FSDP (configs/train/accelerate-fsdp2.yaml) or DDP")
