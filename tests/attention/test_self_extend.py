@@ -472,3 +472,21 @@ def test_beam_search_with_the_cache_equals_beam_search_without_it():
             uncached = model.generate(ids, use_cache=False, **kw)
         assert torch.equal(cached.sequences, uncached.sequences), seed
         torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("method, params", [("self_extend", {"group_size": 4, "window_size": 8}),
+                                            ("lm_infinite", {"factor": 2}), ("dual_chunk", {"factor": 2})])
+def test_inference_mode_generation_equals_no_grad(method, params):
+    """Under torch.inference_mode() tensors keep no version counter: the per-forward decisions must not need one."""
+    model = build_tiny_model("llama", seed=1)
+    ropekit.extend(model, method, **params)
+    model.eval()
+    ids = _ids(2, 90, seed=3)
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, attention_mask=mask)
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    with torch.inference_mode():
+        got = model.generate(ids, **kw)
+    assert torch.equal(got, want)

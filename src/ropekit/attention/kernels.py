@@ -269,13 +269,21 @@ class _ForwardMemo:
 _MEMO = _ForwardMemo()
 
 
+def _version(tensor) -> int:
+    """A tensor's in-place version counter; inference-mode tensors keep none (and cannot change outside it): 0."""
+    try:
+        return tensor._version
+    except (AttributeError, RuntimeError):
+        return 0
+
+
 def forward_memo(attention_mask, position_ids, q_len: int, k_len: int) -> dict:
     """The dict of decisions shared by the layers of the current forward (see :class:`_ForwardMemo`).
 
     With neither a mask nor positions, every decision follows from the lengths alone, and the memo is keyed by them.
     """
     objs = tuple(o for o in (attention_mask, position_ids) if o is not None)
-    sig = (tuple((id(o), getattr(o, "_version", 0)) for o in objs), attention_mask is None, position_ids is None,
+    sig = (tuple((id(o), _version(o)) for o in objs), attention_mask is None, position_ids is None,
            int(q_len), int(k_len))
     memo = _MEMO
     if memo.sig == sig and len(memo.refs) == len(objs) and all(r() is o for r, o in zip(memo.refs, objs)):
