@@ -59,6 +59,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--copy-rows", type=int, default=plan["copy_rows"], help="copy rows in each phase-3 batch")
     p.add_argument("--alphabet", type=int, default=plan["alphabet"])
     p.add_argument("--span", default=",".join(map(str, plan["span"])), help="min,max span length of copy rows")
+    p.add_argument("--train-bytes", type=int, default=SETTINGS["train_bytes"], help="bytes of the training split used")
     p.add_argument("--seed", type=int, default=0, help="the base model's seed (tokenizer data, init, batches)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--every", type=int, default=50)
@@ -67,7 +68,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    settings, texts = _settings(args.seed, args.steps)
+    settings, texts = _settings(args.seed, args.steps, train_bytes=args.train_bytes)
     settings.update(lr=args.lr, warmup=args.warmup, retrieval_rows=args.passkey_rows, curriculum={
         "trigram_until": args.trigram_until, "copy_until": args.copy_until, "copy_rows": args.copy_rows,
         "alphabet": args.alphabet, "span": [int(v) for v in args.span.split(",")]})

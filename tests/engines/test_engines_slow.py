@@ -3,9 +3,10 @@
 
 Marked slow; an engine that is not installed skips its tests with one line saying how to install it. Cases: PI,
 NTK, YaRN and NTK-by-parts (exported as longrope) on a tiny Llama (head size 64: vLLM's CPU kernels need one of
-its supported sizes) and on SmolLM2-135M past its 8,192-token window; Dynamic NTK, which the engines do not
-compute per input length, is refused with its reason. And one passkey through each engine: SmolLM2 with YaRN
-factor 2 retrieves a key at 12k tokens as ropekit does.
+its supported sizes) and on SmolLM2-135M past its 8,192-token window; on the tiny Llama also llama3, YaRN with
+β_fast 16, and Dynamic NTK and CLEX frozen at one length (written as longrope). Dynamic NTK itself, which the
+engines do not compute per input length, is refused with its reason. And one passkey through each engine: SmolLM2
+with YaRN factor 2 retrieves a key at 12k tokens as ropekit does.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ CASES = {
     "yarn": {"factor": 2.0},
     "ntk_by_parts": {"factor": 2.0},  # no transformers type of its own: written as longrope
 }
+#: Tiny-model-only cases: ``(method, parameters, save_pretrained keywords)``. The frozen ones are written as
+#: longrope at a length the comparison then uses (vLLM needs one position more than the prompt for its token).
+TINY_EXTRA = {
+    "llama3": ("llama3", {"factor": 2.0}, {}),
+    "yarn-beta16": ("yarn", {"factor": 2.0, "beta_fast": 16.0}, {}),
+    "dynamic_ntk-frozen": ("dynamic_ntk", {"factor": 2.0}, {"freeze_length": 121}),
+    "clex-frozen": ("clex", {"factor": 4.0}, {"freeze_length": 120}),
+}
 
 
 def _engine(name: str) -> None:
@@ -44,16 +53,17 @@ def _engine(name: str) -> None:
 def tiny_exports(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny-exports")
     out = {}
-    for method, params in {**CASES, "dynamic_ntk": {"factor": 2.0}}.items():
+    cases = {name: (name, params, {}) for name, params in {**CASES, "dynamic_ntk": {"factor": 2.0}}.items()}
+    for name, (method, params, save) in {**cases, **TINY_EXTRA}.items():
         model = build_tiny_model("llama", hidden_size=128, num_heads=2, num_kv_heads=1, window=64)
         ropekit.extend(model, method, **params)
-        ropekit.save_pretrained(model, root / method, tokenizer=byte_tokenizer())
-        out[method] = root / method
+        ropekit.save_pretrained(model, root / name, tokenizer=byte_tokenizer(), **save)
+        out[name] = root / name
     return out
 
 
 @pytest.mark.parametrize("engine", ["vllm"])
-@pytest.mark.parametrize("method", list(CASES))
+@pytest.mark.parametrize("method", list(CASES) + list(TINY_EXTRA))
 def test_tiny_llama_in_the_engine_equals_ropekit(engine, method, tiny_exports):
     _engine(engine)
     report = verify(tiny_exports[method], engine, length=120)

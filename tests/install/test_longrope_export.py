@@ -127,6 +127,29 @@ def test_frozen_dynamic_ntk_and_clex_at_a_length(tmp_path, make_ids):
     _same(_plain(tmp_path / "clex"), clex, make_ids, (160,))  # t = 160/64 at exactly that length
 
 
+def test_a_frozen_export_declares_its_length_and_holds_no_rotary_weights(tmp_path, make_ids):
+    """Dynamic NTK has no target window of its own: frozen at 120 tokens, the export must declare at least 120 (an
+    engine refuses longer inputs than max_position_embeddings). CLEX's ODE weights are not part of a frozen export
+    (vLLM refuses unexpected weights), and ropekit loads the frozen export as the static model it is."""
+    from safetensors import safe_open
+
+    model = build_tiny_model("llama", window=64)
+    ropekit.extend(model, "dynamic_ntk", factor=2.0)
+    ropekit.save_pretrained(model, tmp_path / "dntk", freeze_length=120)
+    saved = json.loads((tmp_path / "dntk" / "config.json").read_text())
+    assert saved["max_position_embeddings"] == 120 and saved["rope_parameters"]["factor"] == 120 / 64
+
+    clex = build_tiny_model("llama", window=64)
+    ropekit.extend(clex, "clex", max_factor=4)
+    assert any("rotary" in k for k in clex.state_dict())
+    ropekit.save_pretrained(clex, tmp_path / "clex", freeze_length=160)
+    with safe_open(str(tmp_path / "clex" / "model.safetensors"), framework="pt") as handle:
+        assert not [k for k in handle.keys() if "rotary" in k]
+    restored = ropekit.load(tmp_path / "clex")
+    assert ropekit.installed(restored) is None
+    _same(restored, clex, make_ids, (160,))
+
+
 @pytest.mark.parametrize("method,params,fmt,needle", [
     ("self_extend", {"group_size": 4, "window_size": 16}, "longrope", "changes attention"),
     ("entropy_abf", {}, "longrope", "changes attention"),

@@ -114,10 +114,15 @@ def verify(directory: str | Path, engine: str, *, length: int | None = None, tol
     record = installed(model)
     if freeze_length is None:
         freeze_length = saved_freeze_length(directory)
-    original = record["base"]["max_position_embeddings"] if record else rope_info(model).window
+    original = record["base"]["max_position_embeddings"] if record else rope_info(model).original_window
     extended = int(model.config.max_position_embeddings)
+    # vLLM refuses a prompt that leaves no room for the one token it must generate within the declared window
+    served = extended - 1 if chosen.name == "vllm" else None
     if length is None:
-        length = min(extended, int(original * 1.5))
+        length = min(served or extended, int(original * 1.5))
+    elif served is not None and length > served:
+        raise RopekitError(f"vLLM serves this export up to {extended} tokens, one of them generated: --length {length} "
+                           "does not fit", f"pass --length ≤ {served}")
     if length < 2:
         raise RopekitError(f"--length {length} leaves nothing to compare", "pass --length of at least 2 tokens")
     ids = text_ids(loaded.tokenizer, model.config.vocab_size, length)

@@ -102,7 +102,7 @@ def _longrope_rope(model, m, info, params, freeze_length: int | None) -> tuple[d
         # transformers' longrope computes 1/(λ_i·b^(2i/d)); so λ_i = 1/(θ'_i·b^(2i/d))
         return [float(v) for v in 1.0 / (inv_freq.detach().to(torch.float64).cpu() * theta ** shape)]
 
-    window = int(config.max_position_embeddings)
+    window = _served_window(config, freeze_length)
     # one set: the switch length does not matter; the model's own original window keeps families that check it happy
     original = switch if switch is not None else info.original_window
     rope = {
@@ -117,6 +117,21 @@ def _longrope_rope(model, m, info, params, freeze_length: int | None) -> tuple[d
     if "partial_rotary_factor" in (info.rope_parameters or {}) or info.partial_rotary_factor != 1.0:
         rope["partial_rotary_factor"] = info.partial_rotary_factor
     return rope, ""
+
+
+def _served_window(config, freeze_length: int | None) -> int:
+    """The window an export declares: the extended one, and at least the length a method was frozen at (Dynamic
+    NTK sets no target of its own, and an engine refuses inputs longer than the declared window)."""
+    return max(int(config.max_position_embeddings), int(freeze_length or 0))
+
+
+def _without_rotary_weights(model) -> dict[str, torch.Tensor] | None:
+    """``model``'s state dict without the parameters of its rotary modules, or ``None`` when they have none."""
+    rotary = {id(module) for _, _, module in rotary_modules(model)}
+    prefixes = tuple(f"{name}." for name, module in model.named_modules() if id(module) in rotary)
+    state = model.state_dict()
+    kept = {k: v for k, v in state.items() if not k.startswith(prefixes)}
+    return kept if len(kept) < len(state) else None
 
 
 def _vllm_config(model, m, info, params) -> tuple[dict[str, Any], str]:
@@ -240,15 +255,18 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     if tokenizer is not None:
         m.prepare_tokenizer(tokenizer, params)
         tokenizer.save_pretrained(out)
+    # a native or longrope config describes the rotary embedding completely: its learned parameters (CLEX's
+    # ODE) would be unexpected weights to the engines (vLLM refuses to load them)
+    state = _without_rotary_weights(model) if rope is not None else None
     with _with_base_rope(config, record):  # weights are unaffected; the config is rewritten below
-        model.save_pretrained(out)
+        model.save_pretrained(out, state_dict=state)
     config_path = out / "config.json"
     saved = json.loads(config_path.read_text())
     if rope is not None:
         saved["rope_parameters"] = rope
         # transformers' `dynamic` reads max_position_embeddings as the original window
         saved["max_position_embeddings"] = (info.window if rope.get("rope_type") == "dynamic"
-                                            else config.max_position_embeddings)
+                                            else _served_window(config, freeze_length))
     else:
         saved["rope_parameters"] = json_safe(dict(config.rope_parameters))
         saved["max_position_embeddings"] = config.max_position_embeddings

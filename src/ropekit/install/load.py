@@ -21,7 +21,8 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
     """Load a model saved by :func:`save_pretrained` (or any transformers directory) with its method restored.
 
     The model is built with the base model's RoPE (recorded at export) and the method is installed again
-    with its recorded parameters, so a ropekit-only method comes back exactly. ``attn_implementation``
+    with its recorded parameters, so a ropekit-only method comes back exactly — except an export frozen at one
+    length (``freeze_length``), which is loaded as the static model its config describes. ``attn_implementation``
     defaults to sdpa where the family supports it, else eager.
     """
     path = Path(path)
@@ -33,7 +34,13 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
     except json.JSONDecodeError as err:
         raise ModelLoadError(f"'{config_path}' is not valid JSON ({err.msg} at line {err.lineno})", "re-export the model") from None
     record = data.pop("ropekit", None) if isinstance(data, dict) else None
-    if record:
+    frozen = bool(record) and (record.get("export") or {}).get("freeze_length") is not None
+    if frozen:  # the static model its config describes, not the length-following method it was frozen from
+        record = None
+        if data.get("model_type") not in CONFIG_MAPPING:
+            raise ModelLoadError(f"unknown model_type {data.get('model_type')!r} in '{config_path}'", "re-export the model")
+        config = CONFIG_MAPPING[data["model_type"]].from_dict(data)
+    elif record:
         data.pop("dual_chunk_attention_config", None)  # written for vLLM by the export; ropekit restores the method
         try:
             data["rope_parameters"] = copy.deepcopy(record["base"]["rope_parameters"])

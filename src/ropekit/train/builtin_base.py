@@ -190,9 +190,10 @@ class Curriculum:
         return torch.tensor(packed[:self.window])
 
 
-def _settings(seed: int, steps: int | None) -> tuple[dict[str, Any], list[str]]:
-    documents = stdlib_documents(SETTINGS["train_bytes"], "train")
-    settings = dict(SETTINGS, seed=int(seed),
+def _settings(seed: int, steps: int | None, train_bytes: int | None = None) -> tuple[dict[str, Any], list[str]]:
+    train_bytes = SETTINGS["train_bytes"] if train_bytes is None else int(train_bytes)
+    documents = stdlib_documents(train_bytes, "train")
+    settings = dict(SETTINGS, seed=int(seed), train_bytes=train_bytes,
                     corpus={"name": "python-stdlib-train", "bytes": sum(map(len, documents)),
                             "digest": corpus_digest(documents)})
     if steps is not None:
