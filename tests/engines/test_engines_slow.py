@@ -11,6 +11,8 @@ with YaRN factor 2 retrieves a key at 12k tokens as ropekit does.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -67,6 +69,7 @@ def tiny_exports(tmp_path_factory):
 def test_tiny_llama_in_the_engine_equals_ropekit(engine, method, tiny_exports):
     _engine(engine)
     report = verify(tiny_exports[method], engine, length=120)
+    print("engine report:", json.dumps(report.as_dict()))  # the README table's numbers (pytest -s)
     assert report.passed, report.as_dict()
     assert report.details["positions_past_window"] > 50  # the extended positions are compared
 
@@ -101,6 +104,7 @@ def _smollm2_export(tmp_path, method, params):
 def test_smollm2_past_its_window_in_the_engine_equals_ropekit(engine, method, smollm2, tmp_path):
     _engine(engine)
     report = verify(_smollm2_export(tmp_path, method, CASES[method]), engine, length=9000)
+    print("engine report:", json.dumps(report.as_dict()))  # the README table's numbers (pytest -s)
     assert report.passed and report.details["positions_past_window"] >= 800, report.as_dict()
 
 

@@ -63,6 +63,7 @@ def _tiny_export(root, case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_tiny_llama_in_llamacpp_equals_ropekit(llamacpp, tmp_path, case):
     report = verify(_tiny_export(tmp_path, case), "llamacpp", length=120, tolerance=TINY_TOLERANCE)
+    print("engine report:", json.dumps(report.as_dict()))  # the README table's numbers (pytest -s)
     assert report.passed, report.as_dict()
     assert report.details["positions_past_window"] > 50
     form = CASES[case][2]
@@ -132,6 +133,7 @@ def smollm2_yarn(tmp_path_factory):
 @pytest.mark.timeout(2400)
 def test_smollm2_yarn_past_its_window_in_llamacpp(llamacpp, smollm2_yarn):
     report = verify(smollm2_yarn, "llamacpp", length=9000)
+    print("engine report:", json.dumps(report.as_dict()))  # the README table's numbers (pytest -s)
     assert report.passed and report.details["positions_past_window"] >= 800, report.as_dict()
     print(f"smollm2 yarn: max |Δ log p| {report.max_abs_diff:.2e}, mean {report.mean_abs_diff:.2e}")
 

@@ -322,7 +322,28 @@ def test_a_search_variant_runs_longrope_search_and_evaluates_its_export(tmp_path
     assert seconds > 0  # the search's cost is the piece's compute time
 
 
+def test_a_search_variant_searches_start_tokens_among_the_given_values(tmp_path):
+    raw = {**SMALL, "variants": [{"label": "lr-n", "search": {"evaluations": 6, "documents": 1,
+                                                              "start_tokens": [0, 4, 16]}}],
+           "evals": {"ppl": {"lengths": [256], "samples": 1, "score_mode": "truncate"}}}
+    raw.pop("recipe")
+    status = run_study(parse_study(raw), tmp_path, progress=False)
+    assert status["by_status"]["done"] == 2, status["failed"]
+    search = tmp_path / "search" / "lr-n"
+    db = sqlite3.connect(search / "search.sqlite")
+    (settings,) = db.execute("SELECT value FROM meta WHERE key = 'settings'").fetchone()
+    candidates = [json.loads(r) for (r,) in db.execute("SELECT factors FROM candidates")]
+    db.close()
+    assert json.loads(settings)["start_tokens"] == [0, 4, 16]
+    assert {c[-1] for c in candidates} <= {0, 4, 16}  # n̂ is every candidate's last gene, drawn from the list
+    best = json.loads((search / "result.json").read_text())["best"]
+    assert best["start_tokens"] in (0, 4, 16)
+
+
 @pytest.mark.parametrize("variant, words", [
+    ({"label": "s", "search": {"start_tokens": -1}}, "search.start_tokens"),
+    ({"label": "s", "search": {"start_tokens": "some"}}, "search.start_tokens"),
+    ({"label": "s", "search": {"start_tokens": [0, 4096]}}, "not fewer than target_length"),
     ({"label": "s", "method": "yarn", "search": True}, "searches LongRoPE factors"),
     ({"label": "s", "search": True, "params": {"factor": 2}}, "the search finds the factors"),
     ({"label": "s", "search": {"evaluations": 2}}, "search.evaluations"),

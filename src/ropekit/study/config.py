@@ -21,7 +21,8 @@ A study config is a YAML mapping (``ropekit study CONFIG.yaml``, or a preset: ``
         params: {factor: 4}
         finetune: {data: {seq_len: 256, pose: {target_length: 1024}}}
       - {label: lr-search, search: {evaluations: 64}}  # LongRoPE factors searched for target_length (ropekit search;
-                                                       #   evaluations, documents, population, fixed_pairs)
+                                                       #   evaluations, documents, population, fixed_pairs,
+                                                       #   start_tokens: N, [a, b, c] or paper)
     device: auto               # auto | cpu | cuda | cuda:N | mps (dtype: auto | float32 | bfloat16 | float16;
                                #   attn: auto | sdpa | eager | flash_attention_2 | flex_attention)
     resources: {train: {gpus: 8}, eval: {gpus: 1}}   # what each piece kind asks Ray for (--backend ray)
@@ -199,6 +200,9 @@ class _Search(StrictModel):
     documents: int | None = Field(default=None, ge=1, examples=[4])
     population: int | None = Field(default=None, ge=4, examples=[16])
     fixed_pairs: int | None = Field(default=None, ge=0, examples=[0])
+    #: n̂ (LongRoPE §3.2): one value for every candidate, a list searched among, or ``paper`` (the paper's set).
+    start_tokens: Annotated[int, Field(ge=0)] | list[Annotated[int, Field(ge=0)]] | Literal["paper"] | None = Field(
+        default=None, examples=[4, "[0, 4, 16]", "paper"])
 
 
 class _Variant(StrictModel):
@@ -419,6 +423,12 @@ class _Study(StrictModel):
             raise _problem(f"{self.target_length} is not beyond the window {self.window}",
                            "choose a target length larger than the window", key="target_length")
         for i, variant in enumerate(self.variants):
+            starts = variant.search.start_tokens if variant.search is not None else None
+            if isinstance(starts, int | list) and max(starts if isinstance(starts, list) else [starts],
+                                                       default=0) >= self.target_length:
+                raise _problem(f"keeps {starts} positions un-interpolated, not fewer than target_length "
+                               f"{self.target_length}", "choose start tokens below the target length",
+                               key=f"variants[{i}].search.start_tokens")
             if variant.finetune is not None and not self.recipe:
                 raise _problem("asks for training but the study has no recipe", "add a `recipe:` section (data + train)",
                                key=f"variants[{i}].finetune")

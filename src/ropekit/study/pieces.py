@@ -181,13 +181,19 @@ def _run_search(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path
     """LongRoPE's factor search for the study's target length on the base model (:mod:`ropekit.search`), into
     ``DIR/search/LABEL``; resumable like a training (finished candidates are read back)."""
     from ..search import SearchSettings, run_search
+    from ..search.longrope import parse_start_tokens
 
     variant = config.variant(piece.label)
     base = base_model_path(config, store)
     loaded = load_model(base)
     seed = config.seed if piece.seed is None else piece.seed
+    given = dict(variant.search)
+    if "start_tokens" in given:  # N, [a, b, c] or "paper", as ropekit search's --start-tokens
+        starts = given["start_tokens"]
+        text = ",".join(map(str, starts)) if isinstance(starts, list) else str(starts)
+        given["start_tokens"] = parse_start_tokens(text, config.target_length)
     settings = SearchSettings(model=base, target_length=config.target_length, seed=seed,
-                              **{"evaluations": 64, **variant.search})
+                              **{"evaluations": 64, **given})
     out = study_dir / SEARCH_DIR / f"{variant.label}{seed_suffix(config, piece.seed)}"
     result = run_search(loaded.model, loaded.tokenizer, settings, out, progress=False)
     # one metrics row: the search's objective (perplexity at the target on its documents) and its evaluations
