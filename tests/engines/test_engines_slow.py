@@ -1,12 +1,13 @@
 """The exported models run in the real engines — vLLM (CPU build) and llama.cpp — each in its own environment
 (``bash scripts/engines.sh``), compared with ropekit's own model past the original window.
 
-Marked slow; an engine that is not installed skips its tests with one line saying how to install it. Cases: PI,
-NTK, YaRN and NTK-by-parts (exported as longrope) on a tiny Llama (head size 64: vLLM's CPU kernels need one of
-its supported sizes) and on SmolLM2-135M past its 8,192-token window; on the tiny Llama also llama3, YaRN with
-β_fast 16, and Dynamic NTK and CLEX frozen at one length (written as longrope). Dynamic NTK itself, which the
-engines do not compute per input length, is refused with its reason. And one passkey through each engine: SmolLM2
-with YaRN factor 2 retrieves a key at 12k tokens as ropekit does.
+Marked slow; an engine that is not installed skips its tests with one line saying how to install it. Cases: PI, NTK,
+YaRN and NTK-by-parts (exported as longrope) on a tiny Llama (head size 64: vLLM's CPU kernels need one of its
+supported sizes) and on SmolLM2-135M past its 8,192-token window (there also Dynamic NTK frozen at twice the
+window); on the tiny Llama also llama3, YaRN with β_fast 4 (a 64-token window has at most 10 rotations per pair, so
+16 would equal the default 32), and Dynamic NTK and CLEX frozen at one length (written as longrope). Dynamic NTK
+itself, which the engines do not compute per input length, is refused with its reason. And one passkey through each
+engine: SmolLM2 with YaRN factor 2 retrieves a key at 12k tokens as ropekit does.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ CASES = {
 #: longrope at a length the comparison then uses (vLLM needs one position more than the prompt for its token).
 TINY_EXTRA = {
     "llama3": ("llama3", {"factor": 2.0}, {}),
-    "yarn-beta16": ("yarn", {"factor": 2.0, "beta_fast": 16.0}, {}),
+    "yarn-beta4": ("yarn", {"factor": 2.0, "beta_fast": 4.0}, {}),
     "dynamic_ntk-frozen": ("dynamic_ntk", {"factor": 2.0}, {"freeze_length": 121}),
     "clex-frozen": ("clex", {"factor": 4.0}, {"freeze_length": 120}),
 }
@@ -90,20 +91,26 @@ def smollm2():
     return "smollm2"
 
 
-def _smollm2_export(tmp_path, method, params):
+def _smollm2_export(tmp_path, method, params, **save):
     loaded = load_model("smollm2")
     ropekit.extend(loaded.model, method, **params)
-    ropekit.save_pretrained(loaded.model, tmp_path / method, tokenizer=loaded.tokenizer)
+    ropekit.save_pretrained(loaded.model, tmp_path / method, tokenizer=loaded.tokenizer, **save)
     return tmp_path / method
+
+
+#: SmolLM2 cases: the four above, and Dynamic NTK frozen at twice the window (written as longrope)
+SMOLLM2_CASES = {**{name: (name, params, {}) for name, params in CASES.items()},
+                 "dynamic_ntk-frozen": ("dynamic_ntk", {"factor": 2.0}, {"freeze_length": 16384})}
 
 
 @pytest.mark.smollm2
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("engine", ["vllm"])
-@pytest.mark.parametrize("method", list(CASES))
-def test_smollm2_past_its_window_in_the_engine_equals_ropekit(engine, method, smollm2, tmp_path):
+@pytest.mark.parametrize("case", list(SMOLLM2_CASES))
+def test_smollm2_past_its_window_in_the_engine_equals_ropekit(engine, case, smollm2, tmp_path):
     _engine(engine)
-    report = verify(_smollm2_export(tmp_path, method, CASES[method]), engine, length=9000)
+    method, params, save = SMOLLM2_CASES[case]
+    report = verify(_smollm2_export(tmp_path, method, params, **save), engine, length=9000)
     print("engine report:", json.dumps(report.as_dict()))  # the README table's numbers (pytest -s)
     assert report.passed and report.details["positions_past_window"] >= 800, report.as_dict()
 

@@ -33,7 +33,7 @@ CASES = {
     "pi": ({"factor": 2.0}, {}, "linear"),
     "ntk": ({"factor": 2.0}, {}, "freq_base"),
     "yarn": ({"factor": 2.0}, {}, "yarn"),
-    "yarn-beta16": ({"factor": 2.0, "beta_fast": 16.0}, {}, "rope_freqs"),
+    "yarn-beta4": ({"factor": 2.0, "beta_fast": 4.0}, {}, "rope_freqs"),  # 16 would equal 32 here: ≤ 10 rotations
     "ntk_by_parts": ({"factor": 2.0}, {}, "rope_freqs"),
     "llama3": ({"factor": 2.0}, {}, "rope_freqs"),
     "dynamic_ntk-trained": ({"factor": 2.0, "trained_length": 128}, {}, "rope_freqs"),
