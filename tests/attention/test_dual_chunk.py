@@ -152,3 +152,26 @@ def test_settings_that_break_the_method_are_refused_in_one_line():
             ropekit.extend(model, "dual_chunk", **params)
         assert "\n" not in str(caught.value)
         assert ropekit.installed(model) is None  # nothing half-installed
+
+
+def test_in_order_positions_visit_each_part_only_over_its_own_keys():
+    """Without padding or packing each part attends over the contiguous keys of its chunk relation (so a key is
+    visited by about one part, not three): every block's ranges are exactly the span of the keys some row of the
+    block relates to that way, by brute force over every (row, key) pair."""
+    from ropekit.attention.dual_chunk import DualChunkAttention
+    from ropekit.attention.masks import AttentionMask
+
+    attend = DualChunkAttention(lambda: torch.ones(4), chunk_size=48, local_size=8, chunk=16)
+    n, L = 200, 40
+    q = torch.zeros(1, 2, n, 8)
+    mask = AttentionMask.for_call(None, q, q, {})
+    pos = torch.arange(n)[None]
+    plain, blocks = attend._layout(mask, pos, pos, n, n)
+    assert not plain and len(blocks) == len(range(0, n, 16))
+    for (a, b), ranges in zip(attend._blocks(n), blocks):
+        i, j = torch.arange(a, b)[:, None], torch.arange(b)[None, :]
+        relation = i // L - j // L
+        for kind, which in enumerate((relation == 0, relation == 1, relation >= 2)):
+            keys = (which & (j <= i)).any(0).nonzero()[:, 0]
+            want = (int(keys.min()), int(keys.max()) + 1) if len(keys) else None
+            assert ranges[kind] == want, (a, kind, ranges[kind], want)

@@ -99,24 +99,22 @@ class DualChunkAttention:
         memo = forward_memo(attention_mask, kwargs.get("position_ids"), q_len, k_len)
         mask = memoized(memo, ("mask", query.shape[0], query.shape[1], kwargs.get("sliding_window")),
                         lambda: AttentionMask.for_call(attention_mask, query, key, kwargs))
-        plain, present = memoized(memo, ("dual_chunk", self.chunk_len, self.chunk),
-                                  lambda: self._layout(mask, q_pos, k_pos, q_len, k_len))
+        plain, blocks = memoized(memo, ("dual_chunk", self.chunk_len, self.chunk),
+                                 lambda: self._layout(mask, q_pos, k_pos, q_len, k_len))
         if plain:  # every pair intra-chunk: the plain model, exactly
             return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         q_succ, q_inter, k_chunk = self._rotated(query, key, q_pos, k_pos)
-        off = k_len - q_len
         outs = []
-        for index, a in enumerate(range(0, q_len, self.chunk)):
-            b = min(a + self.chunk, q_len)
-            hi = min(k_len, b + off)  # causal by index: no row of the block attends past key index hi − 1
-            ok = mask.block(a, b, 0, hi)
-            relation = self._relation(q_pos[:, a:b], k_pos[:, :hi])
+        for (a, b), ranges in zip(self._blocks(q_len), blocks):
             parts = []
-            for kind, (q_src, k_src, which) in enumerate(((query, key, relation == 0), (q_succ, k_chunk, relation == 1),
-                                                          (q_inter, k_chunk, relation >= 2))):
-                if present[index][kind]:
-                    parts.append(attention_with_lse(q_src[:, :, a:b], k_src[:, :, :hi], value[:, :, :hi], ok & which,
-                                                    scale=scaling))
+            for kind, (q_src, k_src) in enumerate(((query, key), (q_succ, k_chunk), (q_inter, k_chunk))):
+                if ranges[kind] is None:
+                    continue
+                lo, up = ranges[kind]
+                relation = self._relation(q_pos[:, a:b], k_pos[:, lo:up])
+                which = relation == 0 if kind == 0 else relation == 1 if kind == 1 else relation >= 2
+                parts.append(attention_with_lse(q_src[:, :, a:b], k_src[:, :, lo:up], value[:, :, lo:up],
+                                                mask.block(a, b, lo, up) & which, scale=scaling))
             if not parts:  # rows that attend to nothing (padding): zeros, as the kernels give
                 outs.append(torch.zeros_like(query[:, :, a:b]))
                 continue
@@ -124,23 +122,48 @@ class DualChunkAttention:
         out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
         return out.transpose(1, 2).contiguous(), None
 
-    def _layout(self, mask, q_pos, k_pos, q_len: int, k_len: int) -> tuple[bool, list[tuple[bool, bool, bool]]]:
-        """One forward's host-side decisions, read in one sync: whether every attending query lies in the first
-        chunk (the plain kernel), and for each block of query rows whether it has allowed intra-, successive- and
-        inter-chunk pairs (an absent part is skipped)."""
-        active = mask.active_queries()
-        flags = [(torch.where(active, q_pos, -1).max() < self.chunk_len)[None]]
+    def _blocks(self, q_len: int) -> list[tuple[int, int]]:
+        """The blocks ``[a, b)`` of query rows."""
+        return [(a, min(a + self.chunk, q_len)) for a in range(0, q_len, self.chunk)]
+
+    def _layout(self, mask, q_pos, k_pos, q_len: int, k_len: int) -> tuple[bool, list[tuple]]:
+        """One forward's host-side decisions, read in two syncs by the first layer (the others share them): whether
+        every attending query lies in the first chunk (the plain kernel), and for each block of query rows the key
+        index range ``(lo, up)`` of its intra-,
+        successive- and inter-chunk parts (``None``: the part is skipped).
+
+        Keys are causal by index (no row of a block attends past index ``b + Lk − Lq``). When every sequence of
+        the batch has the same non-decreasing key positions (no padding or packing), the keys of one chunk
+        relation are a contiguous range, found by bisecting the chunk numbers: each key is then visited by about
+        one part instead of three. Otherwise every part with an allowed pair spans all causal keys, and the
+        relation masks select."""
+        L = self.chunk_len
+        first = (torch.where(mask.active_queries(), q_pos, -1).max() < L)[None]
         off = k_len - q_len
-        for a in range(0, q_len, self.chunk):
-            b = min(a + self.chunk, q_len)
+        blocks = self._blocks(q_len)
+        chunks = torch.div(k_pos, L, rounding_mode="floor")
+        ordered = ((chunks == chunks[:1]).all() & (chunks[0, 1:] >= chunks[0, :-1]).all())[None]
+        if bool(ordered):  # the one extra host read of a forward (it is memoized for the other layers)
+            values = [first]
+            for a, b in blocks:
+                rows = torch.div(q_pos[:, a:b], L, rounding_mode="floor")
+                low, high = rows.min(), rows.max()
+                # chunk numbers of the keys: intra [low, high], successive [low − 1, high − 1], inter ≤ high − 2
+                bounds = torch.stack([low, high + 1, low - 1, high, torch.full_like(low, -(2 ** 62)), high - 1])
+                values.append(torch.searchsorted(chunks[0, :min(k_len, b + off)].contiguous(), bounds))
+            read = torch.cat([v.reshape(-1).long() for v in values]).tolist()
+            cuts = [read[1 + 6 * i:7 + 6 * i] for i in range(len(blocks))]
+            return bool(read[0]), [tuple((lo, up) if up > lo else None for lo, up in zip(c[::2], c[1::2])) for c in cuts]
+        flags = [first]
+        for a, b in blocks:
             hi = min(k_len, b + off)
             ok = mask.block(a, b, 0, hi)
             relation = self._relation(q_pos[:, a:b], k_pos[:, :hi])
             flags.append(torch.stack([(ok & (relation == 0)).any(), (ok & (relation == 1)).any(),
                                       (ok & (relation >= 2)).any()]))
-        values = torch.cat(flags).tolist()
-        present = [tuple(values[1 + 3 * i:4 + 3 * i]) for i in range(len(flags) - 1)]
-        return bool(values[0]), present
+        read = torch.cat(flags).tolist()
+        return bool(read[0]), [tuple((0, min(k_len, b + off)) if read[1 + 3 * i + kind] else None for kind in range(3))
+                               for i, (a, b) in enumerate(blocks)]
 
     def pair_logits(self, module, query, key, attention_mask, *, scaling, rows, **kwargs) -> PairLogits:
         """The three chunk rules pair by pair: the logit at the true positions inside a chunk, with the query at
