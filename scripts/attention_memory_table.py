@@ -96,7 +96,20 @@ def _decisions():
         return k_len - q_len, k_len - 1, True, min(self.global_tokens, k_len), hits, unpadded
 
     def dc_layout(self, mask, q_pos, k_pos, q_len, k_len):
-        return False, [(True, True, True)] * len(range(0, q_len, self.chunk))
+        # consecutive positions under the causal mask: blocks cut at chunk boundaries, each part over its own
+        # chunks' keys, the earlier chunks' parts without a mask (DualChunkAttention._layout's ordered case)
+        L, off, blocks, r = self.chunk_len, k_len - q_len, [], 0
+        while r < q_len:
+            c = (r + off) // L
+            end = min(q_len, (c + 1) * L - off)
+            for a in range(r, end, self.chunk):
+                b = min(a + self.chunk, end)
+                hi = min(k_len, b + off)
+                spans = ((c * L, hi, False), (max(0, (c - 1) * L), min(c * L, hi), True),
+                         (0, min(max(0, (c - 1) * L), hi), True))
+                blocks.append((a, b, tuple(span if span[1] > span[0] else None for span in spans)))
+            r = end
+        return k_len - 1 < L, blocks
 
     return [
         mock.patch.object(self_extend.SelfExtendAttention, "_layout", se_layout),

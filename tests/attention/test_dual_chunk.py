@@ -77,6 +77,7 @@ CASES = {
     # name: (family, kv heads, kernel, chunk_size, local_size, length, query rows per block)
     "llama-gqa": ("llama", 2, "sdpa", 48, 8, 200, None),
     "llama-gqa-row-blocks": ("llama", 2, "sdpa", 48, 8, 200, 37),
+    "llama-blocks-inside-chunks": ("llama", 2, "sdpa", 64, 8, 230, 16),  # parts without a mask (whole)
     "llama-mha-eager": ("llama", None, "eager", 40, 0, 170, 64),
     "qwen3": ("qwen3", 2, "sdpa", 64, 12, 230, None),
     "gpt_neox-partial-rotary": ("gpt_neox", None, "sdpa", 30, 5, 150, 40),
@@ -167,11 +168,14 @@ def test_in_order_positions_visit_each_part_only_over_its_own_keys():
     mask = AttentionMask.for_call(None, q, q, {})
     pos = torch.arange(n)[None]
     plain, blocks = attend._layout(mask, pos, pos, n, n)
-    assert not plain and len(blocks) == len(range(0, n, 16))
-    for (a, b), ranges in zip(attend._blocks(n), blocks):
+    assert not plain and [a for a, _, _ in blocks] == [a for s in range(0, n, L) for a in range(s, min(s + L, n), 16)]
+    for a, b, ranges in blocks:
+        assert a // L == (b - 1) // L and b - a <= 16  # blocks cut at chunk boundaries
         i, j = torch.arange(a, b)[:, None], torch.arange(b)[None, :]
         relation = i // L - j // L
         for kind, which in enumerate((relation == 0, relation == 1, relation >= 2)):
             keys = (which & (j <= i)).any(0).nonzero()[:, 0]
             want = (int(keys.min()), int(keys.max()) + 1) if len(keys) else None
-            assert ranges[kind] == want, (a, kind, ranges[kind], want)
+            assert (ranges[kind] and ranges[kind][:2]) == want, (a, kind, ranges[kind], want)
+            if want:  # under the causal mask the earlier chunks' keys need no mask; the own chunk's do
+                assert ranges[kind][2] == (kind > 0)

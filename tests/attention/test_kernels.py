@@ -195,8 +195,9 @@ def test_no_cpu_only_kernel_reaches_other_devices(monkeypatch):
         unpadded = [True] * len(range(0, q_len, max(1, min(self.chunk_size, self.local_window - 1))))
         return k_len - q_len, k_len - 1, True, min(self.global_tokens, k_len), hits, unpadded
 
-    def dc_layout(self, mask, q_pos, k_pos, q_len, k_len):
-        return False, [(True, True, True)] * len(range(0, q_len, self.chunk))
+    def dc_layout(self, mask, q_pos, k_pos, q_len, k_len):  # every part over every causal key, with its mask
+        return False, [(a, min(a + self.chunk, q_len), ((0, min(k_len, a + self.chunk + k_len - q_len), False),) * 3)
+                       for a in range(0, q_len, self.chunk)]
 
     monkeypatch.setattr(self_extend.SelfExtendAttention, "_layout", se_layout)
     monkeypatch.setattr(self_extend.SelfExtendAttention, "_position_range", staticmethod(lambda k_pos: (-1, 0)))

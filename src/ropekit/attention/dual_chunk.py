@@ -105,16 +105,19 @@ class DualChunkAttention:
             return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         q_succ, q_inter, k_chunk = self._rotated(query, key, q_pos, k_pos)
         outs = []
-        for (a, b), ranges in zip(self._blocks(q_len), blocks):
+        for a, b, ranges in blocks:
             parts = []
             for kind, (q_src, k_src) in enumerate(((query, key), (q_succ, k_chunk), (q_inter, k_chunk))):
                 if ranges[kind] is None:
                     continue
-                lo, up = ranges[kind]
-                relation = self._relation(q_pos[:, a:b], k_pos[:, lo:up])
-                which = relation == 0 if kind == 0 else relation == 1 if kind == 1 else relation >= 2
-                parts.append(attention_with_lse(q_src[:, :, a:b], k_src[:, :, lo:up], value[:, :, lo:up],
-                                                mask.block(a, b, lo, up) & which, scale=scaling))
+                lo, up, whole = ranges[kind]
+                allowed = None
+                if not (whole and kind > 0):
+                    relation = self._relation(q_pos[:, a:b], k_pos[:, lo:up])
+                    which = relation == 0 if kind == 0 else relation == 1 if kind == 1 else relation >= 2
+                    allowed = mask.block(a, b, lo, up) & which
+                parts.append(attention_with_lse(q_src[:, :, a:b], k_src[:, :, lo:up], value[:, :, lo:up], allowed,
+                                                scale=scaling))
             if not parts:  # rows that attend to nothing (padding): zeros, as the kernels give
                 outs.append(torch.zeros_like(query[:, :, a:b]))
                 continue
@@ -122,38 +125,45 @@ class DualChunkAttention:
         out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
         return out.transpose(1, 2).contiguous(), None
 
-    def _blocks(self, q_len: int) -> list[tuple[int, int]]:
-        """The blocks ``[a, b)`` of query rows."""
-        return [(a, min(a + self.chunk, q_len)) for a in range(0, q_len, self.chunk)]
-
     def _layout(self, mask, q_pos, k_pos, q_len: int, k_len: int) -> tuple[bool, list[tuple]]:
         """One forward's host-side decisions, read in two syncs by the first layer (the others share them): whether
-        every attending query lies in the first chunk (the plain kernel), and for each block of query rows the key
-        index range ``(lo, up)`` of its intra-,
-        successive- and inter-chunk parts (``None``: the part is skipped).
+        every attending query lies in the first chunk (the plain kernel), and the blocks ``(a, b, ranges)`` of
+        query rows ``[a, b)`` with the key index range ``(lo, up, whole)`` of their intra-, successive- and
+        inter-chunk parts (``None``: the part is skipped; ``whole``: every pair of the part is allowed, so no
+        mask is built).
 
         Keys are causal by index (no row of a block attends past index ``b + Lk − Lq``). When every sequence of
-        the batch has the same non-decreasing key positions (no padding or packing), the keys of one chunk
-        relation are a contiguous range, found by bisecting the chunk numbers: each key is then visited by about
-        one part instead of three. Otherwise every part with an allowed pair spans all causal keys, and the
-        relation masks select."""
+        the batch has the same non-decreasing positions (no padding or packing), the blocks are cut at chunk
+        boundaries, and the keys of each chunk relation are a contiguous range found by bisecting the chunk
+        numbers: each key is visited by one part, and under the plain causal mask the successive and inter parts
+        — keys of earlier chunks, before every row of the block — need no mask. Otherwise blocks are
+        :data:`QUERY_CHUNK` rows, every part with an allowed pair spans all causal keys, and relation masks select."""
         L = self.chunk_len
         first = (torch.where(mask.active_queries(), q_pos, -1).max() < L)[None]
         off = k_len - q_len
-        blocks = self._blocks(q_len)
         chunks = torch.div(k_pos, L, rounding_mode="floor")
-        ordered = ((chunks == chunks[:1]).all() & (chunks[0, 1:] >= chunks[0, :-1]).all())[None]
-        if bool(ordered):  # the one extra host read of a forward (it is memoized for the other layers)
-            values = [first]
-            for a, b in blocks:
-                rows = torch.div(q_pos[:, a:b], L, rounding_mode="floor")
-                low, high = rows.min(), rows.max()
-                # chunk numbers of the keys: intra [low, high], successive [low − 1, high − 1], inter ≤ high − 2
-                bounds = torch.stack([low, high + 1, low - 1, high, torch.full_like(low, -(2 ** 62)), high - 1])
-                values.append(torch.searchsorted(chunks[0, :min(k_len, b + off)].contiguous(), bounds))
-            read = torch.cat([v.reshape(-1).long() for v in values]).tolist()
-            cuts = [read[1 + 6 * i:7 + 6 * i] for i in range(len(blocks))]
-            return bool(read[0]), [tuple((lo, up) if up > lo else None for lo, up in zip(c[::2], c[1::2])) for c in cuts]
+        rows = torch.div(q_pos, L, rounding_mode="floor")
+        ordered = ((chunks == chunks[:1]).all() & (chunks[0, 1:] >= chunks[0, :-1]).all()
+                   & (rows == rows[:1]).all() & (rows[0, 1:] >= rows[0, :-1]).all())
+        if bool(ordered):
+            starts = torch.cat([rows.new_zeros(1), torch.nonzero(rows[0, 1:] != rows[0, :-1])[:, 0] + 1])
+            c = rows[0, starts]  # the chunk of each run of query rows
+            # key chunk numbers: intra c, successive c − 1, inter ≤ c − 2 (bisected: first index ≥ the bound)
+            found = torch.searchsorted(chunks[0].contiguous(), torch.stack([c, c + 1, c - 1, c, c - 1], dim=1))
+            read = torch.cat([first.long(), starts, found.reshape(-1)]).tolist()
+            runs = (len(read) - 1) // 6
+            starts_h, found_h = read[1:1 + runs] + [q_len], read[1 + runs:]
+            blocks = []
+            for s in range(runs):
+                intra_lo, intra_up, succ_lo, succ_up, inter_up = found_h[5 * s:5 * s + 5]
+                for a in range(starts_h[s], starts_h[s + 1], self.chunk):
+                    b = min(a + self.chunk, starts_h[s + 1])
+                    hi = min(k_len, b + off)
+                    spans = ((intra_lo, min(intra_up, hi), False), (succ_lo, min(succ_up, hi), mask.is_causal),
+                             (0, min(inter_up, hi), mask.is_causal))
+                    blocks.append((a, b, tuple(span if span[1] > span[0] else None for span in spans)))
+            return bool(read[0]), blocks
+        blocks = [(a, min(a + self.chunk, q_len)) for a in range(0, q_len, self.chunk)]
         flags = [first]
         for a, b in blocks:
             hi = min(k_len, b + off)
@@ -162,8 +172,8 @@ class DualChunkAttention:
             flags.append(torch.stack([(ok & (relation == 0)).any(), (ok & (relation == 1)).any(),
                                       (ok & (relation >= 2)).any()]))
         read = torch.cat(flags).tolist()
-        return bool(read[0]), [tuple((0, min(k_len, b + off)) if read[1 + 3 * i + kind] else None for kind in range(3))
-                               for i, (a, b) in enumerate(blocks)]
+        return bool(read[0]), [(a, b, tuple((0, min(k_len, b + off), False) if read[1 + 3 * i + kind] else None
+                                            for kind in range(3))) for i, (a, b) in enumerate(blocks)]
 
     def pair_logits(self, module, query, key, attention_mask, *, scaling, rows, **kwargs) -> PairLogits:
         """The three chunk rules pair by pair: the logit at the true positions inside a chunk, with the query at
