@@ -154,8 +154,9 @@ def train_cmd(
 ):
     """Train a model for a longer context: method + data + optimizer from a YAML config.
 
-    Runs on Accelerate: one process, or under `accelerate launch` for DDP/FSDP — on CPUs
-    `accelerate launch --multi_gpu --num_processes N`.
+    Runs on Accelerate: one process, or under `accelerate launch` for DDP (on CPUs `accelerate launch
+    --multi_gpu --num_processes N`), FSDP2 or DeepSpeed ZeRO-2/3 (`--config_file
+    configs/train/accelerate-{fsdp2,zero2,zero3}.yaml`; on CPUs float32 only).
 
     `ropekit train bench` instead times one PoSE training step at the window against full-length training at
     2×, 4×, 8× the window (--model, --multiples, --max-steps = timed steps). `ropekit train plan CONFIG --gpus N

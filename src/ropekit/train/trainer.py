@@ -1,8 +1,9 @@
 """The training loop: continual pre-training / fine-tuning for context extension on Accelerate.
 
-One code path for a single CPU process, DDP and FSDP under ``accelerate launch`` (on a CPU-only machine
-``accelerate launch --multi_gpu --num_processes 2`` starts two gloo processes; accelerate's ``--cpu`` flag
-selects its single-process launcher). What a step does:
+One code path for a single CPU process, DDP, FSDP2 and DeepSpeed ZeRO under ``accelerate launch`` (on a
+CPU-only machine ``accelerate launch --multi_gpu --num_processes 2`` starts two gloo processes, and the
+FSDP2/ZeRO configs run there too, see :func:`_sharded_on_cpu`; accelerate's ``--cpu`` flag selects its
+single-process launcher). What a step does:
 
 1. the learning rate of the step is set (:func:`ropekit.train.curriculum.lr_at`; a pure function of the
    step, so it needs no scheduler state);
@@ -206,7 +207,8 @@ class Trainer:
         if self.given_model is not None:
             model, tokenizer = self.given_model, self.given_tokenizer
         else:
-            model, tokenizer = load_for_training(cfg, progress=self.show_progress and self.is_main)
+            with self._model_construction():
+                model, tokenizer = load_for_training(cfg, progress=self.show_progress and self.is_main)
         self.tokenizer = tokenizer
         for stage in self.plan:  # every stage's parameters are checked against the model before anything runs
             check_method(model, stage.config.method)
@@ -232,6 +234,8 @@ class Trainer:
         ]
         groups = [g for g in groups if g["params"]]
         optimizer = torch.optim.AdamW(groups, lr=cfg.train.lr, betas=cfg.train.betas, eps=cfg.train.eps)
+        if self.deepspeed:
+            self._configure_deepspeed()
         self.model, self.optimizer = self.acc.prepare(model, optimizer)
         self.unwrapped = self.acc.unwrap_model(self.model)
         self.param_dtype = next(self.unwrapped.parameters()).dtype
@@ -240,6 +244,67 @@ class Trainer:
         if cfg.train.ema is not None:
             params = [(n, p) for n, p in self.unwrapped.named_parameters() if p.requires_grad]
             self.ema = EMA(params, cfg.train.ema.decay, cfg.train.ema.every)
+
+    def _configure_deepspeed(self) -> None:
+        """Fill the DeepSpeed config from the recipe, which stays the one source of the batch and clipping.
+
+        ropekit keeps its own optimizer (torch AdamW, a ZeRO "client optimizer"), learning-rate schedule and
+        loss normalisation; DeepSpeed partitions the optimizer state and gradients (ZeRO-2) and the weights
+        (ZeRO-3), clips by ``max_grad_norm`` and skips a step whose gradients are not finite — its update
+        happens inside ``engine.step()``, so a skip decided on the loss alone (the spike guard) is refused.
+        """
+        cfg = self.cfg
+        shapes = {(s.config.micro_batch_size, s.config.grad_accum) for s in self.plan}
+        if len(shapes) > 1:
+            raise RopekitError("under DeepSpeed every stage must keep micro_batch_size and grad_accum (its engine "
+                               "fixes the batch at start)", "use the same batch in every stage, or FSDP")
+        if any(s.config.reset_optimizer for s in self.plan):
+            raise RopekitError("reset_optimizer is not available under DeepSpeed (its ZeRO optimizer owns the Adam "
+                               "moments)", "drop reset_optimizer from the stages, or train with FSDP")
+        if cfg.train.guard.spike_factor is not None:
+            raise RopekitError("train.guard.spike_factor is not available under DeepSpeed: its engine updates the "
+                               "weights inside step() and cannot skip on the loss",
+                               "set train.guard.spike_factor: null (DeepSpeed still skips non-finite gradients)")
+        if not cfg.train.guard.skip_nonfinite:
+            raise RopekitError("train.guard.skip_nonfinite: false is not available under DeepSpeed: its engine always "
+                               "skips a step with non-finite gradients", "set train.guard.skip_nonfinite: true")
+        micro, accum = shapes.pop()
+        ds = self.acc.state.deepspeed_plugin.deepspeed_config
+        ds["train_micro_batch_size_per_gpu"] = micro
+        ds["gradient_accumulation_steps"] = accum
+        ds["train_batch_size"] = micro * accum * self.world
+        ds["gradient_clipping"] = float(cfg.train.max_grad_norm) if cfg.train.max_grad_norm is not None else 0.0
+        zero = ds.setdefault("zero_optimization", {})
+        if int(zero.get("stage", 0)) == 3:
+            zero["stage3_gather_16bit_weights_on_model_save"] = True  # the final export gathers the full weights
+        if isinstance(ds.get("bf16"), dict) and ds["bf16"].get("enabled") in (True, "true", "auto"):
+            ds["bf16"]["check_grad_overflow"] = True  # otherwise ZeRO-1/2 in bf16 would apply non-finite steps
+
+    @contextlib.contextmanager
+    def _model_construction(self, may_partition: bool = True):
+        """Build the model whole unless the DeepSpeed config asks for ZeRO-3 partitioned construction.
+
+        Accelerate registers the DeepSpeed config with transformers whatever ``zero3_init_flag`` says, and
+        transformers then builds every model under ``deepspeed.zero.Init``: the weights are partitioned as
+        they are made (a collective), and a randomly initialised model gets other values than the same seed
+        gives on one process. With the flag off (the shipped configs), or for the copy the main process alone
+        builds at export, the registration is lifted while the model is built.
+        """
+        plugin = self.acc.state.deepspeed_plugin if self.deepspeed else None
+        if plugin is None or (may_partition and plugin.zero3_init_flag):
+            yield
+            return
+        from transformers.integrations import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
+        try:
+            yield
+        finally:
+            plugin.set_deepspeed_weakref()
+
+    @property
+    def deepspeed(self) -> bool:
+        return self.acc.distributed_type.name == "DEEPSPEED"
 
     def _dataset(self, stage: StagePlan):
         if stage.index in self._datasets:
@@ -311,31 +376,40 @@ class Trainer:
             scale = self.world / n_labels
             for j, batch in enumerate(micro):
                 sync = j == len(micro) - 1
-                with contextlib.nullcontext() if sync else self.acc.no_sync(self.model):
+                if self.deepspeed:  # the engine reduces gradients at the boundary; the loss is already normalised
+                    self.model.set_gradient_accumulation_boundary(sync)
                     token_loss = self._forward_loss(batch)
-                    self.acc.backward(token_loss * scale)
+                    self.model.backward(token_loss * scale, scale_wrt_gas=False)
+                else:
+                    with contextlib.nullcontext() if sync else self.acc.no_sync(self.model):
+                        token_loss = self._forward_loss(batch)
+                        self.acc.backward(token_loss * scale)
                 loss_sum += token_loss.detach().to(wide)
         loss = float(self._reduce_sum(loss_sum)) / n_labels if n_labels > 0 else float("nan")
-        max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm is not None else float("inf")
-        grad_norm = self.acc.clip_grad_norm_(self.model.parameters(), max_norm) if n_labels > 0 else None
-        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-
-        skipped = None
-        if n_labels == 0:
-            skipped = "no_label_tokens"
-        elif cfg.train.guard.skip_nonfinite and not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            skipped = "nonfinite"
-        elif self._spike(loss):
-            skipped = "spike"
         step = self.step + 1
+        if self.deepspeed:
+            skipped, grad_norm = self._deepspeed_update(n_labels)
+        else:
+            max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm is not None else float("inf")
+            grad_norm = self.acc.clip_grad_norm_(self.model.parameters(), max_norm) if n_labels > 0 else None
+            grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+            skipped = None
+            if n_labels == 0:
+                skipped = "no_label_tokens"
+            elif cfg.train.guard.skip_nonfinite and not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                skipped = "nonfinite"
+            elif self._spike(loss):
+                skipped = "spike"
+            if skipped is None:
+                self.optimizer.step()
         if skipped is None:
-            self.optimizer.step()
             if self.ema is not None:
                 self.ema.update(step)
             self.guard_history.append(loss)
         else:
             self.skipped += 1
-        self.optimizer.zero_grad(set_to_none=True)
+        if not self.deepspeed:  # the engine zeroes its own gradients inside step()
+            self.optimizer.zero_grad(set_to_none=True)
         self.step = step
         self.tokens_seen += n_tokens
         return {
@@ -343,6 +417,15 @@ class Trainer:
             "tokens": n_tokens, "loss_tokens": n_labels, "total_tokens": self.tokens_seen,
             "seconds": round(time.perf_counter() - started, 6), "skipped": skipped,
         }
+
+    def _deepspeed_update(self, n_labels: int) -> tuple[str | None, float]:
+        """DeepSpeed's step: clip, update, zero the gradients — or skip when they are not finite."""
+        if n_labels == 0:
+            return "no_label_tokens", float("nan")
+        self.model.step()
+        norm = self.model.get_global_grad_norm()
+        norm = float(norm) if norm is not None else float("nan")
+        return (None if self.model.was_step_applied() else "nonfinite"), norm
 
     # ---- state -----------------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -442,13 +525,15 @@ class Trainer:
         """Save the current weights as a plain model with its method (LoRA merged) — collective."""
         from accelerate.utils import DistributedType
 
-        if self.acc.distributed_type == DistributedType.FSDP:
+        zero3 = self.deepspeed and self.acc.state.deepspeed_plugin.zero_stage == 3
+        if self.acc.distributed_type == DistributedType.FSDP or zero3:
             # Gather the full weights on the main process and load them into a fresh copy of the model (with
             # the same method and adapters): the sharded modules cannot be saved or merged as they are.
             state = self.acc.get_state_dict(self.model)
             if not self.is_main:
                 return
-            source, _ = load_for_training(self.cfg)
+            with self._model_construction(may_partition=False):
+                source, _ = load_for_training(self.cfg)
             install(source, self.installed)
             if self.cfg.train.lora is not None:
                 source = apply_lora(source, self.cfg.train.lora, seed=self.cfg.train.seed)
@@ -599,24 +684,67 @@ def _has_accelerator_device() -> bool:
                 or (mps is not None and mps.is_available()))
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def _sharded_on_cpu(kind: str, mixed_precision: str):
+    """An Accelerator running Accelerate's FSDP2 or DeepSpeed path over gloo on CPU processes.
+
+    ``accelerate launch`` with an FSDP or DeepSpeed config exports the plugin's settings (``FSDP_*``,
+    ``ACCELERATE_DEEPSPEED_*``), but Accelerate promotes a launch to them only on accelerator devices: with
+    ``cpu=True`` it would train plain DDP. torch's FSDP2 (``fully_shard``) and DeepSpeed's ZeRO both run on
+    CPU tensors over gloo, so the state is promoted here, after Accelerate has set up the gloo process group;
+    everything else (wrapping, sharded checkpoints, gathering full weights, clipping) is the libraries' own.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin
+
+    if mixed_precision != "no":
+        raise RopekitError(f"{kind} on the CPU trains in float32 only (train.precision is {mixed_precision})",
+                           "set train.precision: fp32 for a CPU run, or launch on GPUs")
+    if kind == "FSDP":
+        plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* settings accelerate launch exported
+        if plugin.fsdp_version != 2:
+            raise RopekitError(f"accelerate was launched with FSDP version {plugin.fsdp_version}, which ropekit runs "
+                               "on GPUs only; on the CPU it runs FSDP2", "set fsdp_version: 2 in the accelerate config")
+        accelerator = Accelerator(mixed_precision="no", cpu=True, fsdp_plugin=plugin)
+    else:
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is None:
+            raise RopekitError("accelerate was launched with DeepSpeed, which is not installed",
+                               "pip install deepspeed (or launch with the FSDP2 config)")
+        plugin = DeepSpeedPlugin()  # reads the ACCELERATE_DEEPSPEED_* settings (or the DeepSpeed config file)
+        accelerator = Accelerator(mixed_precision="no", cpu=True, deepspeed_plugin=plugin)
+    if accelerator.num_processes > 1:
+        if kind == "FSDP":
+            AcceleratorState().fsdp_plugin = plugin
+            promoted = DistributedType.FSDP
+        else:
+            plugin.set_mixed_precision("no")
+            plugin.select(_from_accelerator_state=True)
+            AcceleratorState().deepspeed_plugins = plugin
+            promoted = DistributedType.DEEPSPEED
+        for state in (PartialState(), AcceleratorState()):
+            state.distributed_type = promoted
+    return accelerator
+
+
 def _accelerator(cfg: TrainConfig):
     from accelerate import Accelerator
 
     on_cpu = not _has_accelerator_device()
-    sharded = [name for name, flag in (("FSDP", "ACCELERATE_USE_FSDP"), ("DeepSpeed", "ACCELERATE_USE_DEEPSPEED"))
-               if os.environ.get(flag, "").strip().lower() in ("1", "true", "yes")]
-    if on_cpu and sharded:
-        # accelerate sets up FSDP/DeepSpeed for GPU launches only: on the CPU it would quietly run plain DDP instead
-        raise RopekitError(f"accelerate was launched with {sharded[0]}, which it runs only on GPUs: on this machine's "
-                           "CPU it would train as plain DDP, unsharded",
-                           "launch without the FSDP/DeepSpeed config here (multi-CPU DDP), or on GPUs")
-    # Without a GPU, accelerate sets up torch.distributed (gloo) only when told to run on the CPU; otherwise
-    # every process of a multi-process launch would train alone.
-    accelerator = Accelerator(mixed_precision="bf16" if cfg.train.precision == "bf16" else "no",
-                              cpu=on_cpu)
-    if accelerator.distributed_type.name == "DEEPSPEED":
-        raise RopekitError("ropekit train does not drive DeepSpeed engines (its optimizer, clipping and loss guard "
-                           "are ropekit's own)", "use FSDP (configs/train/accelerate-fsdp2.yaml) or DDP")
+    precision = "bf16" if cfg.train.precision == "bf16" else "no"
+    if on_cpu and _env_flag("ACCELERATE_USE_FSDP"):
+        accelerator = _sharded_on_cpu("FSDP", precision)
+    elif on_cpu and _env_flag("ACCELERATE_USE_DEEPSPEED"):
+        accelerator = _sharded_on_cpu("DeepSpeed", precision)
+    else:
+        # Without a GPU, accelerate sets up torch.distributed (gloo) only when told to run on the CPU;
+        # otherwise every process of a multi-process launch would train alone.
+        accelerator = Accelerator(mixed_precision=precision, cpu=on_cpu)
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if world != accelerator.num_processes:
         raise RopekitError(f"launched as {world} processes but accelerate set up {accelerator.num_processes}",
