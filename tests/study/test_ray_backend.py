@@ -75,6 +75,50 @@ def test_driver_killed_mid_study_resumes_to_the_same_database(local_reference, t
     assert all(after[piece] == when for piece, when in finished.items())  # finished pieces were not re-run
 
 
+def test_a_worker_killed_mid_piece_is_re_run_by_ray_and_the_database_is_the_same(local_reference, ray_cluster, tmp_path):
+    """SIGKILL one Ray worker process while it runs a piece: Ray retries the task on a fresh worker (max_retries),
+    the piece is committed once, and the database equals the local backend's."""
+    import threading
+
+    killed: list[int] = []
+    stop = threading.Event()
+
+    def kill_one_worker():
+        while not stop.is_set() and not killed:
+            ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+            for line in ps.splitlines():
+                pid, _, args = line.strip().partition(" ")
+                if args.startswith("ray::run_remote_piece"):
+                    time.sleep(0.3)  # inside the piece, not at its start
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        break
+                    killed.append(int(pid))
+                    return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_one_worker, daemon=True)
+    killer.start()
+    try:
+        status = run_study(parse_study(SMALL), tmp_path, progress=False, backend="ray")
+    finally:
+        stop.set()
+        killer.join(timeout=5)
+    assert killed, "no Ray worker was seen running a piece"
+    assert status["by_status"]["done"] == 7
+    _assert_same(_dump(local_reference / "study.sqlite"), _dump(tmp_path / "study.sqlite"))
+
+
+def test_resources_no_node_can_hold_are_refused_in_one_line_not_queued_forever(ray_cluster, tmp_path):
+    config = {**SMALL, "resources": {"train": {"gpus": 8}}}
+    out = tmp_path / "study"
+    with pytest.raises(RopekitError, match=r"resources.train asks for 8 GPUs per piece, but the largest node") as err:
+        run_study(parse_study(config), out, progress=False, backend="ray")
+    assert "\n" not in str(err.value)
+    assert not out.exists()  # nothing written
+
+
 def test_workers_with_ray_and_unknown_backends_are_one_line(tmp_path):
     with pytest.raises(RopekitError, match="--workers applies to the local backend"):
         run_study(parse_study(SMALL), tmp_path / "a", workers=2, progress=False, backend="ray")

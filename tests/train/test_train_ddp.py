@@ -170,3 +170,65 @@ def test_fsdp1_and_half_precision_on_the_cpu_are_refused_in_one_line(monkeypatch
     for kind in ("FSDP", "DeepSpeed"):
         with pytest.raises(RopekitError, match="float32 only"):
             trainer._sharded_on_cpu(kind, "bf16")
+
+
+METHODS = {
+    "yarn": {"name": "yarn", "params": {"factor": 4, "beta_fast": 4, "beta_slow": 1}},
+    # frequencies recomputed from the input's longest position: each half must see the whole sequence's
+    "dynamic_ntk": {"name": "dynamic_ntk", "params": {"factor": 4}},
+    # learned frequencies (an ODE on the rotary module), a scale drawn per step, length-dependent at inference
+    "clex": {"name": "clex", "params": {"factor": 4}},
+}
+
+
+def split_config(path: Path, cache: Path, context_parallel: int, method: str, data: str) -> Path:
+    """A method with PoSE positions (a skip inside every sequence) or packed documents whose positions restart
+    at each document (``packed``), 2 sequences × 2 micro-batches per step."""
+    sources = [{"path": "builtin", "max_documents": 20}]
+    layout = {"pose": {"target_length": 256, "chunks": 2, "offset": "uniform"}}
+    if data == "packed":  # short documents, so that every row holds several and its positions restart inside
+        docs = path.parent / "short-docs.jsonl"
+        words = "the a rope scales every frequency of long context model attention position".split()
+        docs.write_text("".join(json.dumps({"text": " ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 6))})
+                                + "\n" for i in range(400)))
+        sources, layout = [{"path": str(docs)}], {"packing": {"reset_positions": True}}
+    path.write_text(yaml.safe_dump({
+        "model": "tiny",
+        "method": METHODS[method],
+        "data": {"seq_len": 64, "cache_dir": str(cache), "sources": sources, **layout},
+        "train": {"max_steps": 10, "lr": 3e-3, "eps": 1e-5, "micro_batch_size": 2, "grad_accum": 2, "threads": 1,
+                  "seed": 0, "context_parallel": context_parallel},
+        "output": {"save_every": 0, "log_every": 1000},
+    }))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("engine, method, data", [
+    ("ddp", "yarn", "pose"), ("fsdp2", "yarn", "pose"), ("zero3", "yarn", "pose"),
+    ("ddp", "dynamic_ntk", "pose"), ("ddp", "clex", "pose"), ("ddp", "yarn", "packed"),
+])
+def test_context_parallel_on_two_cpu_processes_equals_the_unsplit_run(tmp_path, engine, method, data):
+    """Every sequence split in two across two processes (DeepSpeed Ulysses around sdpa), under DDP, FSDP2 and
+    ZeRO-3: 10 steps of PoSE or packed training equal one process that reads whole sequences — the same samples, global
+    positions on each half, targets shifted before the split, length-dependent frequencies computed from the
+    whole sequence — in loss, gradient norm and final weights."""
+    if deepspeed_missing():
+        pytest.skip("context parallelism uses DeepSpeed's Ulysses attention; DeepSpeed is not installed")
+    cache = tmp_path / "cache"
+    whole = train(load_config(split_config(tmp_path / "one.yaml", cache, 1, method, data))
+                  .with_overrides(out_dir=tmp_path / "one"), progress=False)
+    launcher = (["--multi_gpu", "--dynamo_backend", "no"] if engine == "ddp"
+                else ["--config_file", str(REPO / "configs" / "train" / f"accelerate-{engine}.yaml")])
+    proc = launch([*launcher, "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
+                   "-m", "ropekit.cli", "train", str(split_config(tmp_path / "two.yaml", cache, 2, method, data)),
+                   "--out", str(tmp_path / "two"), "--json"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    split = rows(tmp_path / "two")
+    assert [r["tokens"] for r in split] == [256] * 10  # 2 × 2 sequences of 64 tokens, counted once
+    assert [r["loss"] for r in split] == pytest.approx([x for _, x in whole.losses], rel=1e-6)
+    assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in rows(tmp_path / "one")], rel=1e-5)
+    a, b = load_file(tmp_path / "one" / "final" / "model.safetensors"), load_file(tmp_path / "two" / "final" / "model.safetensors")
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6)

@@ -78,6 +78,9 @@ for _name, _target in COMMANDS.items():
 
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
+    from ..runtime import route_deepspeed_logs_to_stderr
+
+    route_deepspeed_logs_to_stderr()  # stdout is for results (--json): DeepSpeed logs there when imported
     try:
         app(standalone_mode=False)
     except RopekitError as e:

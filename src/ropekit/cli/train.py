@@ -101,14 +101,17 @@ def _bench(model: Optional[str], multiples: Optional[str], steps: Optional[int],
     out.print(table)
 
 
-def _plan(config: Optional[Path], gpus: int, gpu_memory: float, strategy: str, context_parallel: int, json_out: bool) -> None:
+def _plan(config: Optional[Path], gpus: int, gpu_memory: float, strategy: str, context_parallel: Optional[int],
+          json_out: bool) -> None:
     from ..train import load_config
     from ..train.plan import GIB, plan_memory
 
     if config is None:
         raise RopekitError("`ropekit train plan` needs a training config", "run `ropekit train plan CONFIG.yaml --gpus 8 --gpu-memory 80`")
-    plan = plan_memory(load_config(config), gpus=gpus, gpu_memory_gib=gpu_memory, strategy=strategy,
-                       context_parallel=context_parallel)
+    cfg = load_config(config)
+    # the recipe's own split (train.context_parallel) unless --context-parallel asks for another
+    split = context_parallel if context_parallel is not None else cfg.train.context_parallel
+    plan = plan_memory(cfg, gpus=gpus, gpu_memory_gib=gpu_memory, strategy=strategy, context_parallel=split)
     if json_out:
         print_json(plan.as_dict())
         return
@@ -150,7 +153,8 @@ def train_cmd(
     gpus: int = typer.Option(1, "--gpus", min=1, help="plan: number of GPUs."),
     gpu_memory: float = typer.Option(80.0, "--gpu-memory", min=1.0, help="plan: memory per GPU in GiB."),
     strategy: str = typer.Option("fsdp", "--strategy", help="plan: ddp, fsdp, zero1, zero2 or zero3."),
-    context_parallel: int = typer.Option(1, "--context-parallel", min=1, help="plan: GPUs one sequence is split across."),
+    context_parallel: Optional[int] = typer.Option(None, "--context-parallel", min=1,
+                                                   help="plan: GPUs one sequence is split across (default: the recipe's train.context_parallel)."),
 ):
     """Train a model for a longer context: method + data + optimizer from a YAML config.
 

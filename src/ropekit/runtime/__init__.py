@@ -6,7 +6,7 @@ transformers only inside the functions that need them), so importing it is cheap
 """
 
 from .cache import cache_root, save_model_atomically, settings_key
-from .logs import quiet_transformers
+from .logs import quiet_transformers, route_deepspeed_logs_to_stderr
 from .progress import ProgressTask, progress
 from .threads import default_threads, deterministic, torch_threads
 
@@ -17,6 +17,7 @@ __all__ = [
     "deterministic",
     "progress",
     "quiet_transformers",
+    "route_deepspeed_logs_to_stderr",
     "save_model_atomically",
     "settings_key",
     "torch_threads",

@@ -26,3 +26,50 @@ def silence_transformers() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+
+
+class _DeepSpeedImportToStderr:
+    """A meta-path finder that lets ``import deepspeed`` run with stdout pointed at stderr (and then leaves).
+
+    DeepSpeed's logger writes to the ``sys.stdout`` of the moment it is created, at import, and importing it
+    already logs which accelerator it found. Accelerate imports it whenever it is installed (``unwrap_model``
+    does, on one CPU process too), which would put that line into ``--json`` output; rebinding the logger at
+    import keeps stdout for ropekit's results without importing DeepSpeed where nothing needs it.
+    """
+
+    _searching = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "deepspeed" or self._searching:
+            return None
+        import importlib.machinery
+        import sys
+
+        # ask the other finders (availability probes call this too: stay in place until the real import)
+        self._searching = True
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+        finally:
+            self._searching = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+        finder = self
+
+        def exec_with_stdout_on_stderr(module):
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
+            with contextlib.redirect_stdout(sys.__stderr__ or sys.stderr):
+                exec_module(module)
+
+        spec.loader.exec_module = exec_with_stdout_on_stderr  # this spec's loader only
+        return spec
+
+
+def route_deepspeed_logs_to_stderr() -> None:
+    """Make a later ``import deepspeed`` (by accelerate, transformers or us) log to stderr, not stdout."""
+    import sys
+
+    if "deepspeed" in sys.modules or any(isinstance(f, _DeepSpeedImportToStderr) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _DeepSpeedImportToStderr())

@@ -85,6 +85,20 @@ def _resources(config: StudyConfig, kind: str) -> dict[str, float]:
     return {"num_cpus": float(wanted.get("cpus", 1)), "num_gpus": float(wanted.get("gpus", 0))}
 
 
+def _check_feasible(ray, config: StudyConfig, kinds: set[str]) -> None:
+    """Refuse a piece kind no node of the cluster can hold: Ray would queue its tasks forever."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    for kind in sorted(kinds):
+        wanted = _resources(config, kind)
+        for key, unit in (("num_cpus", "CPU"), ("num_gpus", "GPU")):
+            most = max((node.get(unit, 0.0) for node in nodes), default=0.0)
+            if wanted[key] > most:
+                raise RopekitError(
+                    f"resources.{kind} asks for {wanted[key]:g} {unit}s per piece, but the largest node of the Ray "
+                    f"cluster has {most:g}", f"lower resources.{kind}.{unit.lower()}s, or add such nodes to the "
+                    "cluster before starting the study (an autoscaler's nodes count once they are up)")
+
+
 def require_ray():
     try:
         import ray
@@ -111,6 +125,12 @@ def run_on_ray(config: StudyConfig, study_dir: Path, store: StudyStore, *, addre
         started_here = True
     remote = ray.remote(max_retries=MAX_RETRIES)(run_remote_piece)
     pieces = plan(config)
+    try:
+        _check_feasible(ray, config, {p.kind for p in pieces})
+    except RopekitError:
+        if started_here:
+            ray.shutdown()
+        raise
     by_id = {p.id: p for p in pieces}
     config_dict = config.as_dict(placement=True)
     in_flight: dict[Any, PlannedPiece] = {}

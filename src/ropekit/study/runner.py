@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,7 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                                "the cluster's resources allow")
         require_ray()  # a missing package fails here, before the study directory exists
     placement(config)  # an impossible device/dtype/attn fails here, in one line, before anything loads
+    fresh = not study_dir.exists()
     store = initialize(study_dir, config)
     started = time.time()
     pieces = plan(config)
@@ -192,7 +194,13 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                     if piece_id == PRETRAIN:
                         _record_window(config, store)
 
-                run_on_ray(config, study_dir, store, address=address, on_done=on_ray_done)
+                try:
+                    run_on_ray(config, study_dir, store, address=address, on_done=on_ray_done)
+                except RopekitError:
+                    if fresh and done_count() == 0:  # refused before any work (unreachable or too small cluster)
+                        store.close()
+                        shutil.rmtree(study_dir, ignore_errors=True)
+                    raise
             elif workers == 1:
                 current = {"id": ""}
 

@@ -33,6 +33,7 @@ files)::
       min_lr_ratio: 0.0         # floor of linear / cosine decay, as a fraction of lr
       micro_batch_size: 1       # sequences per forward, per process
       grad_accum: 1             # micro-batches per optimizer step, per process
+      context_parallel: 1       # processes each sequence is split across (DeepSpeed Ulysses; needs deepspeed)
       max_grad_norm: 1.0        # null or 0: no clipping (the norm is still logged)
       precision: fp32           # fp32 | bf16 (autocast; master weights stay in the loaded dtype)
       seed: 0
@@ -280,6 +281,8 @@ class TrainSection(StrictModel):
     min_lr_ratio: Number = Field(default=0.0, ge=0, le=1, examples=["0.1"])
     micro_batch_size: WholeNumber = Field(default=1, ge=1, examples=[1])
     grad_accum: WholeNumber = Field(default=1, ge=1, examples=[8])
+    #: processes one sequence is split across (DeepSpeed Ulysses): ropekit.train.context_parallel
+    context_parallel: WholeNumber = Field(default=1, ge=1, examples=[2])
     max_grad_norm: Number | None = Field(default=1.0, gt=0, examples=["1.0"])
     precision: Literal["fp32", "bf16"] = "fp32"
     seed: WholeNumber = Field(default=0, ge=0, examples=[0])

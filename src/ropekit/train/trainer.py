@@ -56,6 +56,7 @@ from ..models.byte_tokenizer import byte_tokenizer
 from ..models.loading import load_model
 from ..runtime import cache_root, default_threads, quiet_transformers
 from . import checkpoint as ckpt
+from . import context_parallel as cp
 from .config import TrainConfig
 from .curriculum import StagePlan, check_method, install, locate, lr_at, plan, switch
 from .data import SampleOrder, build_dataset, make_loader, model_attention_mask
@@ -123,6 +124,11 @@ def _config_diff(saved, current, prefix: str = "") -> str | None:
     return None if saved == current else f"{prefix} ({saved!r} in the run, {current!r} now)"
 
 
+def _targets(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The next-token labels of ``batch``'s positions that have one."""
+    return batch["targets"] if "targets" in batch else batch["labels"][:, 1:]
+
+
 def no_decay(name: str, param: torch.Tensor) -> bool:
     """Weight decay is not applied to biases and normalisation weights (every tensor with fewer than two
     dimensions), as in GPT-2/LLaMA training and transformers' Trainer."""
@@ -157,6 +163,11 @@ class Trainer:
         self.plan = plan(cfg)
         self.world = accelerator.num_processes
         self.rank = accelerator.process_index
+        # with context parallelism, groups of cp_size processes share their samples and split each sequence
+        self.cp_size = cfg.train.context_parallel
+        self.data_world, self.data_rank, self.cp_index = cp.data_layout(self.world, self.rank, self.cp_size)
+        self._cp_disable = None
+        self._cp_hooks: list = []
         self.is_main = accelerator.is_main_process
         if console is None:
             from rich.console import Console
@@ -214,8 +225,18 @@ class Trainer:
             check_method(model, stage.config.method)
         self.installed = self.plan[stage_index].config.method
         install(model, self.installed)
+        if self.cp_size > 1:
+            cp.check_model(model, self.cp_size, self.plan[stage_index].config.micro_batch_size)
+            for stage in self.plan:
+                cp.check_method(model, stage.config.method, self.cp_size)
         if cfg.train.lora is not None:
             model = apply_lora(model, cfg.train.lora, seed=cfg.train.seed)
+        if self.cp_size > 1:
+            if len({s.config.micro_batch_size for s in self.plan}) > 1:
+                raise RopekitError("with context parallelism every stage must keep micro_batch_size (Ulysses fixes it "
+                                   "at start)", "use the same micro_batch_size in every stage")
+            self._cp_disable, self._cp_group = cp.enable(model, self.cp_size, self.plan[stage_index].config.micro_batch_size)
+            self._cp_hooks = cp.split_rotary(base_model(model), self._cp_group, self.cp_index, self.cp_size)
         if cfg.model.gradient_checkpointing:
             inner = base_model(model)
             kwargs = {"use_reentrant": False}  # works with frozen embeddings (LoRA) and DDP
@@ -272,6 +293,8 @@ class Trainer:
         ds = self.acc.state.deepspeed_plugin.deepspeed_config
         ds["train_micro_batch_size_per_gpu"] = micro
         ds["gradient_accumulation_steps"] = accum
+        # DeepSpeed's own bookkeeping: it averages gradients over every process (with context parallelism too,
+        # as DDP and FSDP do), which the trainer's loss normalisation expects
         ds["train_batch_size"] = micro * accum * self.world
         ds["gradient_clipping"] = float(cfg.train.max_grad_norm) if cfg.train.max_grad_norm is not None else 0.0
         zero = ds.setdefault("zero_optimization", {})
@@ -340,8 +363,10 @@ class Trainer:
                                     batch["position_ids"])
         out = self.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask,
                          use_cache=False)
-        logits = out.logits[:, :-1]
-        targets = batch["labels"][:, 1:]
+        if "targets" in batch:  # a context-parallel shard: shifted over the whole sequence before the split
+            logits, targets = out.logits, batch["targets"]
+        else:
+            logits, targets = out.logits[:, :-1], batch["labels"][:, 1:]
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
                                ignore_index=-100, reduction="sum")
 
@@ -366,9 +391,11 @@ class Trainer:
             get_method(self.installed.name).training_step_hook(base_model(self.unwrapped), self.step + 1, generator)
         device = self.acc.device
         micro = [{k: v.to(device, non_blocking=True) for k, v in b.items()} for b in micro]
+        if self.cp_size > 1:
+            micro = [cp.shard(b, self.cp_index, self.cp_size) for b in micro]
         wide = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
         counts = torch.tensor(
-            [sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro), sum(b["input_ids"].numel() for b in micro)],
+            [sum(int((_targets(b) != -100).sum()) for b in micro), sum(b["input_ids"].numel() for b in micro)],
             device=device, dtype=torch.int64)
         n_labels, n_tokens = (int(x) for x in self._reduce_sum(counts).tolist())
         loss_sum = torch.zeros((), device=device, dtype=wide)
@@ -437,7 +464,8 @@ class Trainer:
             "stage_step": done,
             "scheduler": {"stage_step": done, "next_lr_step": done + 1},
             "data": {"stage": index, "samples_consumed": done * self.plan[index].config.micro_batch_size
-                     * self.plan[index].config.grad_accum * self.world, "processes": self.world},
+                     * self.plan[index].config.grad_accum * self.data_world, "processes": self.world,
+                     "context_parallel": self.cp_size},
             "guard": {"skipped": self.skipped, "history": list(self.guard_history)},
             "tokens_seen": self.tokens_seen,
             "ema_updates": self.ema.updates if self.ema is not None else None,
@@ -614,6 +642,12 @@ class Trainer:
         return result
 
     def _close(self) -> None:
+        if self._cp_disable is not None:  # the model and the sdpa kernel are whole again (export, later use)
+            for handle in self._cp_hooks:
+                handle.remove()
+            self._cp_hooks = []
+            self._cp_disable()
+            self._cp_disable = None
         if self.is_main and getattr(self, "metrics", None) is not None and not self.metrics.closed:
             self.metrics.close()
         for close in getattr(self, "_closers", []):
@@ -631,6 +665,9 @@ class Trainer:
                 new_method = stage.config.method
                 if switch(base_model(self.unwrapped), self.installed, new_method):
                     self._note(f"stage {stage.name}: method {new_method.name or 'none'} {json.dumps(new_method.params)}")
+                    if self.cp_size > 1:  # the switch built new rotary modules
+                        self._cp_hooks += cp.split_rotary(base_model(self.unwrapped), self._cp_group, self.cp_index,
+                                                          self.cp_size)
                 self.installed = new_method
                 if done == 0 and stage.index > 0 and stage.config.reset_optimizer:
                     getattr(self.optimizer, "optimizer", self.optimizer).state.clear()  # fresh Adam moments
@@ -639,7 +676,7 @@ class Trainer:
                 stop = min(stage.steps, last - stage.start)
                 loader = make_loader(
                     dataset, order, start_step=done, steps=stop, micro_batch_size=stage.config.micro_batch_size,
-                    grad_accum=stage.config.grad_accum, processes=self.world, rank=self.rank,
+                    grad_accum=stage.config.grad_accum, processes=self.data_world, rank=self.data_rank,
                     num_workers=stage.config.data.num_workers, pin_memory=self.acc.device.type == "cuda",
                 )
                 batches = iter(loader)
@@ -735,6 +772,7 @@ def _sharded_on_cpu(kind: str, mixed_precision: str):
 def _accelerator(cfg: TrainConfig):
     from accelerate import Accelerator
 
+    runtime.route_deepspeed_logs_to_stderr()  # accelerate imports it: its log lines would land on stdout
     on_cpu = not _has_accelerator_device()
     precision = "bf16" if cfg.train.precision == "bf16" else "no"
     if on_cpu and _env_flag("ACCELERATE_USE_FSDP"):
