@@ -426,3 +426,25 @@ def test_python_api_refusal_is_one_line(tmp_path):
     assert "\n" not in str(err.value) and "dynamic_yarn" in str(err.value)
     assert not (tmp_path / "m.gguf").exists()
     assert torch.is_tensor(model.model.rotary_emb.inv_freq)  # the model is untouched
+
+
+def test_the_gguf_conversion_bar_follows_transformers_progress_switch(tmp_path, capfd):
+    """transformers draws a plain tqdm bar while converting GGUF tensors, out of reach of its progress-bar switch;
+    while ropekit has that switch off (every CLI command does), the bar stays off too."""
+    from transformers.utils import logging as hf_logging
+
+    from ropekit.models.loading import load_model
+
+    tokenizer = trained_bpe()
+    write_gguf(build_tiny_model("llama", vocab_size=len(tokenizer)), tokenizer, tmp_path / "m.gguf", outtype="f32")
+    was = hf_logging.is_progress_bar_enabled()
+    try:
+        hf_logging.enable_progress_bar()
+        capfd.readouterr()
+        load_model(str(tmp_path / "m.gguf"))
+        assert "de-quantizing GGUF tensors" in capfd.readouterr().err  # the bar exists: what is hidden below
+        hf_logging.disable_progress_bar()
+        load_model(str(tmp_path / "m.gguf"))
+        assert "de-quantizing GGUF tensors" not in capfd.readouterr().err
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()

@@ -17,6 +17,8 @@ Local loads always pass ``local_files_only=True``, so loading a directory or a G
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -545,6 +547,29 @@ def _forget_gguf_quantization(model) -> None:
         del model.config.quantization_config
 
 
+@contextlib.contextmanager
+def _gguf_bar_follows_transformers():
+    """transformers' GGUF conversion draws a plain tqdm bar that its progress-bar switch does not reach; hide it
+    too while ropekit has turned transformers' bars off (ropekit shows its own progress; in a log file the bar's
+    carriage returns are noise)."""
+    from transformers.utils import logging as hf_logging
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - older transformers
+        yield
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None or hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+
+
 def _load_gguf(file: str, *, dtype, attn_implementation: str, with_tokenizer: bool):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -559,16 +584,17 @@ def _load_gguf(file: str, *, dtype, attn_implementation: str, with_tokenizer: bo
         )
     path = Path(file)
     directory, name = str(path.parent), path.name
-    model = _from_pretrained(
-        f"GGUF '{file}'",
-        AutoModelForCausalLM,
-        directory,
-        gguf_file=name,
-        local_files_only=True,
-        adapter_kwargs=_adapter_kwargs(True),
-        dtype=torch.float32 if dtype in (None, "auto") else dtype,
-        attn_implementation=attn_implementation,
-    )
+    with _gguf_bar_follows_transformers():
+        model = _from_pretrained(
+            f"GGUF '{file}'",
+            AutoModelForCausalLM,
+            directory,
+            gguf_file=name,
+            local_files_only=True,
+            adapter_kwargs=_adapter_kwargs(True),
+            dtype=torch.float32 if dtype in (None, "auto") else dtype,
+            attn_implementation=attn_implementation,
+        )
     _forget_gguf_quantization(model)
     tokenizer = None
     if with_tokenizer:
