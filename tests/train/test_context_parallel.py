@@ -83,12 +83,12 @@ def test_methods_that_replace_attention_are_refused(name, params, refused):
 def test_models_are_checked_for_heads_and_kernel():
     model = build_tiny_model("llama")
     heads = model.config.num_attention_heads
-    cp.check_model(model, 2, 1)
+    cp.check_model(model, 2)
     with pytest.raises(RopekitError, match=f"does not divide the model's {heads} attention heads"):
-        cp.check_model(model, heads + 1, 1)
+        cp.check_model(model, heads + 1)
     eager = build_tiny_model("llama", attn_implementation="eager")
     with pytest.raises(RopekitError, match="sdpa"):
-        cp.check_model(eager, 2, 1)
+        cp.check_model(eager, 2)
 
 
 def test_processes_group_into_sequences_and_data_ranks():

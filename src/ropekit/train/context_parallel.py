@@ -49,7 +49,8 @@ def check_method(model, method: MethodConfig, size: int) -> None:
                            "with its own all-to-all around sdpa", "train it with context_parallel: 1")
 
 
-def check_model(model, size: int, micro_batch_size: int) -> None:
+def check_model(model, size: int) -> None:
+    """Refuse in one line a model Ulysses cannot split ``size`` ways."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     heads = config.num_attention_heads
     if heads % size:

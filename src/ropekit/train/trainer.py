@@ -226,7 +226,7 @@ class Trainer:
         self.installed = self.plan[stage_index].config.method
         install(model, self.installed)
         if self.cp_size > 1:
-            cp.check_model(model, self.cp_size, self.plan[stage_index].config.micro_batch_size)
+            cp.check_model(model, self.cp_size)
             for stage in self.plan:
                 cp.check_method(model, stage.config.method, self.cp_size)
         if cfg.train.lora is not None:
