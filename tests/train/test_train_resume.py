@@ -82,6 +82,30 @@ def test_resume_reproduces_the_uninterrupted_run(make_config, tmp_path):
     assert again.losses == [] and again.step == 6
 
 
+@pytest.mark.parametrize("method", [{"name": "dynamic_ntk", "params": {"factor": 4}},
+                                    {"name": "dynamic_yarn", "params": {"factor": 4, "beta_fast": 4}}])
+def test_a_resumed_dynamic_schedule_starts_from_the_frequencies_it_had_grown_to(make_config, tmp_path, method):
+    """Dynamic NTK and Dynamic YaRN recompute their frequencies at the longest input seen since the last reset
+    (transformers' rule), so a run's frequencies depend on its history. The checkpoint keeps that length and
+    the resumed run grows to it again: its losses equal the uninterrupted run's exactly (a fresh schedule
+    started at the original window measured 2.4e-7 off)."""
+    def config(name):
+        return make_config(name, steps=6, method=method,
+                           data={"sources": [{"path": "builtin", "max_documents": 4}], "pose": {"target_length": 256},
+                                 "cache_dir": str(tmp_path / "cache")},
+                           train={"micro_batch_size": 2, "grad_accum": 1, "lr": 3e-3},
+                           output={"save_every": 3, "keep_last": None})
+
+    full = train(config("full"), progress=False)
+    cfg = config("killed")
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at(4)], progress=False)
+    state = read_state(cfg.require_output() / "checkpoints" / "step-3")
+    assert state["rotary_longest"] and all(64 < n <= 256 for n in state["rotary_longest"])
+    resumed = train(cfg, resume=True, progress=False)
+    assert resumed.losses == full.losses[3:]
+
+
 def test_run_directory_guards(make_config, tmp_path, text_dataset):
     data = text_dataset(64, 8)
     cfg = make_config("guarded", steps=2, output={"save_every": 1})

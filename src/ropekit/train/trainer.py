@@ -469,8 +469,49 @@ class Trainer:
             "guard": {"skipped": self.skipped, "history": list(self.guard_history)},
             "tokens_seen": self.tokens_seen,
             "ema_updates": self.ema.updates if self.ema is not None else None,
+            "rotary_longest": self._rotary_longest(),
             "config": json_safe(self.cfg.to_dict()),
         }
+
+    def _rotary_modules(self) -> list:
+        from ..install import rotary_modules
+
+        return [rotary for _, _, rotary in rotary_modules(base_model(self.unwrapped))]
+
+    def _rotary_longest(self) -> list[int | None]:
+        """Per rotary module, the longest input its frequencies were last grown to, or None.
+
+        Dynamic NTK's schedule (transformers' ``max_seq_len_cached``, ropekit's ``continuous`` LengthSchedule)
+        remembers the longest input since the last reset: a resumed run must start from the same frequencies
+        as the uninterrupted one, not from the original window.
+        """
+        from ..install.installer import LengthSchedule
+
+        found = []
+        for rotary in self._rotary_modules():
+            longest = None
+            original = getattr(rotary, "original_max_seq_len", None)
+            cached = getattr(rotary, "max_seq_len_cached", None)
+            if cached is not None and original is not None and int(cached) > int(original):
+                longest = int(cached)
+            for hook in rotary._forward_pre_hooks.values():
+                if isinstance(hook, LengthSchedule) and hook.kind == "continuous" and hook.longest > hook.length:
+                    longest = max(longest or 0, int(hook.longest))
+            found.append(longest)
+        return found
+
+    def _restore_rotary(self, longest: list[int | None]) -> None:
+        """Grow each rotary module's frequencies to ``longest`` as the uninterrupted run had (a forward whose
+        longest position is ``longest − 1`` takes the schedule's own growth path)."""
+        rotaries = self._rotary_modules()
+        if len(longest) != len(rotaries):
+            return
+        device = self.acc.device
+        for rotary, length in zip(rotaries, longest):
+            if length:
+                with torch.no_grad():
+                    rotary(torch.zeros(1, 1, 1, dtype=self.param_dtype, device=device),
+                           torch.full((1, 1), length - 1, dtype=torch.long, device=device))
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
@@ -478,6 +519,7 @@ class Trainer:
         self.guard_history.clear()
         self.guard_history.extend(float(x) for x in state["guard"]["history"])
         self.tokens_seen = int(state["tokens_seen"])
+        self._restore_rotary(state.get("rotary_longest") or [])
         processes = state.get("data", {}).get("processes", self.world)
         if processes != self.world:
             self._note(f"resuming with {self.world} processes (the checkpoint was written by {processes}); the global "
