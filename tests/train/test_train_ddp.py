@@ -45,8 +45,19 @@ def write_config(path: Path, cache: Path, micro: int, accum: int, steps: int = 3
     return path
 
 
+def launch(args: list[str], timeout: int = 540) -> subprocess.CompletedProcess:
+    launcher = Path(sys.executable).with_name("accelerate")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ROPEKIT_DEBUG": "1"}
+    return subprocess.run([str(launcher), "launch", *args], check=False, capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def rows(out_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def losses(out_dir: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["loss"] for row in rows(out_dir)]
 
 
 @pytest.mark.slow
@@ -58,15 +69,9 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path):
     one = train(load_config(write_config(tmp_path / "one.yaml", cache, micro=1, accum=2)).with_overrides(out_dir=one_dir),
                 progress=False)
     # two processes: 1 sequence each, no accumulation — the same 2 sequences per step
-    launcher = Path(sys.executable).with_name("accelerate")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ROPEKIT_DEBUG": "1"}
-    proc = subprocess.run(
-        [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-         "-m", "ropekit.cli", "train", str(write_config(tmp_path / "two.yaml", cache, micro=1, accum=1)),
-         "--out", str(two_dir), "--json"],
-        capture_output=True, text=True, env=env, timeout=540,
-    )
+    proc = launch(["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                   "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "ropekit.cli", "train",
+                   str(write_config(tmp_path / "two.yaml", cache, micro=1, accum=1)), "--out", str(two_dir), "--json"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout[proc.stdout.index("{"):])  # rank 0 prints the summary once
     assert summary["step"] == 3
@@ -78,16 +83,6 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path):
         assert a.keys() == b.keys()
         for k in a:
             torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6)
-
-
-def launch(args: list[str], timeout: int = 540) -> subprocess.CompletedProcess:
-    launcher = Path(sys.executable).with_name("accelerate")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ROPEKIT_DEBUG": "1"}
-    return subprocess.run([str(launcher), "launch", *args], capture_output=True, text=True, env=env, timeout=timeout)
-
-
-def rows(out_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def deepspeed_missing() -> bool:
@@ -188,7 +183,8 @@ def split_config(path: Path, cache: Path, context_parallel: int, method: str, da
     layout = {"pose": {"target_length": 256, "chunks": 2, "offset": "uniform"}}
     if data == "packed":  # short documents, so that every row holds several and its positions restart inside
         docs = path.parent / "short-docs.jsonl"
-        words = "the a rope scales every frequency of long context model attention position".split()
+        words = ["the", "a", "rope", "scales", "every", "frequency", "of", "long", "context", "model", "attention",
+                 "position"]
         docs.write_text("".join(json.dumps({"text": " ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 6))})
                                 + "\n" for i in range(400)))
         sources, layout = [{"path": str(docs)}], {"packing": {"reset_positions": True}}
