@@ -55,7 +55,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--trigram-until", type=int, default=plan["trigram_until"], help="step where the trigram phase ends")
     p.add_argument("--copy-until", type=int, default=plan["copy_until"], help="step where the copy phase ends")
     p.add_argument("--warmup", type=int, default=SETTINGS["warmup"], help="warm-up steps")
-    p.add_argument("--passkey-rows", type=int, default=SETTINGS["retrieval_rows"])
+    p.add_argument("--retrieval-rows", type=int, default=SETTINGS["retrieval_rows"],
+                   help="rows of each text-phase batch packed with passkey and RULER-format documents")
     p.add_argument("--copy-rows", type=int, default=plan["copy_rows"], help="copy rows in each phase-3 batch")
     p.add_argument("--alphabet", type=int, default=plan["alphabet"])
     p.add_argument("--span", default=",".join(map(str, plan["span"])), help="min,max span length of copy rows")
@@ -69,7 +70,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     settings, texts = _settings(args.seed, args.steps, train_bytes=args.train_bytes)
-    settings.update(lr=args.lr, warmup=args.warmup, retrieval_rows=args.passkey_rows, curriculum={
+    settings.update(lr=args.lr, warmup=args.warmup, retrieval_rows=args.retrieval_rows, curriculum={
         "trigram_until": args.trigram_until, "copy_until": args.copy_until, "copy_rows": args.copy_rows,
         "alphabet": args.alphabet, "span": [int(v) for v in args.span.split(",")]})
     window = settings["window"]

@@ -20,7 +20,7 @@ from eval_tokenizers import trained_bpe
 from ropekit.errors import RopekitError
 from ropekit.eval import ruler
 from ropekit.eval.common import make_context
-from ropekit.eval.ruler import tasks as T
+from ropekit.data.ruler import tasks as T
 from ropekit.models.byte_tokenizer import byte_tokenizer
 from ropekit.models.tiny import build_tiny_model
 
@@ -271,6 +271,27 @@ def test_short_lengths_fit_or_name_their_minimum(byte_tok):
         plan_for(byte_tok, "cwe", 1024)
 
 
+def test_a_smaller_generation_budget_gives_the_haystack_its_room(byte_tok):
+    """``tokens_to_generate`` replaces RULER's budget in the length rule only (prompt + budget ≤ length): the
+    haystack grows by what the budget gave back, nothing else of the task changes."""
+    plans, _, _ = ruler.prepare(byte_tok, lengths=[512], tasks=["niah_single_1", "vt"], tokens_to_generate=12)
+    for plan in plans:
+        default = plan_for(byte_tok, plan.spec.name, 512)
+        assert plan.spec.tokens_to_generate == 12 and plan.budget == 500
+        assert plan.spec.settings == default.spec.settings and plan.spec.metric == default.spec.metric
+        sample = plan.sample(0)
+        assert sample.prompt_tokens + 12 <= 512 < plan.measure(plan.knob + 1) + 12
+        assert plan.knob > default.knob
+    # a length too short for the needle and RULER's 128 tokens holds it with 12
+    with pytest.raises(RopekitError, match="'niah_single_1' cannot fit in 460 tokens"):
+        plan_for(byte_tok, "niah_single_1", 460)
+    small = ruler.prepare(byte_tok, lengths=[460], tasks=["niah_single_1"], tokens_to_generate=12)[0][0].sample(0)
+    assert small.prompt_tokens + 12 <= 460
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(RopekitError, match="--tokens-to-generate"):
+            ruler.prepare(byte_tok, lengths=[512], tasks=["vt"], tokens_to_generate=bad)
+
+
 def test_qa_files_are_read_as_ruler(byte_tok, qa_dir, tmp_path_factory):
     squad = plan_for(byte_tok, "qa_1", 1024, data=qa_dir)
     items = squad.qa.items
@@ -411,6 +432,17 @@ def test_missing_qa_data_is_skipped_with_a_reason(byte_tok, tmp_path):
     rows = ruler.summarize(list(ctx.writer.records()))
     assert [r["subtask"] for r in rows] == ["niah_single_1", "qa_1", "qa_2", "average"]
     assert rows[1]["skipped"].startswith("dev-v2.0.json") and rows[-1]["tasks"] == 1
+
+
+def test_records_carry_the_budget_given(byte_tok, tmp_path):
+    out = tmp_path / "r.jsonl"
+    ctx = make_context("ruler", build_tiny_model("llama"), byte_tok, method=None, params=None, lengths=[460],
+                       key_fields=ruler.KEY_FIELDS, out=str(out))
+    ruler.run(ctx, lengths=[460], tasks=["niah_single_1"], samples=2, tokens_to_generate=5)
+    records = list(ctx.writer.records())
+    assert len(records) == 2
+    for r in records:  # the budget given bounds the generation and is recorded
+        assert r["tokens_to_generate"] == 5 and r["generated_tokens"] <= 5 and r["prompt_tokens"] + 5 <= 460
 
 
 def test_cli_runs_two_tasks_at_512(run_cli):

@@ -29,10 +29,12 @@ RULER_KEYS = ("task", "method", "params", "length", "subtask", "sample", "seed")
 
 
 def variant(label: str, method: str | None = None, kind: str = "frozen", ppl: Sequence[float] = (0, 0, 0, 0),
-            acc: Sequence[float] = (0.9, 0.0, 0.0, 0.0), params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+            acc: Sequence[float] = (0.9, 0.0, 0.0, 0.0), params: Mapping[str, Any] | None = None,
+            ruler_acc: Sequence[float] | None = None) -> dict[str, Any]:
     """One variant: ``kind`` base | frozen | ft | pose | search | control; ``ppl``: NLL effect per length of
-    :data:`LENGTHS`; ``acc``: passkey accuracy per length."""
-    return {"label": label, "method": method, "kind": kind, "ppl": list(ppl), "acc": list(acc), "params": dict(params or {})}
+    :data:`LENGTHS`; ``acc``: passkey accuracy per length (and RULER's, unless ``ruler_acc`` gives its own)."""
+    return {"label": label, "method": method, "kind": kind, "ppl": list(ppl), "acc": list(acc), "params": dict(params or {}),
+            "ruler_acc": list(ruler_acc if ruler_acc is not None else acc)}
 
 
 #: A study shaped like the ``quick`` preset (21 variants) where every claim of the report holds.
@@ -131,7 +133,7 @@ def build(directory: Path, spec: Sequence[Mapping[str, Any]] = QUICK, *, name: s
                                     recs.append({"task": "passkey", "method": own, "params": v["params"], "length": L, "depth": d,
                                                  "trial": t, "score": float(draws[(L, d, t)] < p), "prediction": "42", **extra})
                         elif task == "ruler":
-                            p = min(1.0, max(0.0, v["acc"][k] + shift * 5))
+                            p = min(1.0, max(0.0, v["ruler_acc"][k] + shift * 5))
                             for sub in ("niah", "vt", "qa"):
                                 for i in range(6 if sub != "qa" else 3):
                                     recs.append({"task": "ruler", "method": own, "params": v["params"], "length": L, "subtask": sub,

@@ -158,3 +158,23 @@ def test_claims_not_measured(tmp_path):
     got = verdicts(summary)
     assert got["a"] == HOLDS and {k: got[k] for k in "bcdef"} == {k: ABSENT for k in "bcdef"}
     assert all(c["evidence"] for c in summary["findings"]["claims"])
+
+
+def test_retrieval_and_correlation_claims_cover_every_downstream_task(tmp_path):
+    """With RULER beside passkey, claim (c) judges each retrieval task on its own and (e) pools τ over both."""
+    ss.build(tmp_path / "both", ss.QUICK, tasks=("ppl", "passkey", "ruler"))
+    summary = json.loads(Path(write_report(tmp_path / "both")["json"]).read_text())
+    claims = {c["id"]: c for c in summary["findings"]["claims"]}
+    assert claims["c"]["verdict"] == HOLDS and "(passkey retrieval and ruler)" in claims["c"]["claim"]
+    for name in ("Passkey retrieval", "RULER"):
+        assert any(e.startswith(f"{name}: base, mean over 512, 1k, 2k") for e in claims["c"]["evidence"]), name
+        assert any(e.startswith(f"{name}, significantly above the base model") for e in claims["c"]["evidence"]), name
+    pooled = [k for k in summary["kendall"] if k["task"] == "pooled" and k["mode"] == "target"]
+    assert len(pooled) == 1 and pooled[0]["tasks"] == ["passkey", "ruler"] and pooled[0]["ci95"] is not None
+    assert any(e.startswith("pooled over passkey, ruler") for e in claims["e"]["evidence"])
+
+    # a base model that still finds RULER's needles beyond its window fails (c), whatever passkey shows
+    spec = [dict(v, ruler_acc=[0.9, 0.8, 0.8, 0.7]) if v["label"] == "base" else v for v in ss.QUICK]
+    ss.build(tmp_path / "ruler", spec, tasks=("ppl", "passkey", "ruler"))
+    summary = json.loads(Path(write_report(tmp_path / "ruler")["json"]).read_text())
+    assert verdicts(summary)["c"] == FAILS

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from ropekit.eval.passkey import (
     KEY_RANGE,
     TASK_DESCRIPTION,
 )
+from ropekit.data.ruler import tasks as T
 from ropekit.train import builtin_base
 
 
@@ -40,12 +42,65 @@ def test_passkey_documents_are_the_eval_prompt_with_its_answer():
         assert INFORMATION_LINE.format(k=key) in head
 
 
+@pytest.fixture(scope="module")
+def stdlib_bpe():
+    """A 400-token BPE of 150 kB of the training split, and that text's words (the essay stand-in)."""
+    _, texts = builtin_base._settings(0, None, train_bytes=150_000)
+    return builtin_base.train_tokenizer(texts, 400), " ".join(texts).split()
+
+
+NIAH_QUESTION = re.compile(r"\nWhat is the special magic number for (\S+) mentioned in the provided text\? "
+                           r"The special magic number for \1 mentioned in the provided text is (\d{7})\.$")
+
+
+@pytest.mark.parametrize("task", ["niah_single_1", "niah_single_2"])
+def test_ruler_documents_are_the_eval_prompt_with_its_answer(task, stdlib_bpe):
+    """Read independently of the generator: RULER's question about one key, answered with the value its needle
+    gives; the haystack is the noise line or the training text given, never the evaluation's essay."""
+    from ropekit.data.prose import prose_sentences
+
+    tok, words = stdlib_bpe
+    docs = builtin_base.ruler_documents(task, tok, 256, 40, random.Random(0), words)
+    assert len(docs) == 40 and all(len(d) <= 256 for d in docs)
+    texts = [tok.decode(d) for d in docs]
+    assert len({len(d) for d in docs}) > 5  # haystacks of many sizes
+    essay = set(prose_sentences()[:3000])
+    for text in texts:
+        key, value = NIAH_QUESTION.search(text).groups()
+        assert text.count(f"One of the special magic numbers for {key} is: {value}.") == 1
+        assert text.startswith("A special magic number is hidden within the following text.")
+        haystack = text.split("I will quiz you about the number afterwards.\n", 1)[1].rsplit("\nWhat is", 1)[0]
+        haystack = haystack.replace(f"One of the special magic numbers for {key} is: {value}.", "").strip()
+        if task == "niah_single_1":
+            assert set(filter(None, haystack.split("\n"))) <= {T.NOISE_LINE}
+        elif haystack:
+            assert all(w in words for w in haystack.split()) and not any(s in haystack for s in essay if len(s) > 40)
+    with pytest.raises(ValueError, match="niah_single_1 needs"):
+        builtin_base.ruler_documents("niah_single_1", tok, 64, 1, random.Random(0), words)
+
+
+def test_retrieval_rows_mix_passkey_and_ruler_documents_by_the_share(stdlib_bpe):
+    tok, words = stdlib_bpe
+    natural = torch.tensor(tok(" ".join(words[:3000])).input_ids)
+    passkey = [tok(builtin_base.passkey_document(random.Random(i), 4)).input_ids for i in range(20)]
+    ruler = {t: builtin_base.ruler_documents(t, tok, 256, 20, random.Random(1), words) for t in ("niah_single_1", "niah_single_2")}
+    for share in (0.0, 0.5, 1.0):
+        settings = dict(builtin_base.SETTINGS, window=256, batch_size=4, retrieval_rows=1, passkey_share=share)
+        cur = builtin_base.Curriculum(tok, natural, passkey, settings, seed=0, ruler_docs=ruler)
+        gen = torch.Generator().manual_seed(4)
+        starts = [tok.decode(cur.retrieval_row(gen)[:60]) for _ in range(200)]  # the first document of each row
+        passkeys = sum(s.startswith(TASK_DESCRIPTION[:20]) for s in starts) / len(starts)
+        rulers = sum(s.startswith("A special magic number") for s in starts) / len(starts)
+        assert passkeys + rulers == 1 and abs(passkeys - share) < 0.1
+
+
 @pytest.fixture()
 def small_settings(monkeypatch):
     monkeypatch.setitem(builtin_base.SETTINGS, "train_bytes", 150_000)
     monkeypatch.setitem(builtin_base.SETTINGS, "vocab_size", 400)
     monkeypatch.setitem(builtin_base.SETTINGS, "batch_size", 4)
     monkeypatch.setitem(builtin_base.SETTINGS, "retrieval_rows", 1)
+    monkeypatch.setitem(builtin_base.SETTINGS, "ruler_tasks", {})  # RULER's prompts need more than 64 tokens
     monkeypatch.setitem(builtin_base.SETTINGS, "window", 64)
     monkeypatch.setitem(builtin_base.SETTINGS, "model", {"hidden_size": 32, "num_layers": 1, "num_heads": 2,
                                                           "num_kv_heads": 1, "rope_theta": 10000.0})

@@ -271,6 +271,7 @@ def ruler_cmd(
     samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="Samples per task and length.")] = None,
     data: Annotated[Optional[Path], typer.Option("--data", help="Folder with dev-v2.0.json (SQuAD) and hotpot_dev_distractor_v1.json for qa_1/qa_2 (skipped without).")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Wrap prompts in the tokenizer's chat template (on by default when it has one; --no-chat forces the plain template).")] = None,
+    tokens_to_generate: Annotated[Optional[int], typer.Option("--tokens-to-generate", min=1, help="Generation budget of every task, counted in the length (default: RULER's: 128 niah, 30 vt, 120 cwe, 50 fwe, 32 qa); a small one leaves a short window room for the haystack.")] = None,
     seed: Seed = 0,
     out_file: Out = None,
     resume: Resume = False,
@@ -282,7 +283,7 @@ def ruler_cmd(
 ):
     """RULER's 13 synthetic tasks with their templates, budgets and metrics."""
     _run("ruler", model, lengths, method, param, seed, out_file, resume, json_out, (device, dtype, attn, device_map), tasks=tasks, samples=samples,
-         data=data, chat=chat)
+         data=data, chat=chat, tokens_to_generate=tokens_to_generate)
 
 
 @_task("longbench")

@@ -9,10 +9,11 @@ starts from, and it must exist offline on a 2-core CPU. :func:`pretrain_base` bu
    a synthetic copy curriculum that grows the induction heads retrieval needs (:class:`Curriculum`), then
    on the *training* split of the Python standard-library sources (:mod:`ropekit.data.local_text`; their
    docstrings are its English) with synthetic retrieval documents — the passkey prompt of
-   :mod:`ropekit.data.passkey_text` (Landmark/YaRN/PoSE's) with its answer — so that the base model retrieves
+   :mod:`ropekit.data.passkey_text` (Landmark/YaRN/PoSE's) and RULER's single-needle prompts
+   (niah_single_1/2, :func:`ruler_documents`), each with its answer — so that the base model retrieves
    *within* its window and retrieval beyond it measures the method. The held-out split and the
-   language-reference prose, which make up the built-in evaluation corpus (:mod:`ropekit.data.corpora`),
-   are never trained on;
+   language-reference prose, which make up the built-in evaluation corpus (:mod:`ropekit.data.corpora`) and
+   RULER's essay haystack, are never trained on;
 3. the result is shipped in the package (``ropekit/train/base_model/``: safetensors, config, tokenizer and
    the training record ``ropekit_base.json``), so a study starts from it without pre-training; it is used
    whenever its recorded settings equal :data:`SETTINGS` (and the seed). Otherwise — other settings, another
@@ -42,6 +43,7 @@ import torch
 from .. import runtime
 from ..data.local_text import corpus_digest, stdlib_documents
 from ..data.passkey_text import KEY_RANGE, build_prompt
+from ..data.ruler.tasks import TASKS, make_generator
 from ..models.loading import load_model
 from ..models.tiny import build_tiny_model
 from ..runtime import (
@@ -54,7 +56,7 @@ from ..runtime import (
 from .pretrain import pretrain_step
 
 #: Bump when training changes in a way SETTINGS does not capture (invalidates cached models).
-CACHE_FORMAT = 4
+CACHE_FORMAT = 5
 #: File in the model directory recording how it was trained.
 META_FILE = "ropekit_base.json"
 #: The end-of-text token (also padding); the tokenizer's only special token.
@@ -72,8 +74,11 @@ SETTINGS: dict[str, Any] = {
     # linear warm-up over this many steps, then cosine decay to 10 % of lr (absolute, as the copy phases below:
     # the induction circuit's timing depends on them)
     "warmup": 45,
-    # rows of each phase-3 batch packed with passkey documents (the rest is natural text)
-    "retrieval_rows": 4,
+    # rows of each phase-3 batch packed with retrieval documents (the rest is natural text): a passkey document
+    # with probability passkey_share, else a RULER-format document of a task of ruler_tasks (by its weight)
+    "retrieval_rows": 6,
+    "passkey_share": 0.34,
+    "ruler_tasks": {"niah_single_1": 1, "niah_single_2": 1},
     "train_bytes": 6_000_000,  # the whole training split (about 5.6 MB)
     # the copy curriculum (see Curriculum): the steps at which its first two phases end, rows of phase-3
     # batches that repeat random spans, the synthetic alphabet's size and the spans' length range
@@ -89,6 +94,47 @@ def passkey_document(rng: random.Random, max_sentences: int) -> str:
     key = rng.randint(*KEY_RANGE)
     n_garbage = rng.randint(0, max_sentences)
     return build_prompt(n_garbage, rng.randint(0, n_garbage), key) + f" {key}."
+
+
+def ruler_answer(family: str, references: list[str]) -> str:
+    """What follows a RULER prompt's answer prefix in a training document: `` 1234567.`` after a niah prefix
+    (values joined by ", "), the names after vt's ``they are: ``."""
+    return " " + ", ".join(references) + "." if family == "niah" else " ".join(references)
+
+
+def ruler_documents(task: str, tokenizer, window: int, count: int, rng: random.Random, essay_words: list[str]) -> list[list[int]]:
+    """``count`` RULER-format documents of ``task`` (prompt in RULER's base template, then the answer) that fit
+    the window, as token ids.
+
+    They come from the evaluation's own generators (:mod:`ropekit.data.ruler.tasks`) — RULER's templates,
+    needles and noise verbatim — with the training split in place of the essay haystack (a random stretch of
+    ``essay_words``), and keys and values drawn from ``rng``, so the model learns the question format, not
+    the evaluation's samples. Haystack sizes are uniform from empty up to the largest that fits.
+    """
+    spec = TASKS[task]
+
+    def essay(n_words: int, draw: random.Random) -> str:
+        start = draw.randrange(max(1, len(essay_words) - n_words))
+        return " ".join(essay_words[start:start + n_words])
+
+    generator = make_generator(spec, window, 0, lambda text: len(tokenizer(text).input_ids), essay=essay)
+
+    def document(knob: int) -> list[int]:
+        prompt = generator.build(knob, rng, 0, 0)
+        return tokenizer(prompt.base_text() + ruler_answer(spec.family, prompt.references)).input_ids
+
+    smallest = len(document(generator.min_knob))
+    if smallest > window:
+        raise ValueError(f"RULER task {task} needs {smallest} tokens with an empty haystack; the window is {window}")
+    top = generator.min_knob  # the largest haystack that fit a probe, found by doubling
+    while len(document(2 * top + 1)) <= window:
+        top = 2 * top + 1
+    out: list[list[int]] = []
+    while len(out) < count:
+        ids = document(rng.randint(generator.min_knob, 2 * top + 1))
+        if len(ids) <= window:
+            out.append(ids)
+    return out
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -128,16 +174,21 @@ class Curriculum:
        times, which only an induction head predicts (the loss leaves ln |alphabet| between steps 300 and 500, by
        the seed: the phase runs well past that, since a circuit not formed by its end did not form later);
     3. the language model's data: windows of the natural-text stream, with ``retrieval_rows`` rows of packed
-       passkey documents and ``copy_rows`` copy rows that keep the circuit in use.
+       retrieval documents — passkey prompts and RULER-format prompts (:func:`ruler_documents`) with their
+       answers — and ``copy_rows`` copy rows that keep the circuit in use.
 
     Phases 1–2 use rows of half the window (twice as many, the same tokens per batch).
     ``scripts/induction_probe.py`` measures other curricula on the same data.
     """
 
     def __init__(self, tokenizer, natural: torch.Tensor, passkey_docs: list[list[int]], settings: dict[str, Any],
-                 seed: int):
+                 seed: int, ruler_docs: dict[str, list[list[int]]] | None = None):
         plan = settings["curriculum"]
         self.natural, self.passkey_docs, self.eos = natural, passkey_docs, tokenizer.eos_token_id
+        tasks = sorted(ruler_docs or {})
+        self.ruler_docs = [ruler_docs[t] for t in tasks]
+        self.ruler_weights = torch.tensor([float(settings["ruler_tasks"][t]) for t in tasks])
+        self.passkey_share = float(settings["passkey_share"]) if self.ruler_docs else 1.0
         self.window, self.batch_size, self.steps = settings["window"], settings["batch_size"], settings["steps"]
         self.retrieval_rows, self.copy_rows = settings["retrieval_rows"], plan["copy_rows"]
         self.trigram_until, self.copy_until = int(plan["trigram_until"]), int(plan["copy_until"])
@@ -161,7 +212,7 @@ class Curriculum:
             return torch.stack([self.copy_row(gen, short) for _ in range(rows)])
         starts = torch.randint(0, len(self.natural) - self.window, (self.batch_size,), generator=gen)
         ids = self.natural[starts[:, None] + torch.arange(self.window)]
-        synthetic = [self.passkey_row(gen) for _ in range(self.retrieval_rows)]
+        synthetic = [self.retrieval_row(gen) for _ in range(self.retrieval_rows)]
         synthetic += [self.copy_row(gen, self.window) for _ in range(self.copy_rows)]
         for row, values in enumerate(synthetic):
             ids[row] = values
@@ -184,11 +235,15 @@ class Curriculum:
             out += span * int(torch.randint(2, 5, (1,), generator=gen)) + [self.eos]
         return torch.tensor(out[:length])
 
-    def passkey_row(self, gen: torch.Generator) -> torch.Tensor:
-        """Passkey documents back to back (EOS between them), the last one cut at the window."""
+    def retrieval_row(self, gen: torch.Generator) -> torch.Tensor:
+        """Retrieval documents back to back (EOS between them), the last one cut at the window: each a passkey
+        document with probability ``passkey_share``, else one of a RULER task drawn by its ``ruler_tasks`` weight."""
         packed: list[int] = []
         while len(packed) < self.window:
-            packed += self.passkey_docs[int(torch.randint(0, len(self.passkey_docs), (1,), generator=gen))] + [self.eos]
+            pool = self.passkey_docs
+            if float(torch.rand(1, generator=gen)) >= self.passkey_share:
+                pool = self.ruler_docs[int(torch.multinomial(self.ruler_weights, 1, generator=gen))]
+            packed += pool[int(torch.randint(0, len(pool), (1,), generator=gen))] + [self.eos]
         return torch.tensor(packed[:self.window])
 
 
@@ -205,7 +260,8 @@ def _settings(seed: int, steps: int | None, train_bytes: int | None = None) -> t
 
 def training_data(settings: dict[str, Any], texts: list[str], seed: int):
     """``(tokenizer, curriculum)`` of a base model: the BPE trained on ``texts`` and a sample of passkey
-    documents, and the :class:`Curriculum` over the tokenized text stream and documents."""
+    documents, and the :class:`Curriculum` over the tokenized text stream, passkey documents and 3,000
+    RULER-format documents of each of ``settings["ruler_tasks"]``."""
     rng = random.Random(f"ropekit-base|{seed}")
     window = settings["window"]
     retrieval = [passkey_document(rng, max_sentences=window // 8) for _ in range(8000)]
@@ -214,7 +270,9 @@ def training_data(settings: dict[str, Any], texts: list[str], seed: int):
     for ids in tokenizer(texts).input_ids:
         stream.extend(ids + [tokenizer.eos_token_id])
     documents = [ids[:window] for ids in tokenizer(retrieval).input_ids]
-    return tokenizer, Curriculum(tokenizer, torch.tensor(stream), documents, settings, seed)
+    essay_words = " ".join(texts).split()
+    ruler = {task: ruler_documents(task, tokenizer, window, 3000, rng, essay_words) for task in settings["ruler_tasks"]}
+    return tokenizer, Curriculum(tokenizer, torch.tensor(stream), documents, settings, seed, ruler)
 
 
 def learning_rate(step: int, settings: dict[str, Any]) -> float:
@@ -272,8 +330,9 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
     replaces the cache entry; ``shipped=False`` ignores only the shipped model.
 
     Each step is a batch of :class:`Curriculum` (copy curriculum first, then natural text with packed
-    passkey documents). Measured on 2 CPU cores: the copy loss leaves its plateau between steps 300 and 500 and the
-    finished model retrieves passkeys inside its window (README, "What the papers found").
+    passkey and RULER-format documents). Measured on 2 CPU cores: the copy loss leaves its plateau between steps
+    300 and 500 and the finished model retrieves passkeys and RULER's needles inside its window (README, "The
+    base model").
 
     AdamW (β 0.9/0.95), warm-up then cosine decay (:func:`learning_rate`), gradient clipping at 1.
     ``on_step(done, total)`` is called after every step (a study's progress bar).
@@ -316,7 +375,7 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
         "initial_loss": losses[0],
         "final_loss": sum(losses[-20:]) / len(losses[-20:]),
         "corpus_note": "copy curriculum (synthetic trigram and repeated-span rows), then the python-stdlib training split "
-                       "(sources and their docstrings) with packed passkey documents and repeated-span rows",
+                       "(sources and their docstrings) with packed passkey and RULER-format documents and repeated-span rows",
     }
     return save_model_atomically(model, path, meta, extra=tokenizer.save_pretrained, meta_file=META_FILE)
 

@@ -4,7 +4,7 @@ Context Size of Your Long-Context Language Models?"), generated locally with the
 Tasks (RULER's ``synthetic.yaml``): niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue,
 niah_multiquery (needle retrieval, 128 generated tokens), vt (variable tracking, 30), cwe (common words, 120),
 fwe (frequent words, 50), qa_1 (SQuAD v2) and qa_2 (HotpotQA) (32). Templates, answer prefixes, budgets and
-metrics are RULER's (:mod:`.tasks`, :mod:`.metrics`); length control is in :mod:`.fit`.
+metrics are RULER's (:mod:`ropekit.data.ruler.tasks`, :mod:`.metrics`); length control is in :mod:`.fit`.
 
 Pipeline per task and length: fit the haystack so prompt + ``tokens_to_generate`` ≤ length, then for each
 sample build the prompt (chat template around the task text when ``chat`` is on — by default whenever the
@@ -29,17 +29,18 @@ its few-shot example, then fails with the minimum length it needs (:mod:`.fit`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ...data.prose import PROSE_SOURCE, prose_digest
+from ...data.ruler.qa_data import find_qa_data
+from ...data.ruler.tasks import TASKS, TaskSpec
 from ...errors import RopekitError
 from ..common import EvalContext, eos_ids, greedy_generate, mean, require_tokenizer, timer
 from .fit import Plan, Renderer, Sample
 from .metrics import METRICS, postprocess, string_match_all, string_match_part
-from .qa_data import find_qa_data
-from .tasks import TASKS
 
-__all__ = ["DEFAULT_LENGTHS", "KEY_FIELDS", "TASKS", "Plan", "Renderer", "Sample", "run", "summarize", "resolve_tasks", "resolve_chat",
+__all__ = ["DEFAULT_LENGTHS", "KEY_FIELDS", "TASKS", "Plan", "task_specs", "Renderer", "Sample", "run", "summarize", "resolve_tasks", "resolve_chat",
            "postprocess", "string_match_all", "string_match_part"]
 
 KEY_FIELDS = ("subtask", "sample")
@@ -75,16 +76,33 @@ def resolve_chat(tokenizer, chat: bool | None) -> bool:
     return bool(chat)
 
 
+def task_specs(names: list[str], tokens_to_generate: int | None) -> dict[str, TaskSpec]:
+    """RULER's spec of each task, with its generation budget replaced by ``tokens_to_generate`` when given.
+
+    The budget counts in the length (prompt + budget ≤ length), so RULER's 128 tokens for a niah answer leave
+    little of a short window to the haystack; a 7-digit value needs about ten. The scoring is unchanged, and a
+    generation cut short by the budget scores what it found.
+    """
+    if tokens_to_generate is None:
+        return {name: TASKS[name] for name in names}
+    if isinstance(tokens_to_generate, bool) or not isinstance(tokens_to_generate, int) or tokens_to_generate < 1:
+        raise RopekitError(f"--tokens-to-generate {tokens_to_generate!r} is not a positive whole number",
+                           "pass e.g. --tokens-to-generate 16, or leave it out for RULER's budget per task")
+    return {name: dataclasses.replace(TASKS[name], tokens_to_generate=tokens_to_generate) for name in names}
+
+
 def prepare(ctx_tokenizer, *, lengths: list[int], tasks: list[str] | None = None, data: str | None = None,
-            chat: bool | None = None, seed: int = 0, samples: int = 1, progress=None):
+            chat: bool | None = None, seed: int = 0, samples: int = 1, tokens_to_generate: int | None = None,
+            progress=None):
     """``(plans, skipped, chat_on)``: a fitted :class:`Plan` per (length, task) and the qa tasks skipped with why.
 
-    Everything that can fail (unknown task, a length too short for a task, malformed QA file, too few
-    questions) fails here, before any generation.
+    Everything that can fail (unknown task, a bad budget, a length too short for a task, malformed QA file,
+    too few questions) fails here, before any generation.
     """
     if samples < 1:
         raise RopekitError(f"--samples {samples} is not positive", "pass --samples N with N ≥ 1")
     names = resolve_tasks(tasks)
+    specs = task_specs(names, tokens_to_generate)
     lengths = list(dict.fromkeys(lengths))
     chat_on = resolve_chat(ctx_tokenizer, chat)
     renderer = Renderer(ctx_tokenizer, chat_on)
@@ -107,17 +125,19 @@ def prepare(ctx_tokenizer, *, lengths: list[int], tasks: list[str] | None = None
                 continue
             if progress:
                 progress(f"ruler: preparing {name} @ {length}")
-            plans.append(Plan(TASKS[name], length, renderer, seed, qa_sets.get(name)))
+            plans.append(Plan(specs[name], length, renderer, seed, qa_sets.get(name)))
     return plans, skipped, chat_on
 
 
 def run(ctx: EvalContext, *, lengths: list[int] | None = None, tasks: list[str] | None = None, samples: int = 10,
-        data: str | None = None, chat: bool | None = None) -> None:
-    """Score ``samples`` samples of each task at each length (default :data:`DEFAULT_LENGTHS`); one record per sample."""
+        data: str | None = None, chat: bool | None = None, tokens_to_generate: int | None = None) -> None:
+    """Score ``samples`` samples of each task at each length (default :data:`DEFAULT_LENGTHS`); one record per sample.
+    ``tokens_to_generate`` replaces RULER's generation budget of every task (:func:`task_specs`)."""
     tokenizer = require_tokenizer(ctx.tokenizer, "ruler")
     lengths = list(lengths or DEFAULT_LENGTHS)
     plans, skipped, chat_on = prepare(tokenizer, lengths=lengths, tasks=tasks, data=data, chat=chat, seed=ctx.seed,
-                                      samples=samples, progress=lambda text: ctx.advance(0, description=text))
+                                      samples=samples, tokens_to_generate=tokens_to_generate,
+                                      progress=lambda text: ctx.advance(0, description=text))
     ctx.set_total(len(plans) * samples)
     for name, reason in skipped.items():
         ctx.advance(0, description=f"ruler: {name} skipped — {reason}")

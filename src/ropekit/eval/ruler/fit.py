@@ -31,10 +31,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ...data.ruler.qa_data import QAData
+from ...data.ruler.tasks import FWEGenerator, Generator, Prompt, TaskSpec, make_generator
 from ...errors import RopekitError
 from ..common import encode
-from .qa_data import QAData
-from .tasks import FWEGenerator, Generator, Prompt, TaskSpec, make_generator
 
 
 def derive_seed(*parts) -> int:
@@ -57,7 +57,7 @@ class Renderer:
 
     def text(self, prompt: Prompt) -> str:
         if not self.chat:
-            return "".join(u + a + "\n" for u, a in prompt.shots) + prompt.user + prompt.answer_prefix
+            return prompt.base_text()
         messages = []
         for user, assistant in prompt.shots:
             messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant.strip()}]

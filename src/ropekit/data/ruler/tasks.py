@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 from scipy.special import zeta
 
-from ...data.prose import PROSE_SOURCE, prose_paragraphs, split_sentences
-from ...data.words import ADJECTIVES, NOUNS, WORDS_SOURCE, common_word_list, large_word_list
+from ..prose import PROSE_SOURCE, prose_paragraphs, split_sentences
+from ..words import ADJECTIVES, NOUNS, WORDS_SOURCE, common_word_list, large_word_list
 from .qa_data import QA_FILES, QAData
 
 # ---- RULER's strings (constants.py), verbatim --------------------------------------------------------
@@ -146,6 +146,11 @@ class Prompt:
     fewshot: int = 0
     haystack: str = ""
 
+    def base_text(self) -> str:
+        """RULER's ``base`` template (no chat): few-shot turns as ``user + assistant + "\\n"``, then the task text
+        and the answer prefix."""
+        return "".join(u + a + "\n" for u, a in self.shots) + self.user + self.answer_prefix
+
 
 def singular(text: str) -> str:
     """RULER's rewrite of a niah template when exactly one value is asked for (num_q × num_v == 1)."""
@@ -228,7 +233,17 @@ def _draw_new(kind: str, rng: random.Random, used: set[str]) -> str:
 
 
 class NiahGenerator(Generator):
-    """``niah.py``: needles ``One of the special magic {v} for {key} is: {value}.`` in a noise, essay or needle haystack."""
+    """``niah.py``: needles ``One of the special magic {v} for {key} is: {value}.`` in a noise, essay or needle haystack.
+
+    ``essay(n_words, rng)`` replaces the essay haystack's text (default: RULER's, the essay's first ``n_words``
+    words, :func:`essay_text`); the built-in base model's training documents use the training split there, so
+    it never reads the evaluation's essay.
+    """
+
+    def __init__(self, spec: TaskSpec, length: int, seed: int, count_tokens: Callable[[str], int],
+                 essay: Callable[[int, random.Random], str] | None = None):
+        super().__init__(spec, length, seed, count_tokens)
+        self.essay = essay or (lambda n_words, rng: essay_text(n_words))
 
     @property
     def incremental(self) -> int:
@@ -251,7 +266,7 @@ class NiahGenerator(Generator):
         rng.shuffle(needles)
 
         if self.spec.haystack == "essay":
-            sentences = split_sentences(essay_text(knob)) if knob else []
+            sentences = split_sentences(self.essay(knob, rng)) if knob else []
             cuts = [0] + sorted(int(len(sentences) * d / 100) for d in rng.sample(DEPTHS, len(needles))) + [len(sentences)]
             parts = []
             for i in range(1, len(cuts)):
@@ -529,10 +544,12 @@ class QAGenerator(Generator):
                       references=list(item.references), haystack=QA_FILES[self.spec.name][2])
 
 
-def make_generator(spec: TaskSpec, length: int, seed: int, count_tokens: Callable[[str], int], qa: QAData | None = None) -> Generator:
-    """The generator of ``spec`` at ``length`` (``qa`` holds the local data set for qa_1 / qa_2)."""
+def make_generator(spec: TaskSpec, length: int, seed: int, count_tokens: Callable[[str], int], qa: QAData | None = None,
+                   *, essay: Callable[[int, random.Random], str] | None = None) -> Generator:
+    """The generator of ``spec`` at ``length`` (``qa`` holds the local data set for qa_1 / qa_2; ``essay`` replaces
+    the niah essay haystack's text, :class:`NiahGenerator`)."""
     if spec.family == "niah":
-        return NiahGenerator(spec, length, seed, count_tokens)
+        return NiahGenerator(spec, length, seed, count_tokens, essay)
     if spec.family == "vt":
         return VTGenerator(spec, length, seed, count_tokens)
     if spec.family == "cwe":
