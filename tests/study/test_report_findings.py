@@ -165,10 +165,12 @@ def test_retrieval_and_correlation_claims_cover_every_downstream_task(tmp_path):
     ss.build(tmp_path / "both", ss.QUICK, tasks=("ppl", "passkey", "ruler"))
     summary = json.loads(Path(write_report(tmp_path / "both")["json"]).read_text())
     claims = {c["id"]: c for c in summary["findings"]["claims"]}
-    assert claims["c"]["verdict"] == HOLDS and "(passkey retrieval and ruler)" in claims["c"]["claim"]
+    assert claims["c"]["verdict"] == HOLDS and "(passkey retrieval and RULER)" in claims["c"]["claim"]
     for name in ("Passkey retrieval", "RULER"):
         assert any(e.startswith(f"{name}: base, mean over 512, 1k, 2k") for e in claims["c"]["evidence"]), name
         assert any(e.startswith(f"{name}, significantly above the base model") for e in claims["c"]["evidence"]), name
+    # (d) and (f) add the primary retrieval task's difference beyond the window: passkey's, not the last task's
+    assert all("; passkey retrieval beyond the window" in e for e in claims["d"]["evidence"] + claims["f"]["evidence"])
     pooled = [k for k in summary["kendall"] if k["task"] == "pooled" and k["mode"] == "target"]
     assert len(pooled) == 1 and pooled[0]["tasks"] == ["passkey", "ruler"] and pooled[0]["ci95"] is not None
     assert any(e.startswith("pooled over passkey, ruler") for e in claims["e"]["evidence"])

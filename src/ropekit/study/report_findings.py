@@ -213,6 +213,12 @@ def _cell_text(table: stats.Table, method: str, task: str, length: int, metric: 
     return f"{fmt_value(row['value'], kind)} {fmt_ci(row.get('ci95'), kind)}".strip()
 
 
+def _task_name(task: str) -> str:
+    """A task's title inside a sentence: "passkey retrieval", "RULER" (an acronym keeps its capitals)."""
+    title = TASK_TITLES.get(task, task)
+    return title if title.split()[0].isupper() else title[0].lower() + title[1:]
+
+
 def _combine(verdicts: Sequence[str]) -> str:
     if not verdicts:
         return ABSENT
@@ -290,20 +296,20 @@ def evaluate_claims(table: stats.Table, infos: Mapping[str, VariantInfo], window
             f"{100 * NEAR_ZERO:.0f} % and at least one method is significantly above it (paired over prompts); does not hold when "
             f"the base model's lower bound is > {100 * NEAR_ZERO:.0f} %; every task must hold")
     evidence, verdicts = [], []
-    for task in tasks if a is not None and base and window is not None else []:
-        out_lengths = [L for L in table.lengths(task) if L > window]
-        base_values = [table.get(base, task, L, "accuracy") for L in out_lengths]
+    for rtask in tasks if a is not None and base and window is not None else []:
+        out_lengths = [L for L in table.lengths(rtask) if L > window]
+        base_values = [table.get(base, rtask, L, "accuracy") for L in out_lengths]
         if not out_lengths or any(v is None for v in base_values):
             continue
-        name = TASK_TITLES.get(task, task)
-        ci = a.mean_interval(base, task, out_lengths, "accuracy")
+        name = TASK_TITLES.get(rtask, rtask)
+        ci = a.mean_interval(base, rtask, out_lengths, "accuracy")
         mean = statistics.fmean(base_values)
         evidence.append(f"{name}: {base}, mean over {', '.join(length_label(L) for L in out_lengths)}: {100 * mean:.1f} % {fmt_ci(ci, 'pct')}")
         above = []
         for label in infos:
-            if label == base or table.get(label, task, out_lengths[0], "accuracy") is None:
+            if label == base or table.get(label, rtask, out_lengths[0], "accuracy") is None:
                 continue
-            c = a.compare(label, base, task, out_lengths, "accuracy")
+            c = a.compare(label, base, rtask, out_lengths, "accuracy")
             if c is not None and c["direction"] > 0:
                 above.append((c["estimate"], label, c))
         above.sort(reverse=True)
@@ -314,7 +320,8 @@ def evaluate_claims(table: stats.Table, infos: Mapping[str, VariantInfo], window
             evidence.append(f"{name}: no method is significantly above the base model beyond the window")
         if ci is not None:
             verdicts.append(HOLDS if ci[1] <= NEAR_ZERO and above else FAILS if ci[0] > NEAR_ZERO else INCONCLUSIVE)
-    names = " and ".join(TASK_TITLES.get(t, t).lower() for t in tasks) or "passkey or needle retrieval"
+    names = " and ".join(_task_name(t) for t in tasks) or "passkey or needle retrieval"
+    task = tasks[0] if tasks else None  # the primary retrieval task, which (d) and (f) also report
     claims.append(_claim("c", f"Retrieval beyond the window ({names}) succeeds only "
                          "with methods that support it; the base model is near 0 there.", "LCEG §5 (Fig. 4, needle/passkey)", rule,
                          _combine(verdicts), evidence))
@@ -337,7 +344,7 @@ def evaluate_claims(table: stats.Table, infos: Mapping[str, VariantInfo], window
                 out_lengths = [L for L in table.lengths(task) if L > window]
                 d = a.compare(pose, full, task, out_lengths, "accuracy") if out_lengths else None
                 if d is not None:
-                    line += f"; {TASK_TITLES.get(task, task).lower()} beyond the window {_diff_text(d)}"
+                    line += f"; {_task_name(task)} beyond the window {_diff_text(d)}"
             evidence.append(line)
     claims.append(_claim("d", "PoSE (training at the pretrained window with skipped positions) lands close to full-length fine-tuning "
                          "of the same method.", "PoSE §4 (Table 1, Fig. 3)", rule, _combine(verdicts), evidence))
@@ -375,7 +382,7 @@ def evaluate_claims(table: stats.Table, infos: Mapping[str, VariantInfo], window
                 out_lengths = [L for L in table.lengths(task) if L > window]
                 d = a.compare(tuned, frozen, task, out_lengths, "accuracy") if out_lengths else None
                 if d is not None:
-                    line += f"; {TASK_TITLES.get(task, task).lower()} beyond the window {_diff_text(d)}"
+                    line += f"; {_task_name(task)} beyond the window {_diff_text(d)}"
             evidence.append(line)
     claims.append(_claim("f", "Fine-tuning a method with the recipe improves on the same method frozen (lower perplexity at the target).",
                          "LCEG §4 (Table 3: frozen NTK vs fine-tuned)", rule, _combine(verdicts), evidence))
@@ -422,7 +429,7 @@ def headline(table: stats.Table, ranking: Mapping[str, Any], claims: Sequence[Ma
     if ranking.get("task") and rows and rows[0].get("primary") is not None:
         top = [r["method"] for r in rows if r["rank"] == 1]
         r0 = rows[0]
-        task = TASK_TITLES.get(ranking["task"], ranking["task"]).lower()
+        task = _task_name(ranking["task"])
         span = ", ".join(length_label(L) for L in ranking["lengths"])
         lead = (f"Best {task} beyond the window ({span}): {r0['method']} with {100 * r0['primary']:.0f} % "
                 f"{fmt_ci(r0.get('primary_ci95'), 'pct')}")
