@@ -119,7 +119,11 @@ def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, repor
 
 
 def _worker_main(study_dir: str, config_dict: dict[str, Any], threads: int, device: str | None = None,
-                 dtype: str = "auto", attn: str = "auto") -> None:
+                 dtype: str = "auto", attn: str = "auto", verbosity: int | None = None) -> None:
+    from transformers.utils import logging as hf_logging
+
+    if verbosity is not None:  # a spawned process starts with transformers' defaults: take the parent's
+        hf_logging.set_verbosity(verbosity)
     config = parse_study(config_dict)
     config.dtype, config.attn = dtype, attn  # also when the config dict does not carry them
     with quiet_transformers():
@@ -219,13 +223,16 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
 
                 work(study_dir, config, report_piece=on_piece, report_progress=on_progress, report_done=on_done)
             else:
+                from transformers.utils import logging as hf_logging
+
                 threads = max(1, (os.cpu_count() or 1) // workers)
                 ctx = multiprocessing.get_context("spawn")
                 # several GPUs: worker i evaluates on cuda:(i mod n) instead of every worker sharing cuda:0
                 requested = getattr(config, "device", "auto") or "auto"
                 procs = [ctx.Process(target=_worker_main, daemon=False,
                                      args=(str(study_dir), config.as_dict(placement=True), threads, worker_device(requested, i),
-                                           getattr(config, "dtype", "auto"), getattr(config, "attn", "auto")))
+                                           getattr(config, "dtype", "auto"), getattr(config, "attn", "auto"),
+                                           hf_logging.get_verbosity()))
                          for i in range(workers)]
                 for proc in procs:
                     proc.start()
