@@ -96,6 +96,23 @@ def test_builtin_corpus_is_long_heldout_text():
     assert docs == [list(t.encode()) for t in texts]
 
 
+def test_builtin_tests_corpus_is_the_test_suite_which_training_skips(monkeypatch, tmp_path):
+    texts, label = corpora.read_texts("builtin-tests")
+    assert label == corpora.BUILTIN_TESTS_LABEL and corpora.is_builtin(" Builtin-Tests ")
+    named = list(corpora.iter_named_texts("builtin-tests"))
+    assert len(texts) >= 32 and all(len(t) >= corpora.BUILTIN_MIN_BYTES for t in texts)
+    assert [len(t) for t in texts] == sorted((len(t) for t in texts), reverse=True)  # longest first
+    rels = [n[len("stdlib/"):] for n, _ in named]
+    assert all(r.startswith("test/") for r in rels)
+    assert not set(rels) & set(local_text.stdlib_files())  # nothing of it is in the training corpus
+    for text in texts[:5]:
+        assert all(0x20 <= ord(c) < 0x7F or c in "\t\n" for c in text)
+    # a Python without its test suite (Debian ships it separately): one line saying how to get it
+    monkeypatch.setattr(local_text, "stdlib_root", lambda: tmp_path)
+    with pytest.raises(RopekitError, match="test suite is not installed.*libpython3.X-testsuite"):
+        corpora.read_texts("builtin-tests")
+
+
 def test_iter_documents_is_lazy(tmp_path):
     f = write_jsonl(tmp_path / "d.jsonl", [{"text": "ok"}, "{broken"])
     docs = corpora.iter_documents(f, byte_tokenizer())

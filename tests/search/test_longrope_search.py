@@ -115,7 +115,9 @@ def test_other_settings_in_the_same_directory_are_refused(tiny, searched):
 
 
 def test_bad_input_is_one_line_and_writes_nothing(run_cli, tmp_path):
-    for args, words in ((["--data", "builtin"], "held-out evaluation corpus"), (["--target-length", "32"], "not beyond"),
+    for args, words in ((["--data", "builtin"], "held-out evaluation corpus"),
+                        (["--data", "builtin-tests"], "builtin-tests is a held-out evaluation corpus"),
+                        (["--target-length", "32"], "not beyond"),
                         (["--fixed-pairs", "8"], "fixes every one")):
         argv = ["search", "tiny", "--target-length", "256", "--out", str(tmp_path / "s"), *args]
         code, _, err = run_cli(*argv)

@@ -35,6 +35,13 @@ PG19/Proof-pile, whose numbers are comparable between methods on the same machin
   :mod:`ropekit.data.prose`) as one document. That module's other prose, the stdlib docstrings, is left
   out because the training split contains those files.
 
+``builtin-tests`` is a second built-in corpus: CPython's own test suite (``Lib/test``, every ``.py`` file of at
+least :data:`BUILTIN_MIN_BYTES` after the same cleaning), labelled :data:`BUILTIN_TESTS_LABEL`. The training
+corpus skips test suites, so it is held out too, and it is large: the held-out split above holds only about 20
+documents of 2,048 tokens or more, the test suite hundreds (a study that wants 32 such documents needs it).
+Python distributions that ship the test suite separately (Debian's ``libpython3.X-testsuite``) lack it until
+it is installed; asking for it then fails in one line.
+
 Documents are ordered longest first (ties by name), so "the first N documents" are the longest ones.
 Which stdlib files exist differs between Python versions; record :func:`documents_digest` with results.
 Training on the built-in corpus would defeat its purpose (it is the held-out evaluation text).
@@ -52,6 +59,10 @@ from ..errors import RopekitError
 
 #: Label of the built-in corpus, recorded with every result computed on it.
 BUILTIN_LABEL = "builtin:python-stdlib-heldout+python-docs-prose"
+#: Label of the built-in test-suite corpus (``--data builtin-tests``).
+BUILTIN_TESTS_LABEL = "builtin:python-stdlib-tests"
+#: The built-in corpora by the name ``--data`` takes.
+BUILTIN_CORPORA = {"builtin": BUILTIN_LABEL, "builtin-tests": BUILTIN_TESTS_LABEL}
 #: Held-out standard-library files shorter than this (after cleaning) are not built-in documents.
 BUILTIN_MIN_BYTES = 8 * 1024
 #: Suffixes read as plain text (one document per file).
@@ -71,15 +82,22 @@ class Document:
 
 
 # ---- reading text ----------------------------------------------------------------------------------
+def builtin_name(path: str | Path | None) -> str | None:
+    """The built-in corpus ``path`` asks for (``None`` or ``""``: ``"builtin"``; ``"builtin-tests"``), else None."""
+    name = "" if path is None else str(path).strip().lower()
+    name = name or "builtin"
+    return name if name in BUILTIN_CORPORA else None
+
+
 def is_builtin(path: str | Path | None) -> bool:
-    """Whether ``path`` asks for the built-in corpus (``None``, ``""`` or ``"builtin"``)."""
-    return path is None or str(path).strip().lower() in ("", "builtin")
+    """Whether ``path`` asks for a built-in corpus (``None``, ``""``, ``"builtin"`` or ``"builtin-tests"``)."""
+    return builtin_name(path) is not None
 
 
 def corpus_label(path: str | Path | None) -> str:
-    """The label a corpus at ``path`` is recorded under (format and absolute path, or :data:`BUILTIN_LABEL`)."""
+    """The label a corpus at ``path`` is recorded under (format and absolute path, or a built-in corpus's label)."""
     if is_builtin(path):
-        return BUILTIN_LABEL
+        return BUILTIN_CORPORA[builtin_name(path)]
     p = _existing(path)
     if p.is_dir():
         if _is_saved_dataset(p):
@@ -95,7 +113,7 @@ def iter_named_texts(path: str | Path | None) -> Iterator[tuple[str, str]]:
     (``notes.txt``, ``data.jsonl:12`` for line 12, ``part.parquet:row 7``, ``stdlib/tarfile.py``).
     """
     if is_builtin(path):
-        yield from _builtin_texts()
+        yield from _builtin_texts() if builtin_name(path) == "builtin" else _builtin_test_texts()
         return
     p = _existing(path)
     if p.is_dir():
@@ -315,5 +333,26 @@ def _builtin_texts() -> Iterator[tuple[str, str]]:
     if not named:
         raise RopekitError("no built-in corpus text found in this Python installation",
                            "pass --data with a .txt/.jsonl/.parquet corpus")
+    named.sort(key=lambda item: (-len(item[1]), item[0]))
+    yield from named
+
+
+def _builtin_test_texts() -> Iterator[tuple[str, str]]:
+    from . import local_text
+
+    suite = local_text.stdlib_root() / "test"
+    if not suite.is_dir():
+        raise RopekitError(f"CPython's test suite is not installed with this Python ({suite} is missing)",
+                           "install it (Debian: libpython3.X-testsuite), or use --data builtin or a corpus of your own")
+    named: list[tuple[str, str]] = []
+    for f in sorted(suite.rglob("*.py")):
+        if "__pycache__" in f.parts:
+            continue
+        text = _clean_lines(f.read_bytes().decode("utf-8", errors="replace"))
+        if len(text) >= BUILTIN_MIN_BYTES:
+            named.append((f"stdlib/{f.relative_to(suite.parent).as_posix()}", text))
+    if not named:
+        raise RopekitError(f"no test-suite file of {BUILTIN_MIN_BYTES} bytes or more under {suite}",
+                           "use --data builtin or a corpus of your own")
     named.sort(key=lambda item: (-len(item[1]), item[0]))
     yield from named

@@ -110,7 +110,7 @@ def check_settings(s: SearchSettings, window: int, pairs: int) -> None:
     if not 0.0 < s.mutation_probability <= 1.0:
         raise InvalidParameterError("the mutation probability must be in (0, 1]", "pass e.g. 0.3")
     if s.data is not None and is_builtin(s.data):
-        raise InvalidParameterError("--data builtin is the held-out evaluation corpus",
+        raise InvalidParameterError(f"--data {str(s.data).strip() or 'builtin'} is a held-out evaluation corpus",
                                     "search on other text (a file, folder or dataset), or leave --data out for the "
                                     "built-in training split")
 
