@@ -293,6 +293,53 @@ def test_study_killed_at_random_moments_resumes_to_the_uninterrupted_result(refe
     _assert_same(_dump(ref_dir / "study.sqlite"), _dump(out / "study.sqlite"))
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return "\nState:\tZ" not in status
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads process states from /proc (Linux)")
+def test_worker_processes_stop_when_the_study_process_is_killed(tmp_path):
+    """SIGKILL `ropekit study --workers 2` alone (not its process group): its workers stop too. Left running they
+    went on claiming pieces and writing into the study directory beside the workers of the next run."""
+    config = tmp_path / "small.yaml"
+    config.write_text(yaml.safe_dump(SMALL))
+    out = tmp_path / "s"
+    cmd = [sys.executable, "-m", "ropekit.cli", "study", str(config), "--out", str(out), "--no-report", "--workers", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        pids: set[int] = set()
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and not pids:
+            if (out / "study.sqlite").exists():
+                db = sqlite3.connect(out / "study.sqlite", timeout=10)
+                try:
+                    workers = [w for (w,) in db.execute("SELECT worker FROM pieces WHERE worker IS NOT NULL")]
+                except sqlite3.OperationalError:  # the store is being created
+                    workers = []
+                db.close()
+                pids = {int(w.rsplit(":", 1)[1]) for w in workers} - {proc.pid}
+            time.sleep(0.05)
+        assert pids and proc.poll() is None, "no worker claimed a piece"
+        proc.kill()
+        proc.wait()
+        done = _finished_pieces(out / "study.sqlite")
+        # the rest of the study takes several seconds more: workers that outlived their parent would still run
+        # and finish pieces; stopped ones leave the store as it was
+        time.sleep(3)
+        assert not [p for p in pids if _running(p)], "workers outlived the study process"
+        assert _finished_pieces(out / "study.sqlite") == done < 7
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group when the test failed
+        except ProcessLookupError:
+            pass
+
+
 def test_cli_study_status_show_and_errors(run_cli, reference_study, tmp_path):
     out, _ = reference_study
     code, stdout, _ = run_cli("study", "status", str(out))

@@ -22,8 +22,10 @@ depend on it; running the study again retries it. Nothing finished is ever recom
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -118,10 +120,26 @@ def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, repor
                 report_done(runnable, outcome, time.perf_counter() - started)
 
 
+def _exit_with_parent() -> None:
+    """End this worker process as soon as the process that started it is gone (killed, or ended by a signal
+    that skips its clean-up): an orphaned worker would go on claiming pieces and writing into the study
+    directory, beside the workers of the next run. Its piece in progress is claimed again, as after a crash."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="ropekit-parent-watch", daemon=True).start()
+
+
 def _worker_main(study_dir: str, config_dict: dict[str, Any], threads: int, device: str | None = None,
                  dtype: str = "auto", attn: str = "auto", verbosity: int | None = None) -> None:
     from transformers.utils import logging as hf_logging
 
+    _exit_with_parent()
     if verbosity is not None:  # a spawned process starts with transformers' defaults: take the parent's
         hf_logging.set_verbosity(verbosity)
     config = parse_study(config_dict)
