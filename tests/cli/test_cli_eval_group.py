@@ -31,7 +31,7 @@ OPTIONS_BEFORE_THE_SPLIT = {
     "speed": {"methods", "decode_tokens", "repeats"},
 }
 #: Options added since, per task.
-OPTIONS_ADDED_SINCE = {"speed": {"plot"}}
+OPTIONS_ADDED_SINCE = {"speed": {"plot"}, "ruler": {"tokens_to_generate"}}
 
 
 @pytest.mark.parametrize("task", sorted(OPTIONS_BEFORE_THE_SPLIT))
