@@ -228,3 +228,21 @@ def test_markdown_escape_keeps_text_literal():
 
     assert _md_escape("p < 0.05, a > b, 1 & 2") == "p < 0.05, a > b, 1 & 2"
     assert _md_escape("<b>x</b> &amp; a|b *c* [l](u)") == r"\<b>x\</b> \&amp; a\|b \*c\* [l]\(u)"
+
+
+def test_report_command_warns_about_figures_with_overlapping_text(tmp_path, run_cli, build_study, monkeypatch):
+    import ropekit.study
+
+    build_study(tmp_path, methods=METHODS, lengths=LENGTHS)
+    real = ropekit.study.write_report
+
+    def with_an_overlap(study_dir):
+        paths = real(study_dir)
+        assert paths["figure_overlaps"] == {}  # the synthetic study's figures are clean
+        return {**paths, "figure_overlaps": {"ppl_vs_length": [("yarn", "plain")]}}
+
+    monkeypatch.setattr(ropekit.study, "write_report", with_an_overlap)
+    code, _, err = run_cli("report", str(tmp_path))
+    assert code == 0, err
+    (line,) = [l for l in err.splitlines() if "overlapping" in l]
+    assert "ppl_vs_length" in line and "'yarn'" in line

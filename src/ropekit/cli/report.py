@@ -6,7 +6,14 @@ from pathlib import Path
 
 import typer
 
-from .common import out, print_json
+from .common import err, out, print_json
+
+
+def warn_figure_overlaps(paths: dict) -> None:
+    """One warning line per figure whose texts overlap or leave the canvas (the report's own check)."""
+    for name, pairs in paths.get("figure_overlaps", {}).items():
+        first = " / ".join(repr(t) for t in pairs[0])
+        err.print(f"[yellow]warning[/] figure {name}: {len(pairs)} overlapping text(s), e.g. {first}")
 
 
 def report_cmd(
@@ -17,6 +24,7 @@ def report_cmd(
     from ..study import write_report
 
     paths = write_report(study_dir)
+    warn_figure_overlaps(paths)
     if json_out:
         print_json(paths)
         return

@@ -106,7 +106,10 @@ def study_cmd(
     if report:
         from ..study import write_report
 
+        from .report import warn_figure_overlaps
+
         paths = write_report(study_dir)
+        warn_figure_overlaps(paths)
     if json_out:
         print_json({"study": cfg.name, "dir": str(study_dir), **status, "report": paths})
     else:
