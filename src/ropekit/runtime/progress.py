@@ -72,8 +72,8 @@ class ProgressTask:
             return
         now = time.monotonic()
         finished = self.total is not None and self.completed >= self.total
-        if now - self._printed >= self.interval or (finished and advance + (completed is not None) > 0):
-            self._line()
+        if now - self._printed >= self.interval or (finished and self._shown != (self.completed, self.total)):
+            self._line()  # the finished state once, however often a caller reports it
 
     def log(self, line: str) -> None:
         """A line that stays in the output (above the bar on a terminal)."""
