@@ -30,11 +30,12 @@ RULER_KEYS = ("task", "method", "params", "length", "subtask", "sample", "seed")
 
 def variant(label: str, method: str | None = None, kind: str = "frozen", ppl: Sequence[float] = (0, 0, 0, 0),
             acc: Sequence[float] = (0.9, 0.0, 0.0, 0.0), params: Mapping[str, Any] | None = None,
-            ruler_acc: Sequence[float] | None = None) -> dict[str, Any]:
+            ruler_acc: Sequence[float] | None = None, same: Sequence[float] | None = None) -> dict[str, Any]:
     """One variant: ``kind`` base | frozen | ft | pose | search | control; ``ppl``: NLL effect per length of
-    :data:`LENGTHS`; ``acc``: passkey accuracy per length (and RULER's, unless ``ruler_acc`` gives its own)."""
+    :data:`LENGTHS`; ``acc``: passkey accuracy per length (and RULER's, unless ``ruler_acc`` gives its own);
+    ``same``: the NLL effect on identical targets (task ``ppl-same-targets``), else ``ppl``'s."""
     return {"label": label, "method": method, "kind": kind, "ppl": list(ppl), "acc": list(acc), "params": dict(params or {}),
-            "ruler_acc": list(ruler_acc if ruler_acc is not None else acc)}
+            "ruler_acc": list(ruler_acc if ruler_acc is not None else acc), "same": list(same if same is not None else ppl)}
 
 
 #: A study shaped like the ``quick`` preset (21 variants) where every claim of the report holds.
@@ -115,14 +116,15 @@ def build(directory: Path, spec: Sequence[Mapping[str, Any]] = QUICK, *, name: s
                     shift = 0.0 if s is None else 0.01 * (si - (len(run_seeds) - 1) / 2)
                     extra = {} if s is None else {"seed": s}
                     for k, L in enumerate(LENGTHS):
-                        if task == "ppl":
+                        if task in ("ppl", "ppl-same-targets"):
+                            same = task == "ppl-same-targets"  # the last WINDOW - 1 tokens at every length
                             for i in range(docs):
-                                tokens = L - 1
-                                nll = 4.0 + difficulty[i] + v["ppl"][k] + shift + rng.gauss(0, 0.002)
+                                tokens = WINDOW - 1 if same else L - 1
+                                nll = 4.0 + difficulty[i] + v["same" if same else "ppl"][k] + shift + rng.gauss(0, 0.002)
                                 buckets = 8
                                 curve = [(nll + 0.4 * math.exp(-j) + 0.05 * rng.gauss(0, 1)) * 4 for j in range(buckets)]
-                                recs.append({"task": "ppl", "method": own, "params": v["params"], "length": L, "corpus": "c",
-                                             "doc": i, "doc_sha": f"sha{i}", "score_mode": score_mode, "stride": L, "weighting": "token",
+                                recs.append({"task": task, "method": own, "params": v["params"], "length": L, "corpus": "c",
+                                             "doc": i, "doc_sha": f"sha{i}", "score_mode": "same_targets" if same else score_mode, "stride": L, "weighting": "token",
                                              "add_bos": False, "nll_sum": nll * tokens, "tokens_scored": tokens, "score": None,
                                              "curve_nll_sum": curve, "curve_tokens": [4] * buckets,
                                              "curve_positions": [j * L // buckets for j in range(buckets)], **extra})
@@ -139,7 +141,7 @@ def build(directory: Path, spec: Sequence[Mapping[str, Any]] = QUICK, *, name: s
                                     recs.append({"task": "ruler", "method": own, "params": v["params"], "length": L, "subtask": sub,
                                                  "sample": i, "score": float(ruler_draws[(L, sub, i)] < p * (0.8 if sub == "qa" else 1.0)),
                                                  **extra})
-                keys = {"ppl": PPL_KEYS, "passkey": PASSKEY_KEYS, "ruler": RULER_KEYS}[task]
+                keys = {"ppl": PPL_KEYS, "ppl-same-targets": PPL_KEYS, "passkey": PASSKEY_KEYS, "ruler": RULER_KEYS}[task]
                 st.begin_piece(f"eval:{task}:{label}", kind="eval", method=label, task=task)
                 st.finish_piece(f"eval:{task}:{label}", recs, key_fields=keys, seconds=5.0 + rng.random())
                 out[task] += [{**r, "method": label} for r in recs]

@@ -180,3 +180,19 @@ def test_retrieval_and_correlation_claims_cover_every_downstream_task(tmp_path):
     ss.build(tmp_path / "ruler", spec, tasks=("ppl", "passkey", "ruler"))
     summary = json.loads(Path(write_report(tmp_path / "ruler")["json"]).read_text())
     assert verdicts(summary)["c"] == FAILS
+
+
+def test_length_claims_compare_identical_targets_when_the_study_scored_them(tmp_path):
+    """(a) and (b) compare lengths: with a same-targets perplexity entry beside ``ppl`` they judge on it, so a
+    fine-tuned method whose first-L-token perplexity looks flat but whose identical targets get worse fails (b)."""
+    spec = [dict(v, same=[0, 0.05, 0.3, 0.5]) if v["label"] == "ntk-ft" else v for v in ss.QUICK]
+    ss.build(tmp_path / "first-l", spec, tasks=("ppl", "passkey"))
+    ss.build(tmp_path / "same", spec, tasks=("ppl", "ppl-same-targets", "passkey"))
+    first_l = json.loads(Path(write_report(tmp_path / "first-l")["json"]).read_text())
+    same = json.loads(Path(write_report(tmp_path / "same")["json"]).read_text())
+    assert verdicts(first_l)["b"] == HOLDS and verdicts(same)["b"] == FAILS
+    (b,) = [c for c in same["findings"]["claims"] if c["id"] == "b"]
+    assert "(ppl-same-targets)" in b["rule"]
+    (ntk,) = [e for e in b["evidence"] if e.startswith("ntk-ft:")]
+    assert ntk.endswith(f"→ {FAILS}") and "ratio 1.3" in ntk  # exp(0.3) = 1.350 on the shared targets
+    assert verdicts(same)["a"] == HOLDS
