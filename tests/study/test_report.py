@@ -246,3 +246,18 @@ def test_report_command_warns_about_figures_with_overlapping_text(tmp_path, run_
     assert code == 0, err
     (line,) = [l for l in err.splitlines() if "overlapping" in l]
     assert "ppl_vs_length" in line and "'yarn'" in line
+
+
+def test_wall_time_counts_only_the_time_pieces_ran():
+    """A study stopped for an hour and resumed is charged the union of its pieces' intervals, not the gap."""
+    from ropekit.study.report_tables import running_seconds
+
+    def piece(start, end):
+        return {"started": f"2026-01-01T{start}+00:00", "finished": f"2026-01-01T{end}+00:00"}
+
+    pieces = [piece("10:00:00", "10:10:00"), piece("10:05:00", "10:20:00"),  # two workers, overlapping: 20 min
+              piece("10:20:00", "10:21:00"),                                 # touching the previous one: +1 min
+              piece("11:30:00", "11:40:00"),                                 # resumed after 69 idle minutes: +10 min
+              {"started": "2026-01-01T11:35:00+00:00", "finished": None}]    # still running: not counted
+    assert running_seconds(pieces) == (31 * 60.0, 100 * 60.0)
+    assert running_seconds([]) == (None, None)

@@ -349,6 +349,27 @@ def _md_table(t: dict[str, Any]) -> str:
 
 
 # ---- the report -------------------------------------------------------------------------------------------
+def running_seconds(pieces: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None]:
+    """``(seconds during which at least one finished piece was running, first start to last finish)``.
+
+    The union of the pieces' [started, finished] intervals: a study that was stopped and resumed later (or
+    crashed and was re-run) is not charged for the hours nothing ran, which first-start-to-last-finish would be.
+    """
+    spans = sorted((datetime.fromisoformat(p["started"]), datetime.fromisoformat(p["finished"]))
+                   for p in pieces if p.get("started") and p.get("finished"))
+    if not spans:
+        return None, None
+    total, (lo, hi) = 0.0, spans[0]
+    for start, end in spans[1:]:
+        if start > hi:
+            total += (hi - lo).total_seconds()
+            lo, hi = start, end
+        else:
+            hi = max(hi, end)
+    total += (hi - lo).total_seconds()
+    return total, (max(e for _, e in spans) - spans[0][0]).total_seconds()
+
+
 def _header(manifest: Mapping[str, Any], pieces: list[dict[str, Any]], window: int | None, target: int | None) -> list[tuple[str, str]]:
     items: list[tuple[str, str]] = []
     model = _setting(manifest, "model")
@@ -374,12 +395,11 @@ def _header(manifest: Mapping[str, Any], pieces: list[dict[str, Any]], window: i
     if manifest.get("seeds") is not None:
         items.append(("Seeds", json.dumps(manifest["seeds"], sort_keys=True)))
     compute = sum(p["seconds"] or 0 for p in pieces if p["status"] == "done")
-    started = [p["started"] for p in pieces if p["started"]]
-    finished = [p["finished"] for p in pieces if p["finished"]]
-    elapsed = None
-    if started and finished:
-        elapsed = (datetime.fromisoformat(max(finished)) - datetime.fromisoformat(min(started))).total_seconds()
-    items.append(("Wall time", f"{fmt_duration(elapsed)} elapsed · {fmt_duration(compute)} of finished pieces"))
+    running, span = running_seconds(pieces)
+    wall = f"{fmt_duration(running)} with pieces running"
+    if span is not None and running is not None and span - running >= 60:
+        wall += f" (first start to last finish {fmt_duration(span)})"
+    items.append(("Wall time", f"{wall} · {fmt_duration(compute)} of finished pieces"))
     if manifest.get("created"):
         items.append(("Created", f"{manifest['created']} · updated {manifest.get('updated', DASH)}"))
     return items
