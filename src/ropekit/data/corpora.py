@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -312,17 +312,29 @@ def _clean_lines(text: str) -> str:
     return "\n".join(kept).strip("\n") + "\n"
 
 
+def _long_files(named_paths: Iterable[tuple[str, Path]]) -> list[tuple[str, str]]:
+    """``(name, cleaned text)`` of each file whose cleaned text has at least :data:`BUILTIN_MIN_BYTES`."""
+    named = []
+    for name, path in named_paths:
+        text = _clean_lines(path.read_bytes().decode("utf-8", errors="replace"))
+        if len(text) >= BUILTIN_MIN_BYTES:
+            named.append((name, text))
+    return named
+
+
+def _longest_first(named: list[tuple[str, str]], problem: str, fix: str) -> Iterator[tuple[str, str]]:
+    """A built-in corpus's documents, longest first (ties by name); one error line when there are none."""
+    if not named:
+        raise RopekitError(problem, fix)
+    yield from sorted(named, key=lambda item: (-len(item[1]), item[0]))
+
+
 def _builtin_texts() -> Iterator[tuple[str, str]]:
     from . import local_text, prose
 
     root = local_text.stdlib_root()
-    named: list[tuple[str, str]] = []
-    for rel in local_text.stdlib_files():
-        if local_text.split_of(rel) != "heldout":
-            continue
-        text = _clean_lines((root / rel).read_bytes().decode("utf-8", errors="replace"))
-        if len(text) >= BUILTIN_MIN_BYTES:
-            named.append((f"stdlib/{rel}", text))
+    named = _long_files((f"stdlib/{rel}", root / rel) for rel in local_text.stdlib_files()
+                        if local_text.split_of(rel) == "heldout")
     try:
         from pydoc_data.topics import topics
     except ImportError:  # some distributions strip pydoc_data; the stdlib part remains
@@ -330,11 +342,8 @@ def _builtin_texts() -> Iterator[tuple[str, str]]:
     paragraphs = [para for key in sorted(topics) for para in prose._paragraphs(topics[key])]
     if paragraphs:
         named.append((prose.PROSE_SOURCE + "/language-reference", _clean_lines("\n\n".join(paragraphs))))
-    if not named:
-        raise RopekitError("no built-in corpus text found in this Python installation",
-                           "pass --data with a .txt/.jsonl/.parquet corpus")
-    named.sort(key=lambda item: (-len(item[1]), item[0]))
-    yield from named
+    yield from _longest_first(named, "no built-in corpus text found in this Python installation",
+                              "pass --data with a .txt/.jsonl/.parquet corpus")
 
 
 def _builtin_test_texts() -> Iterator[tuple[str, str]]:
@@ -344,15 +353,7 @@ def _builtin_test_texts() -> Iterator[tuple[str, str]]:
     if not suite.is_dir():
         raise RopekitError(f"CPython's test suite is not installed with this Python ({suite} is missing)",
                            "install it (Debian: libpython3.X-testsuite), or use --data builtin or a corpus of your own")
-    named: list[tuple[str, str]] = []
-    for f in sorted(suite.rglob("*.py")):
-        if "__pycache__" in f.parts:
-            continue
-        text = _clean_lines(f.read_bytes().decode("utf-8", errors="replace"))
-        if len(text) >= BUILTIN_MIN_BYTES:
-            named.append((f"stdlib/{f.relative_to(suite.parent).as_posix()}", text))
-    if not named:
-        raise RopekitError(f"no test-suite file of {BUILTIN_MIN_BYTES} bytes or more under {suite}",
-                           "use --data builtin or a corpus of your own")
-    named.sort(key=lambda item: (-len(item[1]), item[0]))
-    yield from named
+    files = (f for f in sorted(suite.rglob("*.py")) if "__pycache__" not in f.parts)
+    named = _long_files((f"stdlib/{f.relative_to(suite.parent).as_posix()}", f) for f in files)
+    yield from _longest_first(named, f"no test-suite file of {BUILTIN_MIN_BYTES} bytes or more under {suite}",
+                              "use --data builtin or a corpus of your own")
