@@ -105,7 +105,6 @@ def study_cmd(
     paths = None
     if report:
         from ..study import write_report
-
         from .report import warn_figure_overlaps
 
         paths = write_report(study_dir)
