@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from ropekit.errors import RopekitError
 from ropekit.eval.records import RecordWriter, parse_lengths
@@ -117,3 +118,40 @@ def test_cli_speed_plot_writes_the_png_and_prints_slopes(tmp_path):
                                       "--decode-tokens", "0", "--plot", str(png)])
     assert result.exit_code == 0, result.output
     assert png.exists() and "log-log slopes" in result.output and "lm_infinite" in result.output
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_prefill_flops_match_torch_flop_counter(family):
+    """The FLOP model against torch's own counter over a real forward (eager attention, full L×L products).
+
+    The counter sees the full QKᵀ and PV products (2·2·layers·heads·head_dim·L² FLOPs); the model counts the causal
+    lower triangle with its diagonal, L(L+1)/2 per head — exactly 2·layers·heads·head_dim·L(L−1) fewer. The rotary
+    module's one angle product (position × inverse frequency: head_dim·L FLOPs) is counted by torch, not by us."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ropekit.eval.speed import prefill_flops
+
+    length = 96
+    model = build_tiny_model(family, attn_implementation="eager")
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    ids = torch.randint(0, cfg.vocab_size, (1, length))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, logits_to_keep=1)
+    causal_saving = 2 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * length * (length - 1)
+    expected = counter.get_total_flops() - causal_saving
+    assert abs(prefill_flops(model, length) - expected) <= head_dim * length
+
+
+def test_speed_records_report_throughput_against_a_measured_peak(tmp_path):
+    from ropekit.eval.speed import matmul_peak, prefill_flops
+
+    model = build_tiny_model("llama")
+    rows = run_speed(model, methods=["yarn"], lengths=[64], decode_tokens=0, out=str(tmp_path / "s.jsonl"))
+    for row in rows:
+        assert row["dtype"] == "float32" and row["peak_tflops"] > 0
+        # the rate is the model's FLOPs over the measured time, and the fraction is that rate over the peak
+        assert row["prefill_tflops"] == pytest.approx(prefill_flops(model, 64) / row["prefill_s"] / 1e12)
+        assert row["peak_fraction"] == pytest.approx(row["prefill_tflops"] / row["peak_tflops"])
+    # the probe: 2n³ FLOPs over the best time; a 256² product on any CPU runs between 1 GFLOP/s and 100 TFLOP/s
+    assert 1e-3 < matmul_peak(torch.float32, "cpu", size=256, seconds=0.05) < 100

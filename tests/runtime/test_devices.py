@@ -13,7 +13,9 @@ from ropekit.runtime import devices
 def machine(monkeypatch):
     """``machine(gpus, bf16=True, flash=False, mps=False)``: fake what torch and the installed packages report."""
 
-    def set_machine(gpus: int, bf16: bool = True, flash: bool = False, mps: bool = False, accelerate: bool = True):
+    def set_machine(gpus: int, bf16: bool = True, flash: bool = False, mps: bool = False, accelerate: bool = True,
+                    cpu_bf16: str | None = None):
+        monkeypatch.setattr(devices, "native_cpu_bf16", lambda: cpu_bf16)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
@@ -51,6 +53,66 @@ def test_resolution_table(machine, given, expected):
 def test_auto_uses_float16_on_gpus_without_bfloat16(machine):
     machine(1, bf16=False)
     assert devices.resolve_devices().dtype == "float16"
+
+
+SMOLLM2_PARAMETERS = 134_515_008
+BUILTIN_PARAMETERS = 1_100_000
+
+
+@pytest.mark.parametrize("gpus, cpu_bf16, parameters, expected", [
+    (0, None, SMOLLM2_PARAMETERS, "float32"),          # AVX2-only CPU: bf16 is emulated there, slower than float32
+    (0, "AMX-BF16", SMOLLM2_PARAMETERS, "bfloat16"),   # AMX: bf16 GEMMs in the tile unit
+    (0, "AVX512-BF16", None, "bfloat16"),              # unknown size counts as a real model
+    (0, "AMX-BF16", BUILTIN_PARAMETERS, "float32"),    # the built-in base model stays exact
+    (1, None, BUILTIN_PARAMETERS, "float32"),          # ... on a GPU too
+    (1, None, SMOLLM2_PARAMETERS, "bfloat16"),
+])
+def test_auto_dtype_follows_hardware_and_model_size(machine, gpus, cpu_bf16, parameters, expected):
+    machine(gpus, cpu_bf16=cpu_bf16)
+    plan = devices.resolve_devices(model_parameters=parameters)
+    assert plan.dtype == expected
+    # the one line every run prints names the dtype and why
+    line = plan.describe()
+    assert expected in line and "auto" in line
+    if cpu_bf16 and gpus == 0 and expected == "bfloat16":
+        assert cpu_bf16 in line
+    if parameters == BUILTIN_PARAMETERS:
+        assert "1.1M parameters" in line
+
+
+def test_explicit_dtype_is_kept_whatever_the_hardware(machine):
+    machine(0, cpu_bf16=None)
+    plan = devices.resolve_devices("cpu", "bfloat16", model_parameters=BUILTIN_PARAMETERS)
+    assert plan.dtype == "bfloat16" and plan.reason == "asked for"
+
+
+def test_native_cpu_bf16_reads_torch_probes_then_cpu_flags(monkeypatch, tmp_path):
+    """Detection, not a guess: torch's CPUID probes first, then the kernel's flags (Arm has no torch probe)."""
+    import builtins
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert devices.native_cpu_bf16() == "AMX-BF16"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    real_open = builtins.open
+
+    def cpuinfo(text):
+        path = tmp_path / "cpuinfo"
+        path.write_text(text)
+        return lambda name, *a, **k: real_open(path if name == "/proc/cpuinfo" else name, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", cpuinfo("processor : 0\nflags : fpu sse avx2 fma\n"))
+    assert devices.native_cpu_bf16() is None
+    monkeypatch.setattr(builtins, "open", cpuinfo("processor : 0\nFeatures : fp asimd sve bf16 i8mm\n"))
+    assert devices.native_cpu_bf16() == "Arm BF16"
+
+
+def test_parameter_count_matches_the_loaded_model():
+    """The count ``auto`` decides on, from config alone, equals the parameters of the model actually loaded."""
+    from ropekit.models.loading import load_model, parameter_count
+
+    loaded = load_model("tiny")
+    assert parameter_count("tiny") == sum(p.numel() for p in loaded.model.parameters())
 
 
 def test_mps_when_present(machine):

@@ -61,16 +61,17 @@ def print_rows(rows: list[dict[str, Any]], title: str) -> None:
 #: ``--device/--dtype/--attn/--device-map``, shared by every command that loads a model
 #: (:mod:`ropekit.runtime.devices` resolves them; an impossible choice fails before the model loads).
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps (auto: the GPU if there is one, else CPU).")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (auto: bfloat16 on a GPU, float32 on CPU).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (auto: bfloat16 for real models on a GPU or on a CPU with native bfloat16 matmul — AMX/AVX512-BF16 — else float32; small built-in models stay float32).")]
 AttnOpt = Annotated[str, typer.Option("--attn", help="auto | sdpa | eager | flash_attention_2 | flex_attention (auto: flash_attention_2 on a GPU with flash_attn installed, else sdpa).")]
 DeviceMapOpt = Annotated[Optional[str], typer.Option("--device-map", help="auto: spread the layers over every GPU (accelerate).")]
 
 
-def resolve_placement(device: str = "auto", dtype: str = "auto", attn: str = "auto", device_map: Optional[str] = None):
+def resolve_placement(device: str = "auto", dtype: str = "auto", attn: str = "auto", device_map: Optional[str] = None,
+                      model_parameters: Optional[int] = None):
     """The device options checked against this machine (:func:`ropekit.runtime.devices.resolve_devices`)."""
     from ..runtime.devices import resolve_devices
 
-    return resolve_devices(device, dtype, attn, device_map)
+    return resolve_devices(device, dtype, attn, device_map, model_parameters=model_parameters)
 
 
 def load_model(model: str, device: Optional[str] = None, dtype: Optional[str] = None, attn: Optional[str] = None,
@@ -80,12 +81,15 @@ def load_model(model: str, device: Optional[str] = None, dtype: Optional[str] = 
     With any device option given, the options are resolved first (a one-line error before anything loads) and
     the model is loaded in that dtype with that attention kernel and moved to that device.
     """
-    from ..models.loading import load_model as load
+    from ..models.loading import load_model as load, parameter_count
 
     if device is None and dtype is None and attn is None and device_map is None:
         with err.status(f"loading {model}…"):
             return load(model)
-    plan = resolve_placement(device or "auto", dtype or "auto", attn or "auto", device_map)
+    wanted = dtype or "auto"
+    plan = resolve_placement(device or "auto", wanted, attn or "auto", device_map,
+                             model_parameters=parameter_count(model) if wanted == "auto" else None)
+    err.print(plan.describe(), highlight=False)
     with err.status(f"loading {model} ({plan.device}, {plan.dtype}, {plan.attn})…"):
         return load(model, device=plan.device if plan.device_map is None else "auto", dtype=plan.dtype,
                     attn_implementation=plan.attn, device_map=plan.device_map)

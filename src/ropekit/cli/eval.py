@@ -443,15 +443,20 @@ def speed_cmd(
     else:
         title = f"speed — {model}"
     table = Table(title=title)
-    for col in ("length", "method", "prefill s", "× plain", "decode s/token", "× plain", "peak MiB", "× plain"):
+    for col in ("length", "method", "prefill s", "× plain", "TFLOP/s", "of peak", "decode s/token", "× plain",
+                "peak MiB", "× plain"):
         table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")
     for r in rows:
         table.add_row(
             str(r["length"]), r["method"], f"{r['prefill_s']:.3f}", _ratio(r.get("prefill_ratio")),
+            _ratio(r.get("prefill_tflops")), "—" if r.get("peak_fraction") is None else f"{r['peak_fraction']:.0%}",
             f"{r['decode_s_per_token']:.4f}", _ratio(r.get("decode_ratio")),
             f"{r['peak_mem_bytes'] / 2**20:.0f}", _ratio(r.get("memory_ratio")),
         )
     out.print(table)
+    if rows and rows[0].get("peak_tflops"):
+        out.print(f"measured {rows[0]['dtype']} matmul peak of this machine: {rows[0]['peak_tflops']:.3f} TFLOP/s "
+                  "(TFLOP/s: the plain model's prefill FLOPs over each method's time)", highlight=False)
     if slopes:
         fits = Table(title=f"log-log slopes (cost ∝ length^k), over lengths past the {window}-token window")
         for col in ("method", "prefill time k", "peak memory k", "lengths"):

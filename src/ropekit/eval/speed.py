@@ -4,6 +4,11 @@ Several methods are measured in one run, *interleaved* (for each length and repe
 turn), so that a machine's drifting load hits all of them alike; each result is also reported as a
 ratio to the plain model measured in the same run.
 
+Throughput: every prefill is also reported in achieved TFLOP/s — the *model's* FLOPs (:func:`prefill_flops`: the
+dense layers' matmuls, the causal attention's two products, the LM head on the kept logits; what the plain model
+must compute, so an attention-side method that does more work shows a lower rate) over the wall time — beside the
+machine's measured matmul peak in the model's dtype (:func:`matmul_peak`, a probe run in the same process).
+
 Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` over the call; on CPU, the peak resident set
 size above the level before the call, sampled every 2 ms from ``/proc/self/statm`` by a background
 thread (CPU tensors have no allocator statistics). Both count activations, not the weights already
@@ -102,6 +107,51 @@ def _measure(fn: Callable[[], Any], device: torch.device) -> tuple[float, int, A
     return elapsed, sampler.used, result
 
 
+def prefill_flops(model, length: int, logits_kept: int = 1) -> int:
+    """FLOPs of one causal prefill of ``length`` tokens: 2·(weights of every linear layer below the LM head)·length
+    for the dense matmuls, 2·2·head_dim·heads·length(length+1)/2 per layer for QKᵀ and PV under the causal mask (the
+    lower triangle with its diagonal), and 2·hidden·vocab·``logits_kept`` for the LM head. Norms, RoPE and
+    activations are left out (they are not matmuls: a few percent at these sizes), as in the usual
+    model-FLOPs-utilisation accounting (Chowdhery et al. 2022, PaLM, appendix B)."""
+    config = model.config
+    head = model.get_output_embeddings()
+    dense = sum(m.weight.numel() for m in model.modules()
+                if isinstance(m, torch.nn.Linear) and m is not head)
+    layers = config.num_hidden_layers
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    attention = 4 * layers * heads * head_dim * length * (length + 1) // 2
+    lm_head = 2 * head.weight.numel() * logits_kept if head is not None else 0
+    return 2 * dense * length + attention + lm_head
+
+
+def matmul_peak(dtype: torch.dtype, device: torch.device | str = "cpu", size: int | None = None,
+                seconds: float = 1.0) -> float:
+    """This machine's matmul rate in ``dtype`` (TFLOP/s): the best of repeated ``size × size`` products, timed for
+    about ``seconds`` after a warm-up. ``size`` defaults to 2048 on CPU (large enough to reach the GEMM kernels'
+    steady state with the threads torch uses) and 8192 on a GPU."""
+    device = torch.device(device)
+    n = size or (8192 if device.type == "cuda" else 2048)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    torch.matmul(a, b)  # warm-up: kernel selection, thread pool
+    sync()
+    best, spent = math.inf, 0.0
+    while spent < seconds or best == math.inf:
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        sync()
+        took = time.perf_counter() - start
+        best, spent = min(best, took), spent + took
+    return 2 * n**3 / best / 1e12
+
+
 @dataclass
 class SpeedCase:
     """One model variant to time: the plain model or a method with its parameters."""
@@ -160,6 +210,8 @@ def run_speed(
     cases = parse_method_specs(methods, params or {})
     writer = RecordWriter(out, resume=resume, key_fields=("task", "method", "params", "length", "repeat"))
     device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    peak = matmul_peak(dtype, device)
     vocab = model.config.vocab_size
     variants = {case.name: _prepare(model, case, max(lengths)) for case in cases}
     warm = torch.randint(0, vocab, (1, min(128, min(lengths))), generator=torch.Generator().manual_seed(seed)).to(device)
@@ -198,9 +250,14 @@ def run_speed(
 
                     decode_s, decode_mem, _ = _measure(decode, device) if decode_tokens else (0.0, 0, None)
                     del cache
+                flops = prefill_flops(variant, length)
                 writer.write({
                     **key,
                     "prefill_s": prefill_s,
+                    "prefill_flops": flops,
+                    "prefill_tflops": flops / prefill_s / 1e12,
+                    "peak_tflops": peak,
+                    "dtype": str(dtype).removeprefix("torch."),
                     "decode_s_per_token": decode_s / decode_tokens if decode_tokens else None,
                     "peak_mem_bytes": max(prefill_mem, decode_mem),
                     "prefill_mem_bytes": prefill_mem,
@@ -225,6 +282,11 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "peak_mem_bytes": statistics.median(r["peak_mem_bytes"] for r in recs),
             "repeats": len(recs),
         })
+        if all(r.get("prefill_tflops") for r in recs):  # records written before the rate was measured lack it
+            rows[-1]["prefill_tflops"] = statistics.median(r["prefill_tflops"] for r in recs)
+            rows[-1]["peak_tflops"] = statistics.median(r["peak_tflops"] for r in recs)
+            rows[-1]["peak_fraction"] = rows[-1]["prefill_tflops"] / rows[-1]["peak_tflops"]
+            rows[-1]["dtype"] = recs[0].get("dtype")
     plain = {row["length"]: row for row in rows if row["method"] == PLAIN}
     for row in rows:
         base = plain.get(row["length"])

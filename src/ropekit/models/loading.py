@@ -44,6 +44,7 @@ __all__ = [
     "SMOLLM2_GGUF_NAME",
     "hub_is_offline",
     "load_model",
+    "parameter_count",
     "read_gguf_info",
     "resolve_model",
     "smollm2_gguf_path",
@@ -662,19 +663,21 @@ def load_model(
 
     ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``), ``device_map`` (``auto``: layers spread over
     every GPU with accelerate) or ``attn_implementation="auto"`` switch on :func:`ropekit.runtime.devices.resolve_devices`:
-    the device, dtype (``None``/``"auto"``: bfloat16 on CUDA, float32 elsewhere) and attention kernel are resolved
+    the device, dtype (``None``/``"auto"``: bfloat16 for real models on CUDA and on CPUs with native bfloat16 matmul,
+    float32 elsewhere and for small models) and attention kernel are resolved
     against this machine — an impossible choice is a one-line :class:`RopekitError` *before* anything loads — and
     the model is moved there. Without them, the model stays on the CPU as before.
     """
+    kind, target = resolve_model(spec)
     plan = None
     if device is not None or device_map is not None or attn_implementation == "auto":
         from ..runtime.devices import resolve_devices
 
         wanted = "auto" if dtype is None else str(dtype).removeprefix("torch.")
-        plan = resolve_devices(device or "auto", wanted, attn_implementation, device_map)
+        plan = resolve_devices(device or "auto", wanted, attn_implementation, device_map,
+                               model_parameters=parameter_count(spec) if wanted == "auto" else None)
         dtype, attn_implementation = plan.dtype, plan.attn
     dtype = _resolve_dtype(dtype)
-    kind, target = resolve_model(spec)
     info: dict[str, Any] = {}
     if kind == "tiny":
         from .byte_tokenizer import byte_tokenizer
@@ -695,6 +698,36 @@ def load_model(
         info["placement"] = plan.as_dict()
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, source=kind, path=target, info=info)
+
+
+@functools.lru_cache(maxsize=32)
+def parameter_count(spec: str) -> int | None:
+    """How many parameters the model named by ``spec`` has, without loading its weights (None if unknown).
+
+    Tiny and configured models are built on the meta device (exact for every family); a GGUF's tensors are
+    counted from its header; a hub id only when its config is in the local cache. ``--dtype auto`` uses the
+    count to keep small models in float32 (:data:`ropekit.runtime.devices.SMALL_MODEL_PARAMETERS`).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        kind, target = resolve_model(spec)
+        if kind == "tiny":
+            from .tiny import tiny_config
+
+            config = tiny_config(target)
+        elif kind in ("gguf", "smollm2"):
+            from gguf import GGUFReader
+
+            return int(sum(int(t.n_elements) for t in GGUFReader(target).tensors))
+        else:
+            config = AutoConfig.from_pretrained(target, local_files_only=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        # tied input/output embeddings are one tensor: count each parameter once
+        return int(sum(p.numel() for p in model.parameters()))
+    except Exception:  # an unreadable config is the loader's to report; the count is only a hint
+        return None
 
 
 def _place(model, plan):

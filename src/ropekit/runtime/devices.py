@@ -1,8 +1,13 @@
 """Where a model runs: ``--device``, ``--dtype``, ``--attn`` and ``--device-map`` resolved to what this machine has.
 
-``auto`` picks, in order: CUDA with bfloat16 (float16 on GPUs without bfloat16) and ``flash_attention_2`` when
-the ``flash_attn`` package is importable, else ``sdpa`` — when a GPU is present; otherwise CPU, float32 and
-``sdpa``. An explicit choice the machine cannot honour (``cuda`` without a GPU, ``cuda:3`` with one GPU, ``mps``
+``auto`` picks, in order: CUDA and ``flash_attention_2`` when the ``flash_attn`` package is importable, else
+``sdpa`` — when a GPU is present; otherwise CPU and ``sdpa``. The dtype ``auto`` is bfloat16 (float16 on GPUs
+without bfloat16) for real models on a GPU *and* on a CPU whose matrix units multiply bfloat16 natively (Intel
+AMX-BF16 or AVX512-BF16, as torch itself detects them; Arm's BF16 extension, from the kernel's CPU flags) —
+there a bfloat16 matmul runs about 10× faster than float32 — and float32 everywhere else, and for small models
+(fewer than :data:`SMALL_MODEL_PARAMETERS` parameters: the built-in base model and the tiny test models), which
+are the exactness references of the study and the tests and gain nothing from half precision. Every plan
+carries the reason for its dtype in one line (:attr:`DevicePlan.reason`). An explicit choice the machine cannot honour (``cuda`` without a GPU, ``cuda:3`` with one GPU, ``mps``
 off a Mac, ``flash_attention_2`` without ``flash_attn`` or off CUDA, float16 on CPU, …) is refused with a
 one-line :class:`~ropekit.errors.RopekitError` — :func:`resolve_devices` runs before any model is loaded, so a
 mistake costs nothing.
@@ -36,6 +41,8 @@ class DevicePlan:
     dtype: str
     attn: str
     device_map: str | None = None
+    #: why this dtype, in words (``auto``'s choice, or "asked for")
+    reason: str = ""
 
     @property
     def torch_dtype(self):
@@ -49,6 +56,48 @@ class DevicePlan:
 
     def as_dict(self) -> dict[str, str | None]:
         return {"device": self.device, "dtype": self.dtype, "attn": self.attn, "device_map": self.device_map}
+
+    def describe(self) -> str:
+        """The one line every model-loading command prints: where it runs, in which dtype, and why."""
+        return f"running on {self.device} in {self.dtype} ({self.reason}), attention {self.attn}"
+
+
+#: Below this many parameters a model is a toy (the built-in base model has 1.1M, the tiny test models far fewer):
+#: ``--dtype auto`` keeps it in float32, where the study's and the tests' exact comparisons are made.
+SMALL_MODEL_PARAMETERS = 20_000_000
+
+
+def native_cpu_bf16() -> str | None:
+    """The CPU feature that multiplies bfloat16 matrices in hardware, or None when this CPU only emulates it.
+
+    x86: torch's own CPUID checks (``torch.cpu._is_amx_tile_supported`` for AMX, which oneDNN uses for bf16
+    GEMMs, and ``_is_avx512_bf16_supported``); elsewhere the kernel's flags (``/proc/cpuinfo``: ``amx_bf16``,
+    ``avx512_bf16``, or Arm's ``bf16`` feature). Without such a unit a bfloat16 matmul is converted to float32
+    element by element and runs *slower* than float32, so ``auto`` must not choose it.
+    """
+    import torch
+
+    cpu = getattr(torch, "cpu", None)
+    for probe, name in (("_is_amx_tile_supported", "AMX-BF16"), ("_is_avx512_bf16_supported", "AVX512-BF16")):
+        check = getattr(cpu, probe, None)
+        try:
+            if check is not None and check():
+                return name
+        except Exception:  # a probe torch cannot run on this CPU says nothing either way
+            continue
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    flags.update(value.split())
+    except OSError:
+        return None
+    for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"), ("bf16", "Arm BF16")):
+        if flag in flags:
+            return name
+    return None
 
 
 def cuda_count() -> int:
@@ -95,14 +144,26 @@ def _resolve_device(device: str) -> str:
     raise RopekitError(f"--device {device!r} is not one of {', '.join(DEVICE_CHOICES)}", "pass e.g. --device auto")
 
 
-def _resolve_dtype(dtype: str, device: str) -> str:
+def _resolve_dtype(dtype: str, device: str, model_parameters: int | None = None) -> tuple[str, str]:
+    """The dtype's name and the reason for it (module docstring)."""
     import torch
 
     text = (dtype or "auto").strip().lower().removeprefix("torch.")
     if text == "auto":
+        small = model_parameters is not None and model_parameters < SMALL_MODEL_PARAMETERS
+        if small:
+            return "float32", (f"auto: a small model ({model_parameters / 1e6:.1f}M parameters) stays in float32, "
+                               f"bfloat16 is for models of {SMALL_MODEL_PARAMETERS // 1_000_000}M or more")
         if device.startswith("cuda"):
-            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-        return "float32"
+            if torch.cuda.is_bf16_supported():
+                return "bfloat16", "auto: a GPU with bfloat16"
+            return "float16", "auto: this GPU has no bfloat16"
+        if device == "cpu":
+            unit = native_cpu_bf16()
+            if unit is not None:
+                return "bfloat16", f"auto: this CPU multiplies bfloat16 natively ({unit})"
+            return "float32", "auto: this CPU lacks a native bfloat16 matmul unit, AMX-BF16 or AVX512-BF16"
+        return "float32", f"auto: float32 on {device}"
     name = _DTYPE_ALIASES.get(text)
     if name is None:
         raise RopekitError(f"--dtype {dtype!r} is not one of {', '.join(DTYPE_CHOICES)}", "pass e.g. --dtype auto")
@@ -111,7 +172,7 @@ def _resolve_dtype(dtype: str, device: str) -> str:
                            "pass --dtype float32 (or bfloat16) on CPU")
     if name == "bfloat16" and device.startswith("cuda") and not torch.cuda.is_bf16_supported():
         raise RopekitError(f"--dtype bfloat16: {device} has no bfloat16 support", "pass --dtype float16 on this GPU")
-    return name
+    return name, "asked for"
 
 
 def _resolve_attn(attn: str, device: str, dtype: str) -> str:
@@ -157,13 +218,16 @@ def _resolve_device_map(device_map: str | None, requested_device: str, device: s
 
 
 def resolve_devices(device: str = "auto", dtype: str = "auto", attn: str = "auto",
-                    device_map: str | None = None) -> DevicePlan:
-    """Resolve the four options against this machine (module docstring); a one-line RopekitError if impossible."""
+                    device_map: str | None = None, *, model_parameters: int | None = None) -> DevicePlan:
+    """Resolve the four options against this machine (module docstring); a one-line RopekitError if impossible.
+
+    ``model_parameters`` (when known: :func:`ropekit.models.loading.parameter_count`) lets ``--dtype auto`` keep
+    small models in float32; unknown counts as a real model."""
     resolved = _resolve_device(device)
-    name = _resolve_dtype(dtype, resolved)
+    name, reason = _resolve_dtype(dtype, resolved, model_parameters)
     kernel = _resolve_attn(attn, resolved, name)
     placement = _resolve_device_map(device_map, device or "auto", resolved)
-    return DevicePlan(device=resolved, dtype=name, attn=kernel, device_map=placement)
+    return DevicePlan(device=resolved, dtype=name, attn=kernel, device_map=placement, reason=reason)
 
 
 def worker_device(device: str, worker: int) -> str:

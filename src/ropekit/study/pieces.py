@@ -17,7 +17,7 @@ from ..eval import get_task
 from ..eval.common import EvalContext, prepare_model
 from ..install import load
 from ..models.byte_tokenizer import byte_tokenizer
-from ..models.loading import load_model
+from ..models.loading import load_model, parameter_count
 from ..runtime import quiet_transformers
 from ..train.builtin_base import describe, pretrain_base
 from ..train.trainer import METRICS_FILE, train
@@ -101,8 +101,11 @@ def placement(config: StudyConfig, device: str | None = None):
     (:func:`ropekit.runtime.devices.resolve_devices`); ``device`` overrides the config's (a worker's own GPU)."""
     from ..runtime.devices import resolve_devices
 
+    model = getattr(config, "model", None)
+    # the built-in base model is small (float32 under auto) wherever it has been built; others are counted
+    parameters = 0 if model in (None, BUILTIN_BASE) else parameter_count(model)
     return resolve_devices(device or getattr(config, "device", "auto") or "auto", getattr(config, "dtype", "auto") or "auto",
-                           getattr(config, "attn", "auto") or "auto")
+                           getattr(config, "attn", "auto") or "auto", model_parameters=parameters)
 
 
 def _load_base(config: StudyConfig, store, device: str | None = None):
