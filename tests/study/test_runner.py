@@ -422,3 +422,29 @@ def test_placement_and_resources_are_checked_and_not_part_of_the_studys_identity
                               ("resources", {"eval": {"gpus": -1}}, "resources.eval.gpus")):
         with pytest.raises(RopekitError, match=words):
             parse_study({**SMALL, key: value})
+
+
+def test_base_model_is_loaded_once_per_process_and_each_piece_gets_a_private_copy(tmp_path, monkeypatch):
+    """Pieces share one load of the base model; a method installed into one piece's copy never reaches the next."""
+    import torch
+
+    import ropekit
+    from ropekit.models.loading import load_model
+    from ropekit.study import pieces
+    from ropekit.study.store import StudyStore
+
+    config = parse_study(SMALL)
+    store = StudyStore(tmp_path / "study.sqlite")
+    loads = []
+    real = pieces.load_model
+    monkeypatch.setattr(pieces, "load_model", lambda *a, **k: loads.append(a) or real(*a, **k))
+    pieces._BASE_MODELS.clear()
+    first, _ = pieces._load_base(config, store)
+    ropekit.extend(first, "yarn", factor=4)
+    second, _ = pieces._load_base(config, store)
+    assert len(loads) == 1 and first is not second
+    fresh = load_model("tiny", device="cpu").model
+    ids = torch.arange(200).unsqueeze(0) % fresh.config.vocab_size
+    with torch.no_grad():
+        assert torch.equal(second(input_ids=ids).logits, fresh(input_ids=ids).logits)
+        assert not torch.equal(first(input_ids=ids).logits, fresh(input_ids=ids).logits)
