@@ -107,6 +107,19 @@ def test_bf16_cached_generate_equals_the_uncached_forward(method, attn):
     assert agree >= 0.75, agree
 
 
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_installs_on_a_model_already_on_the_device(method):
+    """The order a study and the CLI use — load on the GPU, then extend — gives the model that extending on the CPU
+    and moving it gives (a capability probe that built its positions on the CPU broke every method this way)."""
+    model = build_tiny_model("llama", seed=0).to(device=DEVICE, dtype=torch.bfloat16)
+    model = ropekit.extend(model, method, **METHODS[method]).eval()
+    reference = _model(method, "sdpa", DEVICE, torch.bfloat16)
+    ids, _ = _batch(DEVICE)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids[:1]).logits.float(), reference(ids[:1]).logits.float(),
+                                   atol=ATOL_BF16, rtol=0)
+
+
 def _one_b_model(device: str = "cuda"):
     """A random model of Llama-3.2-1B's shape (2048 wide, 16 layers, 32 heads / 8 KV heads of 64) with a 4k window,
     in bfloat16 — only the shape matters for memory and speed."""

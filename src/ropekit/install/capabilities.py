@@ -75,9 +75,9 @@ def _rotary_output(model) -> str:
         return "other"
     rotary = modules[0]
     inv_freq = rotary.inv_freq.float()
-    positions = torch.arange(4)[None]
+    positions = torch.arange(4, device=inv_freq.device)[None]
     with torch.no_grad():
-        out = rotary(torch.zeros(1, 4, 2 * inv_freq.numel()), positions)
+        out = rotary(torch.zeros(1, 4, 2 * inv_freq.numel(), device=inv_freq.device), positions)
     if not isinstance(out, tuple) or len(out) != 2 or out[0].shape[-1] != 2 * inv_freq.numel():
         return "other"
     angles = positions[..., None].float() * inv_freq
