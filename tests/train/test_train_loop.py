@@ -196,3 +196,24 @@ def test_bf16_autocast_and_gradient_checkpointing_run(make_config, text_dataset)
     fp32 = train(make_config("fp32", steps=2), dataset=data, progress=False)
     # bf16 compute: close to, but not bit-equal with, the fp32 loss
     assert result.losses[0][1] == pytest.approx(fp32.losses[0][1], rel=2e-2)
+
+
+@pytest.mark.parametrize("unit, warned", [(None, True), ("AMX-BF16", False)])
+def test_bf16_autocast_on_a_cpu_without_native_bf16_is_called_out(monkeypatch, unit, warned):
+    """bf16 autocast on an AVX2-only CPU is emulated and far slower than fp32: one warning line says so."""
+    import warnings
+
+    from ropekit.runtime import devices
+    from ropekit.train import trainer
+    from ropekit.train.config import parse_config
+
+    monkeypatch.setattr(devices, "native_cpu_bf16", lambda: unit)
+    monkeypatch.setattr(trainer, "_has_accelerator_device", lambda: False)
+    cfg = parse_config({"model": "tiny", "data": {"seq_len": 32}, "train": {"max_steps": 1, "precision": "bf16"},
+                        "output": {"dir": "unused"}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        accelerator = trainer._accelerator(cfg)
+    trainer._reset_accelerate(accelerator)  # accelerate's state is process-wide
+    lines = [str(w.message) for w in caught if "no native bfloat16" in str(w.message)]
+    assert len(lines) == (1 if warned else 0)
