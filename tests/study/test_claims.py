@@ -152,7 +152,8 @@ def test_the_smollm2_claims_judge_a_study_shaped_like_it(tmp_path):
     assert "(ppl-same-targets)" in claims["c"]["rule"] and "(ppl-same-targets)" in claims["d"]["rule"]
     assert claims["d"]["evidence"][0].startswith("pose-yarn vs yarn-ft-16k at 1k")
 
-    worse = [dict(v, ppl=(0, 0.1, 0.4, 0.5), acc=(0.9, 0.1, 0.0, 0)) if v["label"] == "pose-yarn" else v for v in SMALL]
+    worse = [dict(v, ppl=(0, 0.1, 0.4, 0.5), same=(0, 0.1, 0.4, 0.5), acc=(0.9, 0.1, 0.0, 0)) if v["label"] == "pose-yarn" else v
+             for v in SMALL]
     ss.build(tmp_path / "bad", worse, trials=8, tasks=tasks)
     _declare(tmp_path / "bad", preset_claims("smollm2"))
     assert _verdicts(_report(tmp_path / "bad")) == {"a": HOLDS, "b": FAILS, "c": FAILS, "d": FAILS}
