@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import SMOLLM2_MISSING, in_ci, require_smollm2
+from smollm2_gate import SMOLLM2_MISSING, in_ci, require_smollm2
 
 from ropekit.models import loading
 
