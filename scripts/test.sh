@@ -33,5 +33,7 @@ set +e
 python -m pytest -q -m slow --timeout=900 -p no:cacheprovider
 rc=$?
 set -e
-# pytest exits 5 when no test is selected (e.g. SmolLM2 unavailable and every slow test deselected).
-if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
+# pytest exits 5 when no test is selected. Outside CI that is tolerated; in CI (CI=true, as .ci/run sets) it means
+# the real-model checks did not run, which fails the run, as a missing SmolLM2 GGUF does (tests/conftest.py).
+case "${CI:-}" in 1|true|TRUE|True|yes) ci=1 ;; *) ci=0 ;; esac
+if [ "$rc" -ne 0 ] && { [ "$rc" -ne 5 ] || [ "$ci" = 1 ]; }; then exit "$rc"; fi

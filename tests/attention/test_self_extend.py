@@ -356,7 +356,7 @@ def test_position_jumps_take_the_general_path_and_match_naive(monkeypatch):
     pos = torch.cat([torch.arange(80), torch.arange(150, 250)])[None]
     n = pos.shape[1]
     records = record_layers(model)
-    with torch.no_grad():  # an explicit mask: without one transformers splits at the jump (notes §9)
+    with torch.no_grad():  # an explicit mask: without one transformers splits at the jump (docs/methods-reference.md §9)
         model(_ids(1, n, seed=10), attention_mask=torch.ones(1, n, dtype=torch.long), position_ids=pos)
     assert calls, "the general path did not run"
     allowed = torch.ones(n, n, dtype=torch.bool).tril()[None]

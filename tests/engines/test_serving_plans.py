@@ -1,6 +1,6 @@
 """vLLM serving plans and ``ropekit verify``'s own checks, without running an engine (fast).
 
-The reference for vLLM's behaviour is its own ``get_rope`` as read from its source (notes/engines.md §3); the
+The reference for vLLM's behaviour is its own ``get_rope`` as read from its source (docs/methods-reference.md §12); the
 slow tests in test_engines_slow.py run it.
 """
 

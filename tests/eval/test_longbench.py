@@ -12,7 +12,7 @@ from ropekit.eval.common import make_context
 from ropekit.models.byte_tokenizer import byte_tokenizer
 from ropekit.models.tiny import build_tiny_model
 
-HOTPOT_TEMPLATE = (  # quoted from the field notes (§4.1), independent of the module's table
+HOTPOT_TEMPLATE = (  # quoted from LongBench's dataset2prompt.json, independent of the module's table
     "Answer the question based on the given passages. Only give me the answer and do not output any other words.\n\n"
     "The following are given passages.\n{context}\n\nAnswer the question based on the given passages. Only give me "
     "the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"

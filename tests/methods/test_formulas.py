@@ -1,7 +1,7 @@
 """Every method against its paper's formula, written out here (never via ``ropekit.core.rope``).
 
 * NTK, Dynamic NTK (LCEG's frozen variant included), NTK-by-parts, YaRN and ABF: inverse frequencies
-  against the closed forms in float64, with the cheat-sheet numbers of the field notes (§12).
+  against the closed forms in float64, with the Llama-2 reference numbers of docs/methods-reference.md §1.
 * Entropy-aware ABF and HARPE change attention, so their check is a naive eager attention computed here
   from the module's own projection weights — RoPE as explicit rotations, the causal mask, the logit scale
   and the softmax all written out — compared with what the installed model computes.
@@ -92,7 +92,7 @@ def test_dynamic_ntk_lceg_ntk32k_frozen_base(seq_len):
     expected = 1e4 * 29 ** (128 / 126)
     base = _base_from_inv_freq(inv, 128)
     assert base == pytest.approx(expected, rel=1e-5)
-    assert base == pytest.approx(305_922, rel=1e-5)  # notes §12
+    assert base == pytest.approx(305_922, rel=1e-5)  # LCEG NTK-32k, docs/methods-reference.md §1
     _assert_rel(inv, _theta(expected, 128), what="frozen NTK-32k")
     assert att == 1.0
     assert ropekit.get_method("dynamic_ntk").max_position_embeddings(info, params) == 32768
@@ -115,7 +115,7 @@ def test_dynamic_ntk_lceg_ntk64k(seq_len):
     assert _t(8, 65536, 65536, 4096) == 121
     base = _base_from_inv_freq(inv, 128)
     assert base == pytest.approx(1e4 * 121 ** (128 / 126), rel=1e-5)
-    assert base == pytest.approx(1_305_706, rel=1e-5)  # notes §12
+    assert base == pytest.approx(1_305_706, rel=1e-5)  # LCEG NTK-64k, docs/methods-reference.md §1
 
 
 def test_dynamic_ntk_frozen_variant_ntk_frozen_at_32k():
@@ -125,7 +125,7 @@ def test_dynamic_ntk_frozen_variant_ntk_frozen_at_32k():
     assert params["trained_length"] == 4096  # trained = original: transformers' rule
     base = _base_from_inv_freq(inv, 128)
     assert base == pytest.approx(1e4 * 15 ** (128 / 126), rel=1e-5)
-    assert base == pytest.approx(156_588, rel=1e-5)  # notes §12
+    assert base == pytest.approx(156_588, rel=1e-5)  # LCEG NTK-frozen, docs/methods-reference.md §1
     # ... and plain RoPE inside the window.
     inside, _, _ = _inv("dynamic_ntk", info, {"factor": 2}, 4096)
     _assert_rel(inside, _theta(1e4, 128), what="inside the window")

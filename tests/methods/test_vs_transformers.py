@@ -131,7 +131,7 @@ def test_method_inv_freq_matches_transformers(method, family, head_dim, prf, win
 
 YARN_OPTIONS = [
     {"beta_fast": 16.0, "beta_slow": 2.0},
-    {"beta_fast": 128.0, "beta_slow": 2.0},  # the Mistral YaRN defaults (notes §2)
+    {"beta_fast": 128.0, "beta_slow": 2.0},  # the Mistral YaRN defaults (jquesnelle/yarn's Mistral classes)
     {"truncate": False},
     {"attention_factor": 1.0},
     {"attention_factor": 1.3, "truncate": False, "beta_fast": 24.0},

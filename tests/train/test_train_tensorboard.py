@@ -1,18 +1,16 @@
-"""Metrics to TensorBoard (when the package is installed): every step's loss, learning rate and gradient norm
-equal metrics.jsonl's, and a run killed and resumed logs each step once (the resumed writer purges the
-steps after the checkpoint)."""
+"""Metrics to TensorBoard: every step's loss, learning rate and gradient norm equal metrics.jsonl's, and a run
+killed and resumed logs each step once (the resumed writer purges the steps after the checkpoint).
+
+tensorboard is part of the ``test`` extra, so this runs wherever the suite does; it is not skipped when missing.
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
 from ropekit.train import train
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
-                                reason="tensorboard is not installed (pip install 'ropekit[tensorboard]')")
 
 
 class Killed(Exception):

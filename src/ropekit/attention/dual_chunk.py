@@ -7,8 +7,9 @@ by how far its chunk ``⌊i/L⌋`` is from the key's chunk ``⌊j/L⌋``:
 
 * **intra-chunk** (same chunk): ``i mod L`` — the relative position is the true ``i − j``;
 * **successive-chunk** (the previous chunk): ``min(i mod L + L, chunk_size)`` — the true
-  distance for the first ``local_size`` tokens of a chunk (locality is kept across the boundary), the
-  ceiling ``chunk_size − (j mod L)`` after them;
+  distance for the first ``local_size + 1`` tokens of a chunk (``i mod L ≤ local_size``: at
+  ``i mod L = local_size`` the ceiling and the true position coincide), so locality is kept across the
+  boundary; the ceiling ``chunk_size − (j mod L)`` after them;
 * **inter-chunk** (two or more chunks back): ``chunk_size`` for every query, so every relative
   position is ``chunk_size − (j mod L)``, inside ``(local_size, chunk_size]``.
 

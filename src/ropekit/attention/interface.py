@@ -3,7 +3,7 @@
 For every kernel transformers knows (sdpa, eager, flash_attention_2/3/4, flex_attention) ropekit
 registers ``ropekit_<kernel>`` in ``AttentionInterface`` *and* the kernel's own mask builder in
 ``AttentionMaskInterface`` — without the latter transformers silently passes no mask at all
-(notes §9, HF PR #45811).
+(transformers PR #45811; docs/methods-reference.md §9).
 """
 
 from __future__ import annotations

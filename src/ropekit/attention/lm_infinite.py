@@ -1,4 +1,4 @@
-"""LM-Infinite's Λ-shaped attention (Han et al. 2024, NAACL; notes §6), exact and in O(n·(L_local + G)).
+"""LM-Infinite's Λ-shaped attention (Han et al. 2024, NAACL; LCEG (Lu et al. 2024) §3), exact and in O(n·(L_local + G)).
 
 For a query at position ``i`` and a key at position ``j ≤ i`` (``G`` global tokens, local window
 ``L_local``), the logit is

@@ -1,4 +1,4 @@
-"""LongLoRA's shifted sparse attention, S²-Attn (Chen et al. 2024, ICLR; notes §7) — without wrap-around.
+"""LongLoRA's shifted sparse attention, S²-Attn (Chen et al. 2024, ICLR; summarised in LCEG (Lu et al. 2024) §3) — without wrap-around.
 
 Training-time attention pattern for a sequence of ``n`` tokens with group size ``g = ⌈n·r⌉``
 (``r = group_size_ratio``, the paper's 1/4) and half-group shift ``s = ⌊g/2⌋``:

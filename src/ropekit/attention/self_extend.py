@@ -7,7 +7,8 @@ A query at position ``i`` sees a key at position ``j ≤ i``
   the query sits at ``⌊i/G⌋ + W − ⌊W/G⌋`` and the key at ``⌊j/G⌋``.
 
 Floor division everywhere — the paper's definition. LongLM's transformers-4.38 code computed the group
-query position with ``/`` (notes §5), which differs when ``G ∤ W``.
+query position with ``/`` (``self_extend_patch/Llama.py``, fixed in ``Llama_4_40.py``; docs/methods-reference.md §4), which
+differs when ``G ∤ W``.
 
 Queries and keys arrive already rotated at their true positions (keys include the KV cache). RoPE
 rotations compose, so the group part only rotates them further by ``p_group − p_true`` (``rotate_by``);

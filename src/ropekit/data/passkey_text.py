@@ -1,5 +1,5 @@
 """The passkey prompt's text (Mohtashami & Jaggi's Landmark Attention, Fig. 2a; as re-run by YaRN and PoSE):
-the strings the three original repositories share (field notes §2, verbatim) and how a prompt is put
+the strings the three original repositories share (verbatim; docs/methods-reference.md §10) and how a prompt is put
 together. The evaluation (:mod:`ropekit.eval.passkey`) and the built-in base model's training documents
 both build their prompts here.
 """

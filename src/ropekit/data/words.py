@@ -5,8 +5,9 @@ keys as ``"{adjective}-{noun}"`` and its common-words vocabulary from nouns + ad
 from the word lists of the ``wonderwords`` package with its private ``_get_words_from_text_file`` (one word a
 line, trailing whitespace cut). The lists below are those files of **wonderwords 3.0.1**
 (``nounlist.txt``, ``adjectivelist.txt``, ``verblist.txt``), read that same way, in their file order; they
-were extracted once and are not fetched at run time. Word lists change between wonderwords versions (field
-notes §1.8), so the version is pinned here and :data:`WORDS_DIGEST` identifies the exact lists in results.
+were extracted once and are not fetched at run time. Word lists change between wonderwords versions
+(docs/methods-reference.md §10), so the version is pinned here and :data:`WORDS_DIGEST` identifies the exact
+lists in results.
 
 RULER switches CWE to a larger list (``english_words.json``, "randle" words, not redistributable here) when
 a sample needs more distinct words than wonderwords has; :func:`large_word_list` is this project's stand-in:

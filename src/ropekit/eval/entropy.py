@@ -18,11 +18,11 @@ replacement attention that states no rule raises a one-line error rather than re
 distribution that is not the one used.
 
 The normalised entropy divides by the uniform ceiling ``ln(k_i)``, ``k_i`` the number of keys query ``i``
-sees: ``k_i = i + 1`` for causal attention (the ``H/ln(i+1)`` of notes §6.3), fewer under LM-Infinite's
+sees: ``k_i = i + 1`` for causal attention (the ``H/ln(i+1)`` of docs/methods-reference.md §10), fewer under LM-Infinite's
 mask or a sliding window. A query that sees one key (position 0) has ``H = 0`` and its normalised entropy
 is defined as 0.
 
-How it is measured (notes §6.3): a temporary attention function is registered with transformers'
+How it is measured: a temporary attention function is registered with transformers'
 ``AttentionInterface`` and the model is switched to it for one forward pass; it receives the queries
 and keys after RoPE, computes the statistics, and delegates to the implementation the model was using
 (sdpa, eager, ``ropekit_<kernel>``…) with the unchanged arguments, so the forward continues exactly as
@@ -32,7 +32,7 @@ against all keys (``rows × n`` per head, never ``n × n``), in float32, and per
 and keeps the difference small). Long inputs are measured at about 64 query positions on a logarithmic
 grid that always contains the first and the last position (:func:`log_positions`).
 
-Entropy-ABF's released ``retrieve_attn.py`` (GAIR-NLP, notes §6.1) takes ``output_attentions`` — already
+Entropy-ABF's released ``retrieve_attn.py`` (GAIR-NLP/Entropy-ABF; docs/methods-reference.md §3) takes ``output_attentions`` — already
 probabilities — and applies ``softmax`` to them a second time before computing the entropy, which
 flattens every distribution towards uniform. That double softmax is *not* reproduced here: the
 probabilities are formed once, from the logits. (It also reported head 0 only and the entropy of the

@@ -1,7 +1,8 @@
 """Needle in a haystack (gkamradt's LLMTest_NeedleInAHaystack, in the open-model form LCEG uses).
 
 Needle, question, depth grid and heatmap follow gkamradt's repository; prompt, answer budget and score
-follow LCEG's ``needle/`` variant used by RoPE-extension papers (field notes §3), with the changes below.
+follow LCEG's ``needle/`` variant used by RoPE-extension papers (Leooyii/LCEG ``needle/``;
+docs/methods-reference.md §10), with the changes below.
 
 **Haystack.** The Paul Graham essays cannot be shipped, so the haystack is :mod:`ropekit.data.prose`
 (English prose of the Python documentation), recorded as ``haystack: "python-docs-prose"`` with its digest

@@ -1,6 +1,6 @@
 """Passkey retrieval (Mohtashami & Jaggi's Landmark Attention, Fig. 2a; as re-run by YaRN and PoSE).
 
-The prompt is the one the three original repositories share (field notes §2, strings verbatim)::
+The prompt is the one the three original repositories share (strings verbatim; docs/methods-reference.md §10)::
 
     "\\n".join([TASK_DESCRIPTION, garbage_prefix, "The pass key is {k}. Remember it. {k} is the pass key.",
                garbage_suffix, "What is the pass key? The pass key is"])

@@ -1,7 +1,7 @@
 """Sliding-window perplexity with an explicit protocol, and the per-position NLL curve (``ropekit eval ppl``).
 
 "Perplexity at length L with a sliding window of 256" means different computations in different
-codebases (field notes, evaluation.md §5). Here every parameter is named and recorded with each result:
+codebases (docs/methods-reference.md §10). Here every parameter is named and recorded with each result:
 
 * ``context_len`` L: tokens per model input, *counting* a prepended BOS. With ``add_bos`` a window holds
   C = L−1 document tokens after the BOS (as the HF "perplexity of fixed-length models" guide and YaRN's

@@ -1,7 +1,7 @@
 """Figures shared by the evaluations and the study report: the depth × length retrieval heatmap.
 
 The heatmap follows the convention of gkamradt's LLMTest_NeedleInAHaystack visualisation notebook and
-of LCEG's needle plots (field notes §3): rows are the needle depth in percent with 0 at the top, columns
+of LCEG's needle plots (docs/methods-reference.md §10): rows are the needle depth in percent with 0 at the top, columns
 are the context length in tokens, the colour map runs red → yellow → green (``#F0496E``, ``#EBB839``,
 ``#0CD79F``) over a fixed range 0..1, every cell is annotated with its value, cells are separated by grey
 dashed lines, and vertical dashed lines mark the model's windows (LCEG draws one at the pretraining

@@ -56,7 +56,7 @@ class EntropyABF(ABF):
     ABF with ``b' = 500,000`` plus a per-query-position logit scale
     ``t = max(log_c i, 1)`` (``i`` the 1-based query index, ``c`` the pretrained window) on every layer
     except ``skip_layers`` (default 0 and 1, where the paper observes near-uniform attention). This is the
-    paper's rule; the released code applies the scale to every layer (notes §4). Plain transformers has no
+    paper's rule; the released code applies the scale to every layer (docs/methods-reference.md §3). Plain transformers has no
     such scale, so the export is ropekit-only.
 
     Composition: ABF's rule, and ``c`` defaults to the effective window.

@@ -24,7 +24,7 @@ def _default_max_factor(info):
 
 @register
 class CLEX(Method):
-    """CLEX (Chen et al. 2024, ICLR, arXiv 2310.16450 §3; LCEG (Lu et al. 2024) §3 and appendix; notes §8).
+    """CLEX (Chen et al. 2024, ICLR, arXiv 2310.16450 §3; LCEG (Lu et al. 2024) §3 and appendix; docs/methods-reference.md §7).
 
     The log-frequencies ``z(t) = log θ(t)`` follow ``dz/dt = W_down·σ(W_up·(z + log ξ(t))) + ∂_t log ξ(t)``
     from ``z(1) = log θ``, ``ξ(t)`` the NTK-aware basis at ``α = 2t − 1`` (:mod:`ropekit.methods.clex_ode`).

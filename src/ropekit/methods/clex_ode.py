@@ -1,6 +1,6 @@
 """CLEX's learned frequency dynamics: the ODE, its fixed-step integrator, and the module that turns it into cos/sin.
 
-CLEX (Chen et al. 2024, ICLR, arXiv 2310.16450, §3; field notes §8) makes the RoPE frequencies a continuous
+CLEX (Chen et al. 2024, ICLR, arXiv 2310.16450, §3; docs/methods-reference.md §7) makes the RoPE frequencies a continuous
 function of the scale ``t = L'/C`` (``C`` the pretrained window, ``L'`` the length to serve). The state is the
 log of the frequency basis, ``z(t) = log θ(t) ∈ R^{d/2}``, with ``z(1) = log θ`` (plain RoPE), and it evolves by
 

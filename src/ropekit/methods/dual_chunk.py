@@ -19,8 +19,8 @@ class DualChunk(Method):
 
     Positions are cut into chunks of ``L = chunk_size − local_size`` tokens; keys sit at ``j mod L``, and a query
     at ``i mod L`` against its own chunk (intra-chunk: the true distance), at ``min(i mod L + L, chunk_size)``
-    against the previous chunk (successive-chunk: true distances for the first ``local_size`` tokens of a
-    chunk) and at ``chunk_size`` against every earlier chunk (inter-chunk). Every relative position stays in
+    against the previous chunk (successive-chunk: true distances for the first ``local_size + 1`` tokens of
+    a chunk, ``i mod L ≤ local_size``) and at ``chunk_size`` against every earlier chunk (inter-chunk). Every relative position stays in
     ``[0, chunk_size]``, inside the pretrained window, at any length. The paper's ceiling ``c − 1`` is
     ``chunk_size = C − 1``; vLLM's ``dual_chunk_attention_config`` (Qwen2.5-1M: chunk 262,144, local 8,192) takes
     ``chunk_size`` itself. Frequencies stay the model's own; ``factor`` / ``target_length`` only declare the
@@ -40,8 +40,8 @@ class DualChunk(Method):
     reference = "An et al. 2024, ICML, arXiv 2402.17463 (ChunkLlama); vLLM dual_chunk_attention_config (Qwen2.5-1M)"
     params = (
         Param("chunk_size", int, original_window, "the largest relative position used (vLLM's chunk_size)", minimum=2),
-        Param("local_size", int, _local_default, "tokens at the start of a chunk that see the previous chunk at true "
-              "distances (vLLM's local_size); chunks are chunk_size − local_size long", minimum=0),
+        Param("local_size", int, _local_default, "vLLM's local_size: a chunk's first local_size + 1 tokens see the "
+              "previous chunk at true distances; chunks are chunk_size − local_size long", minimum=0),
         DECLARED_FACTOR,
     )
     changes = ("attention_pattern",)

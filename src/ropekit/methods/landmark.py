@@ -1,5 +1,5 @@
 """Landmark attention (Mohtashami & Jaggi 2023, "Landmark Attention: Random-Access Infinite Context Length
-for Transformers", arXiv 2305.16300; summarised in LCEG (Lu et al. 2024) §3, and notes §8).
+for Transformers", arXiv 2305.16300; summarised in LCEG (Lu et al. 2024) §3; docs/methods-reference.md §7).
 
 The input is cut into blocks of ``mem_freq`` tokens and a special *landmark* token follows each block. In
 attention, a query sees the tokens of its own block directly and every earlier block only through that

@@ -9,7 +9,7 @@ from .base import AttentionSpec, Method, Param, original_window, register
 
 @register
 class LMInfinite(Method):
-    """LM-Infinite (Han et al. 2024, NAACL; notes §6): a Λ-shaped mask plus a distance ceiling.
+    """LM-Infinite (Han et al. 2024, NAACL; LCEG (Lu et al. 2024) §3): a Λ-shaped mask plus a distance ceiling.
 
     For query position ``i`` and key position ``j ≤ i``, with ``G = global_tokens`` and
     ``L = local_window``:
@@ -19,8 +19,8 @@ class LMInfinite(Method):
       "distance ceiling": the query rotated to ``L`` against the unrotated key);
     * else: masked.
 
-    Defaults are the paper's: ``G = 10`` starting tokens and ``L = C``, the pretrained window (notes §12:
-    local 4096, global 10, distance clamp 4096 for Llama-2). Frequencies stay the model's own RoPE; no
+    Defaults are the paper's: ``G = 10`` starting tokens and ``L = C``, the pretrained window (Llama-2:
+    local 4096, global 10, distance clamp 4096; docs/methods-reference.md §1 and §5). Frequencies stay the model's own RoPE; no
     training. ``factor`` / ``target_length`` only declare the extended window (``max_position_embeddings``).
     The attention runs in ropekit's attention function in O(n·(L + G)) time and memory
     (:mod:`ropekit.attention.lm_infinite`); plain transformers has no such pattern, so the export is

@@ -6,7 +6,7 @@ from ..attention.s2_attn import make_s2_attn
 from .base import FACTOR, ROPE_THETA, AttentionSpec, Method, Param, register
 from ..core.rope import default_inv_freq, pi_inv_freq
 
-#: LongLoRA's fine-tuning recipe (Chen et al. 2024 §3–4; notes §7), for the training code to use.
+#: LongLoRA's fine-tuning recipe (Chen et al. 2024 §3–4; docs/methods-reference.md §6), for the training code to use.
 LORA_RANK = 8
 LORA_ALPHA = 16
 LORA_DROPOUT = 0.0
@@ -29,7 +29,7 @@ RECIPE = {
 
 @register
 class LongLoRA(Method):
-    """LongLoRA (Chen et al. 2024, ICLR, arXiv 2309.12307; notes §7): PI frequencies + S²-Attn for training.
+    """LongLoRA (Chen et al. 2024, ICLR, arXiv 2309.12307): PI frequencies + S²-Attn for training.
 
     * Frequencies: Position Interpolation, ``θ_i/s`` (positions ``m → m/s``; LCEG Eq. 8), with
       ``s = factor = target / C`` as in the recipe (the reference rounds it up, ``⌈L'/C⌉``).

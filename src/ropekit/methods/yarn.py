@@ -23,7 +23,7 @@ class YaRN(_ByParts):
     transformers); ``blend='wavelength'`` mixes wavelengths instead (the PoSE authors' revision).
     Temperature: cos and sin are multiplied by ``attention_factor``, default ``0.1·ln s + 1`` (YaRN Eq. 22),
     so logits scale by its square. The ramp uses ``original_max_position_embeddings`` and the model's own
-    ``rope_theta`` (the reference Llama code silently used 10000; see notes §2).
+    ``rope_theta`` (jquesnelle/yarn's Llama code silently used 10000; docs/methods-reference.md §2).
 
     DeepSeek-V2/V3's keys: with ``mscale`` and ``mscale_all_dim`` both set (and no ``attention_factor``), the
     attention factor is ``(0.1·mscale·ln s + 1)/(0.1·mscale_all_dim·ln s + 1)`` — transformers' rule.

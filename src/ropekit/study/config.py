@@ -33,6 +33,19 @@ A study config is a YAML mapping (``ropekit study CONFIG.yaml``, or a preset: ``
       ppl-same-targets:        # a second entry of one task: `task:` names it; records carry the entry's name
         {task: ppl, lengths: [256, 512, 1024, 2048], samples: 4, score_mode: same_targets}
 
+A study may state what its results should show (``claims:``, below and :class:`_Claims`): the report judges each
+claim by its rule (:mod:`ropekit.study.report_findings`). The quick and standard presets carry the LCEG/PoSE
+claims (a)–(f)::
+
+    claims:
+      base: base                # the model as it is
+      control: base-ft          # the plain model fine-tuned with the recipe
+      families:                 # named sets of variants a claim can refer to
+        ntk-yarn-ft: [ntk-ft, yarn-ft]
+      items:
+        - {id: b, claim: "…", source: "LCEG §4", compare: length_ratio, variants: ntk-yarn-ft, to: target, at_most: 1.10}
+        - {id: f, claim: "…", source: "LCEG §4", compare: pair_ratio, pairs: [[yarn-ft, yarn]], expect: below}
+
 The file is checked by pydantic models (:class:`~ropekit.core.schema.StrictModel`, one per section, the
 recipe by :mod:`ropekit.train.config`); every problem is one line naming the key and the fix
 (:class:`StudyConfigError`). The parsed config is :class:`StudyConfig`; :meth:`StudyConfig.as_dict` is what the
@@ -58,7 +71,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..core.schema import ConfigProblem, Name, StrictModel, config_error
+from ..core.schema import ConfigProblem, Name, Number, StrictModel, config_error
 from ..errors import RopekitError
 from ..runtime.devices import ATTN_CHOICES, DTYPE_CHOICES
 
@@ -156,6 +169,10 @@ class StudyConfig:
     #: Pre-train the built-in base model here instead of starting from the one shipped in the package (how the
     #: study runs, not what it is: not part of its identity).
     pretrain: bool = False
+    #: What the results should show (``claims:`` as written, validated), or None. How the results are judged, not
+    #: what is run: not part of the study's identity (a study resumes under revised claims); the manifest records
+    #: them beside the config, for the report.
+    claims: dict[str, Any] | None = None
 
     @property
     def training_seeds(self) -> list[int]:
@@ -293,6 +310,98 @@ class _Resources(StrictModel):
         return {kind: ask.model_dump(exclude_none=True) for kind, ask in self if ask is not None}
 
 
+#: How each claim compares (``compare:``), with the keys it takes: see :class:`_Claim`.
+COMPARISONS = ("length_ratio", "retrieval_beyond_window", "pair_ratio", "pair_difference", "correlation")
+#: What a claim's ``variants:``, ``contrast:`` or a pair may name besides labels and families.
+ROLES = ("base", "control")
+
+
+class _Claim(StrictModel):
+    """One item of ``claims.items``: a statement, where it comes from, and the rule that judges it.
+
+    * ``length_ratio``: each of ``variants`` against itself, perplexity at ``to`` (``target``: the target length;
+      ``beyond``: every length past the window, judged at the longest) over the in-window length, paired over
+      documents (on the same-targets perplexity entry when the study scored one); ``expect: above``/``below``
+      (the interval excludes 1 on that side) or ``at_most: BOUND`` (holds when the interval's upper end is at most
+      BOUND, does not hold when its lower end is above it); ``contrast``: a variant shown beside them.
+    * ``retrieval_beyond_window``: for each of ``tasks`` evaluated, the base model's mean accuracy beyond the window
+      has a 95 % upper bound at most ``near_zero`` (and, with ``beaten: true``, some variant is significantly above
+      it); does not hold when its lower bound exceeds ``near_zero``.
+    * ``pair_ratio``: for each pair ``[a, b]`` of ``pairs``, perplexity ratio a/b at the target on ``task``
+      (default ``ppl``), paired over documents: ``expect: above``/``below``, or ``within: M`` (inside
+      ``[1/(1+M), 1+M]``; outside it entirely: does not hold). ``with_retrieval``: also show the first of these tasks
+      evaluated, beyond the window.
+    * ``pair_difference``: for each pair, accuracy difference a − b on ``task`` at the target, paired over prompts:
+      ``expect: above``/``below``.
+    * ``correlation``: Kendall τ between perplexity and accuracy across variants at the target (pooled over tasks
+      when several): ``expect: below`` (lower perplexity, higher accuracy) or ``above``.
+
+    ``claim`` is the sentence the report shows; in a retrieval claim ``{tasks}`` becomes the tasks evaluated.
+    """
+
+    id: Name = Field(examples=["a"])
+    claim: Name = Field(examples=["The base model's perplexity rises past its pretrained window."])
+    source: Name = Field(examples=["LCEG §4 (Fig. 3, Table 3)"])
+    compare: Literal[COMPARISONS]
+    variants: Name | list[Name] | None = Field(default=None, examples=["base", "ntk-yarn-ft", "[yarn-ft]"])
+    to: Literal["target", "beyond"] | None = None
+    contrast: Name | None = None
+    pairs: list[Annotated[list[Name], Field(min_length=2, max_length=2)]] | None = Field(
+        default=None, examples=["[[pose-yarn, yarn-ft]]"])
+    tasks: list[Name] | None = Field(default=None, examples=["[passkey, niah, ruler]"])
+    task: Name | None = Field(default=None, examples=["passkey"])
+    with_retrieval: list[Name] | None = Field(default=None, examples=["[passkey, niah, ruler]"])
+    #: How the rule names what a pair compares (default: "per pair [a, b], ratio ppl(a)/ppl(b)").
+    quantity: Name | None = Field(default=None, examples=["per pair, ratio ppl(PoSE)/ppl(full-length fine-tuning)"])
+    expect: Literal["above", "below"] | None = None
+    at_most: Number | None = Field(default=None, gt=0, examples=[1.1])
+    within: Number | None = Field(default=None, gt=0, examples=[0.1])
+    near_zero: Number | None = Field(default=None, ge=0, le=1, examples=[0.1])
+    beaten: bool = False
+
+    @model_validator(mode="after")
+    def _keys_of_its_comparison(self) -> _Claim:
+        needs = {"length_ratio": ("variants", "to"), "retrieval_beyond_window": ("tasks", "near_zero"),
+                 "pair_ratio": ("pairs",), "pair_difference": ("pairs", "task", "expect"), "correlation": ("expect",)}
+        takes = {"length_ratio": {"variants", "to", "contrast", "expect", "at_most"},
+                 "retrieval_beyond_window": {"tasks", "near_zero", "beaten"},
+                 "pair_ratio": {"pairs", "expect", "within", "with_retrieval", "quantity", "task"},
+                 "pair_difference": {"pairs", "task", "expect", "quantity"}, "correlation": {"expect"}}[self.compare]
+        for key in needs[self.compare]:
+            if getattr(self, key) is None:
+                raise _problem(f"is missing for compare: {self.compare}", f"add `{key}:` (e.g. as the quick preset does: `ropekit study --preset quick --show`)", key=key)
+        given = {k for k in self.model_fields_set if k not in ("id", "claim", "source", "compare")}
+        for key in sorted(given - takes):
+            raise _problem(f"is not a key of compare: {self.compare}", f"drop it; {self.compare} takes "
+                           f"{', '.join(sorted(takes))}", key=key)
+        decided = [k for k in ("expect", "at_most", "within") if getattr(self, k) is not None]
+        if self.compare in ("length_ratio", "pair_ratio") and len(decided) != 1:
+            raise _problem("needs exactly one rule", "give one of expect, at_most (length_ratio), within (pair_ratio)",
+                           key="expect")
+        return self
+
+
+class _Claims(StrictModel):
+    """``claims:`` — what the study's results should show, judged by the report (:class:`_Claim`).
+
+    A claim may name variants the study does not have (yet): it is then *not measured* for them, as for a
+    study that lacks a length the claim needs, so a preset can state its claims before every variant exists."""
+
+    base: Name | None = Field(default=None, examples=["base"])
+    control: Name | None = Field(default=None, examples=["base-ft"])
+    families: dict[Name, list[Name]] = Field(default_factory=dict, examples=["{ntk-yarn-ft: [ntk-ft, yarn-ft]}"])
+    items: list[_Claim] = Field(min_length=1)
+
+    @field_validator("items")
+    @classmethod
+    def _ids_once(cls, items: list[_Claim]) -> list[_Claim]:
+        ids = [c.id for c in items]
+        for i in ids:
+            if ids.count(i) > 1:
+                raise _problem(f"use the id '{i}' twice", "give every claim its own id")
+        return items
+
+
 class _Study(StrictModel):
     """A study config as written (module doc)."""
 
@@ -311,6 +420,7 @@ class _Study(StrictModel):
     attn: Literal[ATTN_CHOICES] = "auto"
     resources: _Resources = Field(default_factory=_Resources)
     pretrain: bool = False
+    claims: _Claims | None = None
 
     @field_validator("recipe", "resources", mode="before")
     @classmethod
@@ -449,10 +559,31 @@ def parse_study(raw: Any, source: str = "study config") -> StudyConfig:
                          recipe=copy.deepcopy(written.recipe), seed=written.seed, window=written.window,
                          description=written.description, device=written.device, dtype=written.dtype,
                          attn=written.attn, resources=written.resources.parsed(),
-                         seeds=list(written.seeds) if written.seeds is not None else None, pretrain=written.pretrain)
+                         seeds=list(written.seeds) if written.seeds is not None else None, pretrain=written.pretrain,
+                         claims=None if written.claims is None else claims_as_written(written.claims))
     if config.recipe:
         _check_recipe(config)
     return config
+
+
+def claims_as_written(claims: _Claims) -> dict[str, Any]:
+    """A validated ``claims:`` block as plain data, the keys left out not filled in (what the manifest records)."""
+    return claims.model_dump(exclude_unset=True)
+
+
+def parse_claims(raw: Any, source: str = "claims") -> dict[str, Any]:
+    """Validate a ``claims:`` block on its own (the report reads it back from a study's manifest)."""
+    try:
+        return claims_as_written(_Claims.model_validate(raw))
+    except ValidationError as err:
+        problem = config_error(err, _Claims)
+        raise StudyConfigError(f"{source}: {problem.problem}", problem.fix) from None
+
+
+def preset_claims(name: str) -> dict[str, Any] | None:
+    """The ``claims:`` block of a shipped preset, validated, or None when it has none."""
+    raw = _yaml(preset_text(name), f"preset '{name}'")
+    return None if raw.get("claims") is None else parse_claims(raw["claims"], f"preset '{name}' claims")
 
 
 def train_config_for(config: StudyConfig, variant: Variant, model_path: str, out_dir: str | Path, seed: int | None = None):

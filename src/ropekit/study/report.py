@@ -140,11 +140,12 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
     rows = analysis.rows
     table = analysis.table
     methods = [m for m in methods if m in table.methods() or any(p["method"] == m for p in pieces)]
-    infos = findings.variants(manifest, pieces, records, methods)
+    declared = findings.study_claims(manifest)
+    infos = findings.variants(manifest, pieces, records, methods, declared)
     kendall = stats.perplexity_correlations(table, target)
     ranking = stats.rank_methods(table, window, target, methods)
-    claims = findings.evaluate_claims(table, infos, window, target, kendall)
-    control = findings.control_label(infos)
+    claims = findings.evaluate_claims(table, infos, window, target, kendall, declared)
+    control = findings.control_label(infos, declared.get("control"))
     effects = findings.control_effects(table, infos, control) if control else []
     cards = findings.method_cards(infos, pieces, records)
     figs = _Figures(out, methods, window, target, infos)
@@ -175,7 +176,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
         protocol = ", ".join(f"{f} {first.get(f)}" for f in stats.PPL_PROTOCOL if first.get(f) is not None)
         how = ("exp of the mean over windows of each window's mean NLL (YaRN's weighting)" if first.get("weighting") == "window"
                else "exp of the token-weighted mean NLL over the evaluation documents")
-        base = findings.base_label(infos)
+        base = findings.base_label(infos, declared.get("base"))
         ratio_fig = None
         if not (control and effects) and base:
             ratio_fig = _figure(figs.ratio_vs_length(table, methods, base, "ppl_ratio_vs_length.png"),

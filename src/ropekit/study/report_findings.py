@@ -1,35 +1,26 @@
-"""What the study's data say about the papers' claims: the variants (what each label is), the findings
-(a headline and one verdict per claim, decided by stated rules on paired-bootstrap intervals), the effect
-of every method relative to the fine-tuned control, and the method cards.
+"""What the study's data say about its claims: the variants (what each label is), the findings (a headline
+and one verdict per claim, decided by stated rules on paired-bootstrap intervals), the effect of every method
+relative to the fine-tuned control, and the method cards.
 
-Claims (LCEG = Lu et al. 2024, arXiv:2409.12181; PoSE = Zhu et al., arXiv:2309.10400), each checked on the
-perplexity at the *in-window length* (the pretrained window when evaluated, else the longest length inside
-it) and at the *target length* (the study's target when evaluated, else the longest length), with the
-paired comparisons of :meth:`ropekit.study.stats.Analysis.compare`:
+The claims are data: a study's ``claims:`` block (:class:`ropekit.study.config._Claim`; the quick and standard
+presets carry LCEG's and PoSE's claims (a)–(f)) names the base model, the control, families of variants and, per
+claim, what is compared, the rule and its bound. One engine, :func:`evaluate_claims`, judges every claim by its
+``compare:`` kind on the paired comparisons of :meth:`ropekit.study.stats.Analysis.compare`, at the *in-window
+length* (the pretrained window when evaluated, else the longest length inside it) and the *target length* (the
+study's target when evaluated, else the longest length):
 
-(a) the base model's perplexity rises past its pretrained window — ratio ppl(longest length)/ppl(window),
-    paired by document: *holds* when its 95 % interval lies above 1, *does not hold* when below 1;
-(b) fine-tuned NTK-family methods and YaRN keep perplexity at the target length near their in-window value
-    — per variant, ratio ppl(target)/ppl(window): *holds* when the interval's upper end is at most
-    1 + :data:`NEAR` (within 10 %), *does not hold* when its lower end is above it; all variants must hold;
-(c) retrieval (passkey, needle, RULER) beyond the window only with methods that support it — per task of
-    :data:`RETRIEVAL_TASKS` evaluated, *holds* when the base model's mean accuracy beyond the window has a 95 %
-    upper bound ≤ :data:`NEAR_ZERO` and at least one method is significantly above it (paired over prompts),
-    *does not hold* when the base model's lower bound exceeds :data:`NEAR_ZERO` (it retrieves beyond its
-    window); every task must hold;
-(d) PoSE lands close to full-length fine-tuning of the same method — per pair ``pose-X`` / ``X-ft`` (same
-    method), ratio ppl(PoSE)/ppl(full) at the target: *holds* when the interval lies within
-    [1/(1 + NEAR), 1 + NEAR], *does not hold* when it lies entirely outside;
-(e) perplexity correlates with downstream accuracy — Kendall τ across methods at the target length
-    (pooled over the accuracy tasks when there are several): *holds* when τ's 95 % interval lies below 0
-    (lower perplexity, higher accuracy), *does not hold* when above 0;
-(f) fine-tuning improves on the frozen method — per pair (frozen X, fine-tuned X, same method): ratio
-    ppl(fine-tuned)/ppl(frozen) at the target: *holds* when the interval lies below 1, *does not hold* when
-    above 1.
+* ``length_ratio`` — a variant's perplexity at the target (or at every length past the window) over its in-window
+  value, paired by document, on the same-targets perplexity entry when the study scored one;
+* ``retrieval_beyond_window`` — per retrieval task evaluated, the base model's mean accuracy beyond the window
+  near 0 (95 % upper bound at most ``near_zero``) and, with ``beaten``, some variant significantly above it;
+* ``pair_ratio`` / ``pair_difference`` — declared pairs of variants: perplexity ratio at the target, or accuracy
+  difference on a task at the target;
+* ``correlation`` — Kendall τ across variants between perplexity and accuracy at the target.
 
-Every other outcome is *inconclusive at this scale*; a claim whose variants or lengths the study lacks is
-*not measured in this study*. For claims over several variants, one "does not hold" decides, else all must
-hold, else inconclusive.
+A verdict is *holds*, *does not hold*, *inconclusive at this scale* (the interval straddles the bound), or *not
+measured in this study* (the study lacks the variants or lengths). For claims over several variants or pairs, one
+"does not hold" decides, else all must hold, else inconclusive. A study recorded without claims is judged by the
+quick preset's (:func:`study_claims`).
 """
 
 from __future__ import annotations
@@ -42,15 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import stats
+from .config import ROLES
 from .report_format import TASK_TITLES, fmt_ci, fmt_duration, fmt_value, length_label
 
-#: Relative margin of "near" and "close" (perplexity ratios within 10 %).
-NEAR = 0.10
-#: "≈ 0" for retrieval accuracy: a 95 % upper bound at most 10 %.
-NEAR_ZERO = 0.10
 HOLDS, FAILS, INCONCLUSIVE, ABSENT = "holds", "does not hold", "inconclusive at this scale", "not measured in this study"
-CONTROL = "base-ft"
-BASE_LABELS = ("base", stats.PLAIN)
+#: Whose claims judge a study that records none: the LCEG/PoSE claims (a)–(f).
+DEFAULT_CLAIMS_PRESET = "quick"
 
 PAPERS = (
     {"key": "LCEG", "authors": "Yi Lu, Jing Nathan Yan, Songlin Yang, Justin T. Chiu, Siyu Ren, Fei Yuan, Wenting Zhao, "
@@ -70,11 +58,6 @@ FAMILIES = (
     ("Attention-side", ("self_extend", "lm_infinite", "dual_chunk", "landmark")),
     ("Other", ()),
 )
-#: Claim (c)'s tasks: retrieval beyond the window, each judged on its own.
-RETRIEVAL_TASKS = ("passkey", "niah", "ruler")
-#: Claim (b)'s methods: the NTK family and YaRN.
-NTK_YARN = ("ntk", "dynamic_ntk", "ntk_by_parts", "abf", "entropy_abf", "harpe", "llama3", "yarn", "dynamic_yarn")
-
 
 # ---- variants ---------------------------------------------------------------------------------------------
 @dataclass
@@ -115,10 +98,12 @@ def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, A
 
 
 def variants(manifest: Mapping[str, Any], pieces: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]],
-             methods: Sequence[str]) -> dict[str, VariantInfo]:
+             methods: Sequence[str], claims: Mapping[str, Any] | None = None) -> dict[str, VariantInfo]:
     """Every label's :class:`VariantInfo`: from the manifest's config (``variants``, ``recipe``) where it has
-    them, else from the pieces (a ``train:`` piece: fine-tuned, ``search:``: searched) and the records'
-    own method names (``eval_method``); ``base``/``plain`` is the base model, ``base-ft`` the control."""
+    them, else from the pieces (a ``train:`` piece: trained, ``search:``: searched) and the records' own method
+    names (``eval_method``, else the label). A variant without a method is the base model, or the control when it
+    was trained; ``claims``' ``control`` names the control among trained variants. Nothing is read from a label."""
+    control = (claims or {}).get("control")
     config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
     recipe = config.get("recipe") if isinstance(config.get("recipe"), Mapping) else {}
     declared = {v["label"]: v for v in config.get("variants") or [] if isinstance(v, Mapping) and v.get("label")}
@@ -142,21 +127,17 @@ def variants(manifest: Mapping[str, Any], pieces: Sequence[Mapping[str, Any]], r
                 info.kind = "searched"
             elif method is None:
                 info.kind = "base"
-        else:
+        else:  # no config (a store written by hand): what the pieces and records say, PoSE unknown
             method = own_method.get(label, label)
             method = None if method in (stats.PLAIN, None) else str(method)
-            if method is not None and method.replace("-", "_") not in {m for _, ms in FAMILIES for m in ms}:
-                stripped = str(label).removesuffix("-ft").removeprefix("pose-").replace("-", "_")
-                method = stripped if any(stripped in ms for _, ms in FAMILIES) else method
             info = VariantInfo(label, method)
             if label in trained:
                 info.kind = "control" if method is None else "fine-tuned"
-                info.pose = str(label).startswith("pose-")
             elif label in searched:
                 info.kind = "searched"
-            elif method is None or label in BASE_LABELS:
+            elif method is None:
                 info.kind = "base"
-        if label == CONTROL and info.kind in ("fine-tuned", "control"):
+        if label == control and info.kind in ("fine-tuned", "control"):
             info.kind = "control"
         out[label] = info
     return out
@@ -168,16 +149,19 @@ def kind_label(info: VariantInfo) -> str:
     return {"control": "control (fine-tuned)"}.get(info.kind, info.kind)
 
 
-def base_label(infos: Mapping[str, VariantInfo]) -> str | None:
-    for label in BASE_LABELS:
-        if label in infos and infos[label].kind == "base":
-            return label
+def base_label(infos: Mapping[str, VariantInfo], declared: str | None = None) -> str | None:
+    """The base model: the ``declared`` label (the claims' ``base``) when the study has it as the plain model,
+    else the first variant that is the plain model untrained."""
+    if declared in infos and infos[declared].kind == "base":
+        return declared
     return next((k for k, v in infos.items() if v.kind == "base"), None)
 
 
-def control_label(infos: Mapping[str, VariantInfo]) -> str | None:
-    if CONTROL in infos and infos[CONTROL].trained:
-        return CONTROL
+def control_label(infos: Mapping[str, VariantInfo], declared: str | None = None) -> str | None:
+    """The control: the ``declared`` label (the claims' ``control``) when the study trained it, else the first
+    variant that is the plain model fine-tuned."""
+    if declared in infos and infos[declared].trained:
+        return declared
     return next((k for k, v in infos.items() if v.kind == "control"), None)
 
 
@@ -234,69 +218,137 @@ def _claim(key: str, claim: str, source: str, rule: str, verdict: str, evidence:
 
 
 # ---- claims -----------------------------------------------------------------------------------------------
-def evaluate_claims(table: stats.Table, infos: Mapping[str, VariantInfo], window: int | None, target: int | None,
-                    kendall: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The verdict on each claim (module docstring): ``[{"id", "claim", "source", "rule", "verdict", "evidence"}]``."""
+def study_claims(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The claims a study is judged by: those its manifest records (the config's ``claims:``), else — a study
+    recorded before claims were data, or one that states none — the quick preset's, the LCEG/PoSE claims
+    (a)–(f) every study was judged by until then."""
+    from .config import parse_claims, preset_claims
+
+    recorded = manifest.get("claims")
+    if recorded is not None:
+        return parse_claims(recorded, "the study's recorded claims")
+    return preset_claims(DEFAULT_CLAIMS_PRESET) or {"items": []}
+
+
+def _role(claims: Mapping[str, Any], infos: Mapping[str, VariantInfo], role: str) -> str | None:
+    return base_label(infos, claims.get("base")) if role == "base" else control_label(infos, claims.get("control"))
+
+
+def _members(claims: Mapping[str, Any], infos: Mapping[str, VariantInfo], names: str | Sequence[str]) -> list[str]:
+    """The labels a claim's ``variants:`` names (a role, a family or labels), in the study's variant order."""
+    if isinstance(names, str) and names in ROLES:
+        label = _role(claims, infos, names)
+        return [label] if label else []
+    wanted = set((claims.get("families") or {}).get(names, [names]) if isinstance(names, str) else names)
+    return [label for label in infos if label in wanted]
+
+
+def _pair_labels(claims: Mapping[str, Any], infos: Mapping[str, VariantInfo], pairs) -> list[tuple[str, str]]:
+    """The declared pairs whose two variants the study has (a role resolved to its label), in declared order."""
+    out = []
+    for first, second in pairs:
+        a, b = (_role(claims, infos, x) if x in ROLES else x for x in (first, second))
+        if a in infos and b in infos:
+            out.append((a, b))
+    return out
+
+
+def _decide(c: Mapping[str, Any], expect: str | None = None, at_most: float | None = None,
+            within: float | None = None) -> str:
+    """A verdict from one paired comparison: ``expect`` above/below the null (significance, as the tables mark
+    it), ``at_most`` a ratio bound (upper end ≤ bound holds, lower end > bound does not), or ``within`` a ratio
+    band [1/(1+M), 1+M] (inside holds, entirely outside does not)."""
+    if expect is not None:
+        sign = 1 if expect == "above" else -1
+        return HOLDS if c["direction"] == sign else FAILS if c["direction"] == -sign else INCONCLUSIVE
+    lo, hi = c["ci95"] or (None, None)
+    if lo is None:
+        return INCONCLUSIVE
+    if at_most is not None:
+        return HOLDS if hi <= at_most else FAILS if lo > at_most else INCONCLUSIVE
+    low, high = 1 / (1 + within), 1 + within
+    return HOLDS if lo >= low and hi <= high else FAILS if lo > high or hi < low else INCONCLUSIVE
+
+
+def _length_task(table: stats.Table) -> str:
+    """The perplexity task length comparisons use: one scored on identical targets at every length when the study
+    has it (first-L-token perplexity mixes content with context), else ``ppl``."""
     a = table.analysis
-    ppl_lengths = table.lengths("ppl")
-    w_len = in_window_length(ppl_lengths, window)
-    t_len = target_of(ppl_lengths, target)
-    base = base_label(infos)
-    claims = []
-    near = f"{1 + NEAR:.2f}"
+    return next((t for t in table.tasks() if stats.is_perplexity(t) and a is not None
+                 and any(r.get("task") == t and r.get("score_mode") == "same_targets" for r in a.records)), "ppl")
 
-    # (a) base model's perplexity past its window — on identical targets when the study scored them (same_targets)
-    pt = next((t for t in table.tasks() if stats.is_perplexity(t) and a is not None
-               and any(r.get("task") == t and r.get("score_mode") == "same_targets" for r in a.records)), "ppl")
-    a_lengths = table.lengths(pt)
-    a_window, a_beyond = in_window_length(a_lengths, window), [L for L in a_lengths if window is not None and L > window]
-    rule = (f"ratio ppl(L)/ppl(window) of the base model at the longest length ({pt}), paired over documents: holds when its "
-            "95 % interval lies above 1, does not hold when below 1")
-    evidence: list[str] = []
-    verdict = ABSENT
-    if a is not None and base and a_window is not None and a_beyond and table.get(base, pt, a_window, "ppl") is not None:
-        comps = {L: a.compare(base, base, pt, L, "ppl", length_b=a_window) for L in a_beyond}
-        evidence.append(f"{base} at {length_label(a_window)} (window): {_cell_text(table, base, pt, a_window, 'ppl', 'ppl')}")
-        for L, c in comps.items():
-            evidence.append(f"at {length_label(L)}: {_cell_text(table, base, pt, L, 'ppl', 'ppl')}; ratio to the window {_ratio_text(c)}")
-        last = comps[max(comps)]
-        if last is not None:
-            verdict = HOLDS if last["direction"] > 0 else FAILS if last["direction"] < 0 else INCONCLUSIVE
-        mode = next((r.get("score_mode") for r in a.records if r.get("task") == pt), None)
-        if mode and mode != "same_targets":
-            evidence.append(f"score mode {mode}: each length scores different tokens (the first L of each document), so a "
-                            "change with length mixes content with context; score mode same_targets scores identical tokens at every length")
-    claims.append(_claim("a", "The base model's perplexity rises past its pretrained window.", "LCEG §4 (Fig. 3, Table 3)",
-                         rule, verdict, evidence))
 
-    # (b) fine-tuned NTK family and YaRN keep perplexity near the in-window value — a comparison across lengths, so
-    # on identical targets when the study scored them, as (a): first-L-token perplexity mixes content with context
-    b_window, b_target = in_window_length(a_lengths, window), target_of(a_lengths, target)
-    rule = (f"per variant, ratio ppl(target)/ppl(window) ({pt}) paired over documents: holds when the 95 % interval's upper end is ≤ {near}, "
-            f"does not hold when its lower end is > {near}; every variant must hold")
-    chosen = [k for k, v in infos.items() if v.kind == "fine-tuned" and not v.pose and v.method in NTK_YARN]
+def _who(names: str | Sequence[str], claims: Mapping[str, Any]) -> str:
+    if names == "base":
+        return "the base model"
+    if names == "control":
+        return "the control"
+    return "per variant," if not isinstance(names, str) or names in (claims.get("families") or {}) else str(names)
+
+
+def _length_ratio(item, claims, table, infos, window, target):
+    a = table.analysis
+    pt = _length_task(table)
+    lengths = table.lengths(pt)
+    w_len = in_window_length(lengths, window)
+    labels = _members(claims, infos, item["variants"])
     evidence, verdicts = [], []
-    if a is not None and chosen and b_window is not None and b_target is not None and b_target > (window or 0):
-        for label in chosen:
-            c = a.compare(label, label, pt, b_target, "ppl", length_b=b_window)
+    if item["to"] == "beyond":
+        bound = "1" if item.get("expect") else f"{item['at_most']:.2f}"
+        side = item.get("expect", "above")
+        rule = (f"ratio ppl(L)/ppl(window) of {_who(item['variants'], claims).removesuffix(',')} at the longest length ({pt}), "
+                f"paired over documents: holds when its 95 % interval lies {side} {bound}, does not hold when "
+                f"{'below' if side == 'above' else 'above'} {bound}")
+        beyond = [L for L in lengths if window is not None and L > window]
+        for label in labels:
+            if a is None or w_len is None or not beyond or table.get(label, pt, w_len, "ppl") is None:
+                continue
+            comps = {L: a.compare(label, label, pt, L, "ppl", length_b=w_len) for L in beyond}
+            evidence.append(f"{label} at {length_label(w_len)} (window): {_cell_text(table, label, pt, w_len, 'ppl', 'ppl')}")
+            for L, c in comps.items():
+                evidence.append(f"at {length_label(L)}: {_cell_text(table, label, pt, L, 'ppl', 'ppl')}; ratio to the window {_ratio_text(c)}")
+            last = comps[max(comps)]
+            if last is not None:
+                verdicts.append(_decide(last, item.get("expect"), item.get("at_most")))
+            mode = next((r.get("score_mode") for r in a.records if r.get("task") == pt), None)
+            if mode and mode != "same_targets":
+                evidence.append(f"score mode {mode}: each length scores different tokens (the first L of each document), so a "
+                                "change with length mixes content with context; score mode same_targets scores identical tokens at every length")
+        return rule, (verdicts[0] if len(verdicts) == 1 else _combine(verdicts)), evidence
+    t_len = target_of(lengths, target)
+    if item.get("at_most") is not None:
+        near = f"{item['at_most']:.2f}"
+        test = f"holds when the 95 % interval's upper end is ≤ {near}, does not hold when its lower end is > {near}"
+    else:
+        test = (f"holds when the 95 % interval lies {item['expect']} 1, does not hold when "
+                f"{'below' if item['expect'] == 'above' else 'above'} 1")
+    rule = f"{_who(item['variants'], claims)} ratio ppl(target)/ppl(window) ({pt}) paired over documents: {test}; every variant must hold"
+    if a is not None and labels and w_len is not None and t_len is not None and t_len > (window or 0):
+        for label in labels:
+            c = a.compare(label, label, pt, t_len, "ppl", length_b=w_len)
             if c is None:
                 continue
-            lo, hi = c["ci95"] or (None, None)
-            verdicts.append(INCONCLUSIVE if lo is None else HOLDS if hi <= 1 + NEAR else FAILS if lo > 1 + NEAR else INCONCLUSIVE)
-            evidence.append(f"{label}: {_cell_text(table, label, pt, b_window, 'ppl', 'ppl')} at {length_label(b_window)} → "
-                            f"{_cell_text(table, label, pt, b_target, 'ppl', 'ppl')} at {length_label(b_target)}; ratio {_ratio_text(c)} → {verdicts[-1]}")
-        if base:
-            c = a.compare(base, base, pt, b_target, "ppl", length_b=b_window)
+            verdicts.append(_decide(c, item.get("expect"), item.get("at_most")))
+            evidence.append(f"{label}: {_cell_text(table, label, pt, w_len, 'ppl', 'ppl')} at {length_label(w_len)} → "
+                            f"{_cell_text(table, label, pt, t_len, 'ppl', 'ppl')} at {length_label(t_len)}; ratio {_ratio_text(c)} → {verdicts[-1]}")
+        contrast = item.get("contrast")
+        other = _role(claims, infos, contrast) if contrast in ROLES else contrast if contrast in infos else None
+        if other:
+            c = a.compare(other, other, pt, t_len, "ppl", length_b=w_len)
             if c is not None:
-                evidence.append(f"for contrast, {base}: ratio {_ratio_text(c)}")
-    claims.append(_claim("b", "Fine-tuned NTK-family methods and YaRN keep perplexity at the target length near their in-window value.",
-                         "LCEG §4 (Table 3); PoSE §4", rule, _combine(verdicts), evidence))
+                evidence.append(f"for contrast, {other}: ratio {_ratio_text(c)}")
+    return rule, _combine(verdicts), evidence
 
-    # (c) retrieval beyond the window only with methods that support it — on every retrieval task evaluated
-    tasks = [t for t in RETRIEVAL_TASKS if t in table.tasks()]
+
+def _retrieval_beyond_window(item, claims, table, infos, window, target):
+    a = table.analysis
+    base = _role(claims, infos, "base")
+    near_zero = item["near_zero"]
+    tasks = [t for t in item["tasks"] if t in table.tasks()]
     rule = (f"per retrieval task, holds when the base model's mean accuracy beyond the window has a 95 % upper bound ≤ "
-            f"{100 * NEAR_ZERO:.0f} % and at least one method is significantly above it (paired over prompts); does not hold when "
-            f"the base model's lower bound is > {100 * NEAR_ZERO:.0f} %; every task must hold")
+            f"{100 * near_zero:.0f} %" + (" and at least one method is significantly above it (paired over prompts)"
+                                           if item.get("beaten") else "") +
+            f"; does not hold when the base model's lower bound is > {100 * near_zero:.0f} %; every task must hold")
     evidence, verdicts = [], []
     for rtask in tasks if a is not None and base and window is not None else []:
         out_lengths = [L for L in table.lengths(rtask) if L > window]
@@ -321,38 +373,68 @@ def evaluate_claims(table: stats.Table, infos: Mapping[str, VariantInfo], window
         else:
             evidence.append(f"{name}: no method is significantly above the base model beyond the window")
         if ci is not None:
-            verdicts.append(HOLDS if ci[1] <= NEAR_ZERO and above else FAILS if ci[0] > NEAR_ZERO else INCONCLUSIVE)
+            found = bool(above) or not item.get("beaten")
+            verdicts.append(HOLDS if ci[1] <= near_zero and found else FAILS if ci[0] > near_zero else INCONCLUSIVE)
     names = " and ".join(_task_name(t) for t in tasks) or "passkey or needle retrieval"
-    task = tasks[0] if tasks else None  # the primary retrieval task, which (d) and (f) also report
-    claims.append(_claim("c", f"Retrieval beyond the window ({names}) succeeds only "
-                         "with methods that support it; the base model is near 0 there.", "LCEG §5 (Fig. 4, needle/passkey)", rule,
-                         _combine(verdicts), evidence))
+    return rule, _combine(verdicts), evidence, item["claim"].replace("{tasks}", names)
 
-    # (d) PoSE vs full-length fine-tuning of the same method
-    rule = (f"per pair, ratio ppl(PoSE)/ppl(full-length fine-tuning) at the target, paired over documents: holds when the 95 % interval "
-            f"lies within [{1 / (1 + NEAR):.2f}, {near}], does not hold when it lies entirely outside")
+
+def _pair_ratio(item, claims, table, infos, window, target):
+    a = table.analysis
+    task = item.get("task") or "ppl"
+    t_len = target_of(table.lengths(task), target)
+    quantity = (item.get("quantity") or "per pair [a, b], ratio ppl(a)/ppl(b)") + (f" ({task})" if item.get("task") else "")
+    if item.get("within") is not None:
+        m = item["within"]
+        rule = (f"{quantity} at the target, paired over documents: holds when the 95 % interval "
+                f"lies within [{1 / (1 + m):.2f}, {1 + m:.2f}], does not hold when it lies entirely outside")
+    else:
+        side, other = item["expect"], "below" if item["expect"] == "above" else "above"
+        rule = (f"{quantity} at the target, paired over documents: holds when the 95 % interval lies "
+                f"{side} 1, does not hold when {other} 1")
+    retrieval = next((t for t in item.get("with_retrieval") or [] if t in table.tasks()), None)
     evidence, verdicts = [], []
-    pairs = _pairs(infos, lambda v: v.kind == "fine-tuned" and v.pose, lambda v: v.kind == "fine-tuned" and not v.pose)
     if a is not None and t_len is not None:
-        for pose, full in pairs:
-            c = a.compare(pose, full, "ppl", t_len, "ppl")
-            if c is None or c["ci95"] is None:
+        for first, second in _pair_labels(claims, infos, item["pairs"]):
+            c = a.compare(first, second, task, t_len, "ppl")
+            if c is None or (item.get("within") is not None and c["ci95"] is None):
                 continue
-            lo, hi = c["ci95"]
-            verdicts.append(HOLDS if lo >= 1 / (1 + NEAR) and hi <= 1 + NEAR else FAILS if lo > 1 + NEAR or hi < 1 / (1 + NEAR) else INCONCLUSIVE)
-            line = (f"{pose} vs {full} at {length_label(t_len)}: {_cell_text(table, pose, 'ppl', t_len, 'ppl', 'ppl')} vs "
-                    f"{_cell_text(table, full, 'ppl', t_len, 'ppl', 'ppl')}, ratio {_ratio_text(c)} → {verdicts[-1]}")
-            if task and window is not None:
-                out_lengths = [L for L in table.lengths(task) if L > window]
-                d = a.compare(pose, full, task, out_lengths, "accuracy") if out_lengths else None
+            verdicts.append(_decide(c, item.get("expect"), within=item.get("within")))
+            line = (f"{first} vs {second} at {length_label(t_len)}: {_cell_text(table, first, task, t_len, 'ppl', 'ppl')} vs "
+                    f"{_cell_text(table, second, task, t_len, 'ppl', 'ppl')}, ratio {_ratio_text(c)} → {verdicts[-1]}")
+            if retrieval and window is not None:
+                out_lengths = [L for L in table.lengths(retrieval) if L > window]
+                d = a.compare(first, second, retrieval, out_lengths, "accuracy") if out_lengths else None
                 if d is not None:
-                    line += f"; {_task_name(task)} beyond the window {_diff_text(d)}"
+                    line += f"; {_task_name(retrieval)} beyond the window {_diff_text(d)}"
             evidence.append(line)
-    claims.append(_claim("d", "PoSE (training at the pretrained window with skipped positions) lands close to full-length fine-tuning "
-                         "of the same method.", "PoSE §4 (Table 1, Fig. 3)", rule, _combine(verdicts), evidence))
+    return rule, _combine(verdicts), evidence
 
-    # (e) perplexity correlates with downstream accuracy
-    rule = "Kendall τ across methods at the target length (pooled over tasks when several): holds when τ's 95 % interval lies below 0, does not hold when above 0"
+
+def _pair_difference(item, claims, table, infos, window, target):
+    a = table.analysis
+    task = item["task"]
+    t_len = target_of(table.lengths(task), target)
+    side, other = item["expect"], "below" if item["expect"] == "above" else "above"
+    quantity = item.get("quantity") or f"per pair [a, b], accuracy difference a − b on {_task_name(task)}"
+    rule = (f"{quantity} at the target, paired over prompts: holds when the 95 % interval lies {side} 0, does not "
+            f"hold when {other} 0; every pair must hold")
+    evidence, verdicts = [], []
+    if a is not None and t_len is not None:
+        for first, second in _pair_labels(claims, infos, item["pairs"]):
+            c = a.compare(first, second, task, t_len, "accuracy")
+            if c is None:
+                continue
+            verdicts.append(_decide(c, item["expect"]))
+            evidence.append(f"{first} vs {second} at {length_label(t_len)}: {_cell_text(table, first, task, t_len, 'accuracy', 'pct')} "
+                            f"vs {_cell_text(table, second, task, t_len, 'accuracy', 'pct')}, difference {_diff_text(c)} → {verdicts[-1]}")
+    return rule, _combine(verdicts), evidence
+
+
+def _correlation(item, claims, kendall):
+    side, other = item["expect"], "below" if item["expect"] == "above" else "above"
+    rule = (f"Kendall τ across methods at the target length (pooled over tasks when several): holds when τ's 95 % interval "
+            f"lies {side} 0, does not hold when {other} 0")
     evidence, verdict = [], ABSENT
     rows = [k for k in kendall if k["mode"] == "target" and k.get("tau") is not None]
     decisive = next((k for k in rows if k["task"] == "pooled"), rows[0] if rows else None)
@@ -363,48 +445,37 @@ def evaluate_claims(table: stats.Table, infos: Mapping[str, VariantInfo], window
                         f"{name}: τ = {k['tau']:+.2f} {fmt_ci(k.get('ci95'), 'tau')} over {k['n']} methods")
     if decisive is not None:
         lo, hi = decisive.get("ci95") or (None, None)
-        verdict = INCONCLUSIVE if lo is None else HOLDS if hi < 0 else FAILS if lo > 0 else INCONCLUSIVE
-    claims.append(_claim("e", "Perplexity correlates with downstream accuracy across methods (lower perplexity, higher accuracy).",
-                         "LCEG §6 (Table 6)", rule, verdict, evidence))
+        if lo is None:
+            verdict = INCONCLUSIVE
+        else:
+            hold, fail = (hi < 0, lo > 0) if side == "below" else (lo > 0, hi < 0)
+            verdict = HOLDS if hold else FAILS if fail else INCONCLUSIVE
+    return rule, verdict, evidence
 
-    # (f) frozen methods vs their fine-tuned versions
-    rule = ("per pair (frozen X, fine-tuned X of the same method), ratio ppl(fine-tuned)/ppl(frozen) at the target, paired over documents: "
-            "holds when the 95 % interval lies below 1, does not hold when above 1")
-    evidence, verdicts = [], []
-    pairs = _pairs(infos, lambda v: v.kind == "fine-tuned" and not v.pose, lambda v: v.kind == "frozen")
-    if a is not None and t_len is not None:
-        for tuned, frozen in pairs:
-            c = a.compare(tuned, frozen, "ppl", t_len, "ppl")
-            if c is None:
-                continue
-            verdicts.append(HOLDS if c["direction"] < 0 else FAILS if c["direction"] > 0 else INCONCLUSIVE)
-            line = (f"{tuned} vs {frozen} at {length_label(t_len)}: {_cell_text(table, tuned, 'ppl', t_len, 'ppl', 'ppl')} vs "
-                    f"{_cell_text(table, frozen, 'ppl', t_len, 'ppl', 'ppl')}, ratio {_ratio_text(c)} → {verdicts[-1]}")
-            if task and window is not None:
-                out_lengths = [L for L in table.lengths(task) if L > window]
-                d = a.compare(tuned, frozen, task, out_lengths, "accuracy") if out_lengths else None
-                if d is not None:
-                    line += f"; {_task_name(task)} beyond the window {_diff_text(d)}"
-            evidence.append(line)
-    claims.append(_claim("f", "Fine-tuning a method with the recipe improves on the same method frozen (lower perplexity at the target).",
-                         "LCEG §4 (Table 3: frozen NTK vs fine-tuned)", rule, _combine(verdicts), evidence))
-    for c in claims:
+
+def evaluate_claims(table: stats.Table, infos: Mapping[str, VariantInfo], window: int | None, target: int | None,
+                    kendall: Sequence[Mapping[str, Any]], claims: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The verdict on each of ``claims`` (a validated ``claims:`` block; default: :func:`study_claims` of no
+    manifest, the LCEG/PoSE set), in declared order: ``[{"id", "claim", "source", "rule", "verdict", "evidence"}]``."""
+    claims = study_claims({}) if claims is None else claims
+    out = []
+    for item in claims.get("items") or []:
+        text = item["claim"]
+        kind = item["compare"]
+        if kind == "length_ratio":
+            rule, verdict, evidence = _length_ratio(item, claims, table, infos, window, target)
+        elif kind == "retrieval_beyond_window":
+            rule, verdict, evidence, text = _retrieval_beyond_window(item, claims, table, infos, window, target)
+        elif kind == "pair_ratio":
+            rule, verdict, evidence = _pair_ratio(item, claims, table, infos, window, target)
+        elif kind == "pair_difference":
+            rule, verdict, evidence = _pair_difference(item, claims, table, infos, window, target)
+        else:
+            rule, verdict, evidence = _correlation(item, claims, kendall)
+        out.append(_claim(item["id"], text, item["source"], rule, verdict, evidence))
+    for c in out:
         if c["verdict"] == ABSENT and not c["evidence"]:
             c["evidence"] = ["the study has no variants or lengths this claim needs"]
-    return claims
-
-
-def _pairs(infos: Mapping[str, VariantInfo], first, second) -> list[tuple[str, str]]:
-    """Pairs (a, b) of variants of the same method: a matching ``first``, b matching ``second``; among
-    several candidates for b the one with the same parameters, then the first."""
-    out = []
-    for a_label, a in infos.items():
-        if not first(a) or a.method is None:
-            continue
-        cands = [b_label for b_label, b in infos.items() if b_label != a_label and second(b) and b.method == a.method]
-        if cands:
-            same = [c for c in cands if infos[c].params == a.params]
-            out.append((a_label, (same or cands)[0]))
     return out
 
 

@@ -154,8 +154,9 @@ def initialize(study_dir: str | Path, config: StudyConfig) -> StudyStore:
     study_dir.mkdir(parents=True, exist_ok=True)
     store = open_study(study_dir, create=True)
     window = config.window
+    # claims go beside the config, not in it: they say how results are judged, so revising them keeps the study
     store.initialize(config.name, config.as_dict(), seeds=config.training_seeds, model=config.model,
-                     target_length=config.target_length, methods=_variant_order(config),
+                     target_length=config.target_length, methods=_variant_order(config), claims=config.claims,
                      **({"window": window} if window else {}))
     for p in plan(config):
         store.register(p.id, kind=p.kind, method=p.label, params=p.params, task=p.task)

@@ -5,7 +5,7 @@ Stage ``k`` covers the global optimizer steps ``start_k + 1 … start_k + steps_
 method's parameters (e.g. the RoPE base of ABF), the sequence length, the data and the peak learning rate.
 The multi-stage ABF recipe of HARPE (Lian et al. 2025) (HARPE, §4.2 "ABF Multi-Stage": b = 1M at 32k → 2M at 64k → 5M at
 128k on Llama-2-7B) is ``configs/train/llama2-7b-abf-3stage.yaml``; EasyContext ran the same kind of schedule
-as separate shell-script launches with hand-edited ``config.json`` files (notes/training.md §1).
+as separate shell-script launches with hand-edited ``config.json`` files (jzhang38/EasyContext ``train_scripts/``; docs/methods-reference.md §11).
 
 The schedule restarts in every stage (warm-up, then decay over the stage's steps): each stage is a
 continual-pretraining phase of its own, as in EasyContext's and the paper's stage-by-stage runs. Optimizer

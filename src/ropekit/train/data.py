@@ -3,7 +3,7 @@
 **Items.** The trainer takes any map-style dataset whose items are dicts of tensors: ``input_ids`` [L],
 ``labels`` [L] (same positions as ``input_ids``, −100 = no loss; the shift happens in the loss, as in
 transformers), ``position_ids`` [L], and ``attention_mask``: [L] (1 = token, 0 = padding; always given, so
-that position jumps are never read as packed sequences — notes/methods.md §9) or a boolean [L, L] /
+that position jumps are never read as packed sequences — docs/methods-reference.md §9) or a boolean [L, L] /
 [1, L, L] / [1, 1, L, L] document mask (``True`` = may attend), batched to [B, 1, L, L] and converted for
 the model's attention kernel by :func:`ropekit.data.packing.prepare_attention_mask`. The config's
 ``data:`` section is turned into such a dataset by ``ropekit.data.training_data.build_training_data``

@@ -9,7 +9,7 @@ with no bias correction — the average starts at the initial weights, as ``torc
 ``get_ema_multi_avg_fn`` and Lightning's EMA do. The average is kept in float32 whatever the training
 dtype (bf16 weights would round the small ``(1 − decay)·θ`` increments away).
 
-Sharding (notes/training.md §4, "How EMA is done in practice"): the update is elementwise, so it is exact
+Sharding (docs/methods-reference.md §11): the update is elementwise, so it is exact
 when applied to each process's *local* piece of a parameter, as long as the average is partitioned like
 the parameter. The EMA therefore holds, per parameter, a copy of what this process owns:
 

@@ -1,4 +1,4 @@
-"""LoRA for context extension, with LongLoRA's "LoRA+" extras (Chen et al. 2024, ICLR; notes/methods.md §7).
+"""LoRA for context extension, with LongLoRA's "LoRA+" extras (Chen et al. 2024, ICLR; docs/methods-reference.md §6).
 
 LongLoRA's finding is that low-rank adapters on the attention projections alone do not adapt a model to
 long contexts; training the *embeddings and normalisation layers* fully as well closes most of the gap to

@@ -3,7 +3,7 @@
 Templates, answer prefixes and ``tokens_to_generate`` are RULER's (NVIDIA/RULER
 ``scripts/data/synthetic/constants.py``); the task table is ``scripts/synthetic.yaml``; the generators follow
 ``niah.py``, ``variable_tracking.py``, ``common_words_extraction.py``, ``freq_words_extraction.py`` and
-``qa.py`` of current ``main`` (field notes ``evaluation.md`` §1.2–§1.7). Each generator maps a *haystack size*
+``qa.py`` of current ``main`` (docs/methods-reference.md §10). Each generator maps a *haystack size*
 (the "knob": noise lines, essay words, distractor needles, words, coded words or documents) and a random
 generator to one :class:`Prompt`; :mod:`.fit` chooses the knob so the prompt fits the length.
 
@@ -11,7 +11,7 @@ Deliberate differences from RULER, each to keep a sample well defined:
 
 * **Per-sample randomness.** RULER draws from one global ``random`` stream and shuffles the needle order, the
   CWE word list, the FWE vocabulary/text and the QA documents with a *fixed* ``Random(seed)`` (the same
-  permutation pattern in every sample, notes §1.8). Here every draw of a sample comes from that sample's own
+  permutation pattern in every sample; docs/methods-reference.md §10). Here every draw of a sample comes from that sample's own
   generator, so samples are not byte-identical to RULER's; the same seed reproduces them byte for byte.
 * **Distinct draws where a collision would mislabel a sample**: needle keys (and the distractor needles' keys
   in niah_multikey_2/3) never repeat a queried key, values of one sample are distinct, variable names are

@@ -22,7 +22,7 @@ the average); the results file keeps that note as a record with ``sample: null``
 ``score``), so a resumed run's summary still shows it.
 
 Samples use per-sample generators seeded from (seed, task, length, sample) where RULER reuses fixed-seed
-shuffles (notes §1.8), so they are not byte-identical to RULER's; the same seed reproduces them exactly.
+shuffles (docs/methods-reference.md §10), so they are not byte-identical to RULER's; the same seed reproduces them exactly.
 Token counts include the BOS the model receives. At lengths too short for RULER's fixed parts a task drops
 its few-shot example, then fails with the minimum length it needs (:mod:`.fit`).
 """
