@@ -204,7 +204,9 @@ def _task_name(task: str) -> str:
 
 
 def _combine(verdicts: Sequence[str]) -> str:
-    if not verdicts:
+    """One verdict of several parts: a part that fails fails the claim; it holds only when every part holds (a
+    part not measured leaves it inconclusive — the evidence names that part)."""
+    if not verdicts or all(v == ABSENT for v in verdicts):
         return ABSENT
     if FAILS in verdicts:
         return FAILS
@@ -398,6 +400,8 @@ def _pair_ratio(item, claims, table, infos, window, target):
         for first, second in _pair_labels(claims, infos, item["pairs"]):
             c = a.compare(first, second, task, t_len, "ppl")
             if c is None or (item.get("within") is not None and c["ci95"] is None):
+                verdicts.append(ABSENT)
+                evidence.append(f"{first} vs {second} at {length_label(t_len)}: not measured")
                 continue
             verdicts.append(_decide(c, item.get("expect"), within=item.get("within")))
             line = (f"{first} vs {second} at {length_label(t_len)}: {_cell_text(table, first, task, t_len, 'ppl', 'ppl')} vs "
@@ -424,6 +428,8 @@ def _pair_difference(item, claims, table, infos, window, target):
         for first, second in _pair_labels(claims, infos, item["pairs"]):
             c = a.compare(first, second, task, t_len, "accuracy")
             if c is None:
+                verdicts.append(ABSENT)
+                evidence.append(f"{first} vs {second} at {length_label(t_len)}: not measured")
                 continue
             verdicts.append(_decide(c, item["expect"]))
             evidence.append(f"{first} vs {second} at {length_label(t_len)}: {_cell_text(table, first, task, t_len, 'accuracy', 'pct')} "
