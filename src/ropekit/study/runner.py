@@ -21,10 +21,12 @@ depend on it; running the study again retries it. Nothing finished is ever recom
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
 import shutil
+import signal
 import threading
 import time
 from pathlib import Path
@@ -110,9 +112,13 @@ def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, repor
                 report_piece(runnable)
             started = time.perf_counter()
             piece_threads = threads or default_threads()
-            with torch_threads(piece_threads):
-                run_piece(config, store, runnable, study_dir, report=report_progress or (lambda n, total: None),
-                          threads=piece_threads, device=device)
+            try:
+                with torch_threads(piece_threads):
+                    run_piece(config, store, runnable, study_dir, report=report_progress or (lambda n, total: None),
+                              threads=piece_threads, device=device)
+            except (KeyboardInterrupt, SystemExit):
+                store.release_piece(runnable.id)  # stopped, not failed: the next run resumes it
+                raise
             outcome = _statuses(store).get(runnable.id)
             if outcome == "failed":
                 failed_now.add(runnable.id)
@@ -144,8 +150,11 @@ def _worker_main(study_dir: str, config_dict: dict[str, Any], threads: int, devi
         hf_logging.set_verbosity(verbosity)
     config = parse_study(config_dict)
     config.dtype, config.attn = dtype, attn  # also when the config dict does not carry them
-    with quiet_transformers():
-        work(study_dir, config, threads=threads, device=device)
+    try:
+        with quiet_transformers():
+            work(study_dir, config, threads=threads, device=device)
+    except KeyboardInterrupt:  # Ctrl-C reaches every worker: the parent reports it, once, without a traceback
+        raise SystemExit(130) from None
 
 
 def initialize(study_dir: str | Path, config: StudyConfig) -> StudyStore:
@@ -172,6 +181,40 @@ def _record_window(config: StudyConfig, store: StudyStore) -> None:
         store.set_manifest(window=info.window)
     except RopekitError:
         pass
+
+
+def _watch_workers(procs, store: StudyStore, bar, config: StudyConfig, done_count) -> None:
+    """Show the workers' progress until every one has ended."""
+    seen = _statuses(store)
+    while any(proc.is_alive() for proc in procs):
+        now = _statuses(store)
+        for piece_id, status in now.items():
+            if status in ("done", "failed") and seen.get(piece_id) != status:
+                bar.log(f"{status}: {piece_id}")
+        seen = now
+        running = [r["piece"] for r in store.status()["running"]]
+        bar.update(completed=done_count(), info=", ".join(running))
+        if store.get_manifest("window") is None and now.get(PRETRAIN, "done") == "done":
+            _record_window(config, store)
+        time.sleep(1.0)
+    for proc in procs:
+        proc.join()
+
+
+def _stop_workers(procs, grace: float = 30.0) -> None:
+    """Ctrl-C: pass SIGINT on (a ``kill -INT`` of this process alone does not reach them), give the workers
+    ``grace`` seconds to put their pieces back, then end any that remain."""
+    for proc in procs:
+        if proc.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGINT)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 BACKENDS = ("local", "ray")
@@ -254,25 +297,19 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                          for i in range(workers)]
                 for proc in procs:
                     proc.start()
-                seen = _statuses(store)
-                while any(proc.is_alive() for proc in procs):
-                    now = _statuses(store)
-                    for piece_id, status in now.items():
-                        if status in ("done", "failed") and seen.get(piece_id) != status:
-                            bar.log(f"{status}: {piece_id}")
-                    seen = now
-                    running = [r["piece"] for r in store.status()["running"]]
-                    bar.update(completed=done_count(), info=", ".join(running))
-                    if store.get_manifest("window") is None and now.get(PRETRAIN, "done") == "done":
-                        _record_window(config, store)
-                    time.sleep(1.0)
-                for proc in procs:
-                    proc.join()
+                try:
+                    _watch_workers(procs, store, bar, config, done_count)
+                except KeyboardInterrupt:
+                    _stop_workers(procs)
+                    raise
             _record_window(config, store)
             bar.update(completed=done_count(), info="")
         elapsed = time.time() - started
         previous = store.get_manifest("wall_seconds") or 0.0
         store.set_manifest(wall_seconds=round(float(previous) + elapsed, 1))
         return store.status()
+    except KeyboardInterrupt:
+        store.release_abandoned()  # pieces of this process, or of a worker killed mid-piece, stay "running" otherwise
+        raise
     finally:
         store.close()
