@@ -548,6 +548,21 @@ class Trainer:
         os.replace(tmp, path)
         return open(path, "a", encoding="utf-8")
 
+    def _logged_losses(self, until: int) -> list[tuple[int, float]]:
+        """``[(step, loss)]`` of ``metrics.jsonl`` up to step ``until`` (a finished run reports its last loss)."""
+        path = self.out / METRICS_FILE
+        found = []
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= until \
+                        and isinstance(row.get("loss"), (int, float)):
+                    found.append((row["step"], float(row["loss"])))
+        return found
+
     def _log(self, row: dict[str, Any]) -> None:
         if not self.is_main:
             return
@@ -651,7 +666,8 @@ class Trainer:
         found = self._check_out_dir()
         if self._finished_already():
             self._note(f"{self.out} is already trained to step {cfg.last_step}; nothing to do")
-            return TrainResult(out_dir=self.out, step=cfg.last_step, final_dir=self.out / FINAL_DIR)
+            return TrainResult(out_dir=self.out, step=cfg.last_step, final_dir=self.out / FINAL_DIR,
+                               losses=self._logged_losses(cfg.last_step)[-1:])
         self.acc.wait_for_everyone()
         start_step = found[0] if found else 0
         stage_index, _ = locate(self.plan, start_step)
