@@ -244,6 +244,8 @@ class Method(abc.ABC):
             declared = float(self.max_position_embeddings(info, params))
         except (OverflowError, ValueError, ZeroDivisionError):
             declared = math.inf
+        except TypeError:  # a parameter left to the model or the input (factor None): no window declared yet
+            return
         if not declared <= MAX_POSITIONS:
             factor = params.get("factor")
             what = f"factor {factor:g}" if isinstance(factor, float) else "these parameters"

@@ -20,6 +20,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -60,13 +61,11 @@ def _shown(path) -> str:
     return text if len(text) <= 120 else f"{text[:60]}…{text[-40:]}"
 
 
-def _owner_alive(name: str, prefix: str) -> bool:
-    """Whether the process that made the leftover ``name`` still runs (its pid is part of the name)."""
-    pid_text = name[len(prefix):].partition("-")[0]
-    try:
-        pid = int(pid_text)
-    except ValueError:
-        return False
+_LEFTOVER = re.compile(r"(\d+)-[0-9a-f]{12}(\.old)?\.part")
+
+
+def _owner_alive(pid: int) -> bool:
+    """Whether the process that made a leftover still runs (its pid is part of the name)."""
     if pid == os.getpid():
         return False
     try:
@@ -85,12 +84,13 @@ def clean_leftovers(target: str | os.PathLike) -> list[Path]:
     parent = target.parent
     prefix = _prefix(target)
     try:
-        names = [n for n in os.listdir(parent) if n.startswith(prefix) and n.endswith(PART_SUFFIX)]
+        names = [(n, m) for n in os.listdir(parent) if n.startswith(prefix)
+                 for m in [_LEFTOVER.fullmatch(n[len(prefix):])] if m]  # `.model.` must not take `.model.gguf.…`
     except OSError:
         return []
     removed = []
-    for name in sorted(names, key=lambda n: not n.endswith(_OLD + PART_SUFFIX)):  # restorations first
-        if _owner_alive(name, prefix):
+    for name, match in sorted(names, key=lambda item: item[1].group(2) is None):  # restorations first
+        if _owner_alive(int(match.group(1))):
             continue
         path = parent / name
         if name.endswith(_OLD + PART_SUFFIX) and not os.path.lexists(target):
@@ -182,10 +182,38 @@ def _publish_dir(tmp: Path, target: Path, replace: bool, what: str) -> None:
         return
     if not replace:
         raise RopekitError(f"{what} '{target}' exists and is not empty", "pass a new directory, or --overwrite")
+    if exchange(tmp, target):  # one step: the old directory now has the temporary name
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     old = _part_name(target, old=True)
-    os.rename(target, old)
+    os.rename(target, old)  # a kill before the next rename: the next write puts this back (clean_leftovers)
     os.rename(tmp, target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the kernel, the C library
+    or the filesystem cannot, and the caller falls back to two renames."""
+    global _renameat2
+    if _renameat2 is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            _renameat2 = libc.renameat2
+            _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        except (OSError, AttributeError):
+            _renameat2 = False
+    if _renameat2 is False:
+        return False
+    at_cwd = -100  # AT_FDCWD
+    return _renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+_renameat2 = None
 
 
 @contextlib.contextmanager
@@ -218,10 +246,20 @@ _USER_ERRNOS = {errno.ENOTDIR: "a part of the path is a file, not a directory",
                 errno.EMFILE: "too many open files", errno.ELOOP: "too many levels of symbolic links"}
 
 
+#: How Rust's std::io::Error ends its message (safetensors and tokenizers raise their own exception types).
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
 def filesystem_error(exc: BaseException) -> RopekitError | None:
-    """A :class:`RopekitError` line for an OSError the user's environment caused, else None."""
-    if not isinstance(exc, OSError) or exc.errno not in _USER_ERRNOS:
+    """A :class:`RopekitError` line for an OSError the user's environment caused (also one a Rust extension
+    reports as text, ``… (os error 27)``), else None."""
+    if isinstance(exc, OSError):
+        number, where = exc.errno, exc.filename
+    else:
+        found = _RUST_OS_ERROR.search(str(exc))
+        number, where = (int(found.group(1)) if found else None), None
+    if number not in _USER_ERRNOS:
         return None
-    where = _shown(exc.filename) if exc.filename is not None else None
-    problem = f"'{where}': {_USER_ERRNOS[exc.errno]}" if where else _USER_ERRNOS[exc.errno]
+    where = _shown(where) if where is not None else None
+    problem = f"'{where}': {_USER_ERRNOS[number]}" if where else f"cannot write: {_USER_ERRNOS[number]}"
     return RopekitError(problem, "check the path, its permissions and the free space, then run again")

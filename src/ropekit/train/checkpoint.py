@@ -25,6 +25,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..runtime.atomic import exchange
+
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -105,6 +107,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def replace_dir(tmp: Path, final: Path) -> None:
     """Rename the finished ``tmp`` directory to ``final``, replacing an older ``final`` (moved aside first)."""
+    if final.exists() and exchange(tmp, final):  # one step: never a moment without ``final``
+        shutil.rmtree(tmp, ignore_errors=True)
+        fsync_dir(final.parent)
+        return
     if final.exists():
         trash = final.parent / f".old-{final.name}"
         shutil.rmtree(trash, ignore_errors=True)
