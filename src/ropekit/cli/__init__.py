@@ -81,6 +81,14 @@ def _error_line(problem: str) -> None:
     err.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
 
 
+#: The exit code of a command stopped by Ctrl-C (128 + SIGINT, as the shell reports it).
+_INTERRUPTED = 130
+
+
+def _interrupted() -> None:
+    err.print("interrupted", highlight=False)
+
+
 def main() -> None:
     """Entry point: run the app; exit 0 only when everything asked for succeeded.
 
@@ -99,10 +107,12 @@ def main() -> None:
         _error_line(e.one_line())
         raise SystemExit(e.exit_code) from None
     except typer.Exit as e:
+        if e.exit_code == _INTERRUPTED:
+            _interrupted()
         raise SystemExit(e.exit_code) from None
     except (typer.Abort, KeyboardInterrupt):
-        err.print("interrupted", highlight=False)
-        raise SystemExit(130) from None
+        _interrupted()
+        raise SystemExit(_INTERRUPTED) from None
     except Exception as e:  # click usage errors and anything unexpected
         if isinstance(e, TyperException) or hasattr(e, "format_message"):  # typer's vendored click errors
             message = e.format_message().strip()
@@ -119,4 +129,6 @@ def main() -> None:
                   highlight=False, soft_wrap=True)
         raise SystemExit(1) from None
     if isinstance(code, int) and code:
+        if code == _INTERRUPTED:  # typer turns KeyboardInterrupt into a silent Exit(130)
+            _interrupted()
         raise SystemExit(code)
