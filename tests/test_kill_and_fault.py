@@ -9,9 +9,9 @@ child and is SIGKILLed
 * at random moments (seeded) over the uninterrupted run's duration, which also lands inside the single
   operations the hook cannot see into (safetensors' and gguf's own writes).
 
-After every kill the target must be absent, or hold exactly the files of the uninterrupted run with the same
-bytes (the report: the same files and JSON summary, its timestamp fixed); the next write must succeed and leave
-no ``.part`` behind. Then the faults that are not kills: a file-size limit (RLIMIT_FSIZE) part-way, a FIFO as
+After every kill the target must be as it was before the write (absent, or the earlier report it replaces), or
+hold exactly the files of the uninterrupted run with the same bytes (the report's timestamp fixed): never a
+mix; the next write must succeed and leave no ``.part`` behind. Then the faults that are not kills: a file-size limit (RLIMIT_FSIZE) part-way, a FIFO as
 target, and the command line's answers to them.
 """
 
@@ -101,30 +101,33 @@ def _leftovers(directory: Path) -> list[str]:
 
 
 def _kill_everywhere(write, target: Path, compare, tmp_path: Path, *, random_kills: int, seed: int = 0,
-                     over_old: bool = False, last_operations: int | None = None, rewrite_each: bool = True) -> dict:
+                     prepare=None, last_operations: int | None = None, rewrite_each: bool = True) -> dict:
     """The kill campaign of the module docstring; returns the counts (for the assertion messages).
-    ``over_old``: every write replaces an earlier complete target (else each starts with none).
-    ``last_operations``: kill only before the last N operations (where a write publishes its result).
-    ``rewrite_each``: check after every kill that the next write succeeds and cleans up (else after the last)."""
+
+    ``prepare()`` puts the target back before every write (default: removes it); whatever state it leaves is
+    also accepted after a kill (an older report, say). ``last_operations``: kill only before the last N
+    operations (where a write publishes its result). ``rewrite_each``: check after every kill that the next
+    write succeeds and cleans up (else only after the last)."""
+    prepare = prepare or (lambda: _remove(target))
     with quiet_transformers():
         write()  # in this process first: the lazy imports of the first write would dominate every child
-    if not over_old:
-        _remove(target)
+    reference = compare(target)
+    assert reference is not None
+    prepare()
+    before = compare(target)
     count_file = tmp_path / "count"
     started = time.perf_counter()
     assert _wait(_in_child(write, count_to=str(count_file))) == 0
     duration = time.perf_counter() - started
     operations = int(count_file.read_text())
-    reference = compare(target)
-    assert reference is not None
+    assert compare(target) == reference
     first = 1 if last_operations is None else max(1, operations - last_operations + 1)
     points = [("operation", k) for k in range(first, operations + 1)]
     rng = random.Random(seed)
     points += [("moment", rng.uniform(0.0, duration * 1.2)) for _ in range(random_kills)]
-    outcomes = {"absent": 0, "complete": 0}
+    outcomes = {"before": 0, "complete": 0}
     for kind, at in points:
-        if not over_old:
-            _remove(target)
+        prepare()
         if kind == "operation":
             pid = _in_child(write, kill_at=at)
         else:
@@ -133,13 +136,13 @@ def _kill_everywhere(write, target: Path, compare, tmp_path: Path, *, random_kil
             os.kill(pid, signal.SIGKILL)
         _wait(pid)
         state = compare(target)
-        assert state is None or state == reference, f"killed at {kind} {at}: the target is half-written"
-        outcomes["absent" if state is None else "complete"] += 1
+        assert state in (before, reference), f"killed at {kind} {at}: the target is half-written"
+        outcomes["complete" if state == reference else "before"] += 1
         if not rewrite_each and (kind, at) != points[-1]:
             continue
         # the next run cleans up after the dead one and succeeds
-        if not over_old:
-            _remove(target)
+        if state == reference:
+            prepare()  # (the write refuses to replace a finished target unasked)
         assert _wait(_in_child(write)) == 0, f"after a kill at {kind} {at} the next write failed"
         assert compare(target) == reference
         assert _leftovers(target.parent) == [], f"after a kill at {kind} {at}: {_leftovers(target.parent)}"
@@ -170,7 +173,7 @@ def test_a_killed_extend_leaves_no_model_directory_or_the_whole_one(extended_lla
     tokenizer = byte_tokenizer()
     counts = _kill_everywhere(lambda: save_pretrained(extended_llama, target, tokenizer=tokenizer), target,
                               _snapshot, tmp_path, random_kills=8)
-    assert counts["operations"] >= 5 and counts["absent"] >= 1, counts
+    assert counts["operations"] >= 5 and counts["before"] >= 1, counts
 
 
 def test_a_killed_gguf_export_leaves_no_file_or_the_whole_one(extended_llama, tmp_path):
@@ -185,7 +188,8 @@ def test_a_killed_gguf_export_leaves_no_file_or_the_whole_one(extended_llama, tm
 
 
 def _report_campaign(tmp_path, monkeypatch, **kill) -> dict:
-    """A report rewritten over an earlier one, killed as ``kill`` says (:func:`_kill_everywhere`)."""
+    """A report of a study with one more method rewritten over the study's earlier report, killed as ``kill``
+    says (:func:`_kill_everywhere`): afterwards the earlier report or the new one, each whole — never a mix."""
     from datetime import datetime, timezone
 
     from ropekit.study import report as report_module
@@ -200,26 +204,37 @@ def _report_campaign(tmp_path, monkeypatch, **kill) -> dict:
     monkeypatch.setattr(report_module, "datetime", Frozen)
     study = tmp_path / "study"
     study.mkdir()
+    target = study / "report"
+
+    def add(store, i, method):
+        records = [{"task": "passkey", "method": method, "params": {}, "length": length, "depth": depth,
+                    "trial": trial, "score": float((length + trial + i) % 3 != 0), "prediction": "42"}
+                   for length in (64, 128, 256) for depth in (0.0, 0.5, 1.0) for trial in range(2)]
+        store.begin_piece(f"eval:passkey:{method}", method=method)
+        store.finish_piece(f"eval:passkey:{method}", records,
+                           key_fields=("task", "method", "params", "length", "depth", "trial"))
+
     with StudyStore(study / "study.sqlite") as store:
         store.initialize("killed report", {}, seeds=[0], model="tiny-llama", window=128, target_length=256,
                          methods=["plain", "yarn"])
-        for i, method in enumerate(("plain", "yarn")):
-            records = [{"task": "passkey", "method": method, "params": {}, "length": length, "depth": depth,
-                        "trial": trial, "score": float((length + trial + i) % 3 != 0), "prediction": "42"}
-                       for length in (64, 128, 256) for depth in (0.0, 0.5, 1.0) for trial in range(2)]
-            store.begin_piece(f"eval:passkey:{method}", method=method)
-            store.finish_piece(f"eval:passkey:{method}", records,
-                               key_fields=("task", "method", "params", "length", "depth", "trial"))
+        add(store, 0, "plain")
+    write_report(study)
+    earlier = tmp_path / "earlier-report"
+    shutil.copytree(target, earlier)
+    with StudyStore(study / "study.sqlite") as store:
+        add(store, 1, "yarn")
+
+    def restore():
+        _remove(target)
+        shutil.copytree(earlier, target)
 
     def state(path: Path):
         files = _snapshot(path)
         if files is None:
             return None
-        return sorted(files), json.loads(files["summary.json"])
+        return sorted(files), json.loads(files["summary.json"]), files["index.html"]
 
-    counts = _kill_everywhere(lambda: write_report(study), study / "report", state, tmp_path, over_old=True, **kill)
-    # the old report is swapped for the new one in one step (renameat2): it is never missing
-    assert counts["absent"] == 0 and counts["complete"] == counts["killed_at_operations"] + counts["moments"], counts
+    counts = _kill_everywhere(lambda: write_report(study), target, state, tmp_path, prepare=restore, **kill)
     return counts
 
 
