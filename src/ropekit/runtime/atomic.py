@@ -30,7 +30,7 @@ from pathlib import Path
 from ..errors import RopekitError
 
 __all__ = ["PART_SUFFIX", "atomic_dir", "atomic_file", "check_target", "clean_leftovers", "filesystem_error",
-           "umask_mode"]
+           "save_figure", "umask_mode"]
 
 PART_SUFFIX = ".part"
 _OLD = ".old"  # an overwritten target moved aside: `.NAME.<pid>-<token>.old.part`
@@ -234,6 +234,17 @@ def atomic_dir(target: str | os.PathLike, *, replace: bool = False, what: str = 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def save_figure(fig, path: str | os.PathLike, **savefig_kwargs) -> Path:
+    """``fig.savefig`` to ``path`` through :func:`atomic_file` (replacing an earlier figure): a killed plot leaves
+    the old PNG or none, never a truncated one. The format follows the path's suffix (the temporary name's is
+    ``.part``)."""
+    path = Path(path)
+    savefig_kwargs.setdefault("format", path.suffix.lstrip(".").lower() or "png")
+    with atomic_file(path, overwrite=True, what="figure") as tmp:
+        fig.savefig(tmp, **savefig_kwargs)
+    return path
 
 
 #: Errors of the filesystem a user can cause or fix (a path, a permission, space, a limit), not ropekit bugs.
