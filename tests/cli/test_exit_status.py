@@ -92,6 +92,27 @@ def test_ctrl_c_in_a_study_exits_130_and_leaves_nothing_running(run_cli, monkeyp
         assert store.status()["by_status"] == {"pending": 1, "running": 0, "done": 0, "failed": 0}
 
 
+@pytest.mark.parametrize("command, where", [
+    (["extend", "tiny", "-m", "yarn", "-f", "2", "--out", "m"], "ropekit.install.export._without_rotary_weights"),
+    (["train", "CONFIG", "--out", "run", "--max-steps", "2"], "ropekit.train.trainer.Trainer._loop"),
+    (["eval", "ppl", "tiny", "--lengths", "64", "--out", "r.jsonl"], "ropekit.models.loading.load_model"),
+])
+def test_ctrl_c_in_a_long_command_exits_130_in_one_line(run_cli, monkeypatch, tmp_path, command, where):
+    """KeyboardInterrupt wherever it lands (here: where each command does its work) is exit 130 and one line;
+    extend leaves no directory."""
+    from ropekit.train.examples import example_yaml
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(where, interrupted)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(example_yaml("tiny-full"))
+    code, _, err = run_cli(*[str(tmp_path / "c.yaml") if part == "CONFIG" else part for part in command])
+    assert code == 130 and _one_error_line(err) == "interrupted", err
+    assert not (tmp_path / "m").exists() and not [n for n in os.listdir(tmp_path) if n.endswith(".part")]
+
+
 # ---- input errors: exit 2, one line, nothing written --------------------------------------------------------------
 @pytest.mark.parametrize("args, words", [
     (["extend", "tiny", "-m", "yarn", "-f", "1e300", "--out", "m"], "factor"),
@@ -254,3 +275,24 @@ def test_sigint_of_a_study_with_worker_processes_exits_130_without_tracebacks(tm
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted", err
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM pieces WHERE status = 'running'").fetchone()[0] == 0
+
+
+@pytest.mark.slow
+def test_sigint_of_a_training_run_exits_130_without_a_traceback(tmp_path):
+    """A real `ropekit train` stopped by SIGINT mid-training: exit 130, the last line `interrupted`, no traceback;
+    --resume then continues from the last checkpoint. Bounded: ~1 min."""
+    from ropekit.train.examples import example_yaml
+
+    config = tmp_path / "c.yaml"
+    config.write_text(example_yaml("tiny-full").replace("max_documents: 100", "max_documents: 5"))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "ropekit", "train", str(config), "--out", str(tmp_path / "run")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted", err

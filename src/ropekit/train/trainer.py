@@ -55,6 +55,7 @@ from ..methods import get_method
 from ..models.byte_tokenizer import byte_tokenizer
 from ..models.loading import load_model
 from ..runtime import cache_root, default_threads, quiet_transformers
+from ..runtime.atomic import atomic_file
 from . import checkpoint as ckpt
 from . import context_parallel as cp
 from .config import TrainConfig
@@ -684,7 +685,8 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             import yaml
 
-            (self.out / CONFIG_FILE).write_text(yaml.safe_dump(json_safe(cfg.to_dict()), sort_keys=False))
+            with atomic_file(self.out / CONFIG_FILE, overwrite=True, what="the run's config copy") as tmp:
+                tmp.write_text(yaml.safe_dump(json_safe(cfg.to_dict()), sort_keys=False))
             self.metrics = self._open_metrics(self.step)
         self.acc.wait_for_everyone()
         self._start_trackers()
