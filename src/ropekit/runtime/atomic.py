@@ -9,7 +9,8 @@ alone), and puts back an old target that a killed ``overwrite`` had moved aside 
 A target is checked before any work starts (:func:`check_target`): a parent that is a file, a read-only
 filesystem, a name longer than the filesystem allows, or an existing target that is neither a regular file
 nor a directory (a FIFO, a device, a socket: writing "over" one would feed or destroy it) is refused as one
-:class:`~ropekit.errors.RopekitError` line. Renames are POSIX ``rename(2)``: atomic within one filesystem.
+:class:`~ropekit.errors.RopekitError` line. Renames are POSIX ``rename(2)``: atomic within one filesystem; an
+existing directory is swapped with the new one in one step where Linux ``renameat2(RENAME_EXCHANGE)`` is there.
 
 Files are created with the mode an ordinary ``open()`` gives (0666 less the umask), not ``mkstemp``'s 0600.
 """
@@ -40,8 +41,12 @@ _TAIL = len(".") + 7 + 1 + 12 + len(_OLD) + len(PART_SUFFIX) + 1
 
 def umask_mode(base: int = 0o666) -> int:
     """``base`` less this process's umask: the mode ``open()`` (files) or ``mkdir`` (0o777) would give."""
-    mask = os.umask(0)
-    os.umask(mask)
+    try:  # Linux says it without changing it: setting it, even briefly, races with other threads' files
+        with open("/proc/self/status", encoding="ascii") as status:
+            mask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0)
+        os.umask(mask)
     return base & ~mask
 
 
