@@ -36,7 +36,7 @@ from ropekit.install import extend, save_pretrained
 from ropekit.models.byte_tokenizer import byte_tokenizer
 from ropekit.models.tiny import build_tiny_model
 from ropekit.runtime import quiet_transformers
-from ropekit.runtime.atomic import filesystem_error
+from ropekit.runtime.atomic import filesystem_error, umask_mode
 
 _WRITES = {"os.rename", "os.mkdir", "os.remove", "os.rmdir", "os.chmod", "os.truncate", "os.link", "shutil.rmtree",
            "shutil.copyfile", "os.symlink"}
@@ -185,6 +185,8 @@ def test_a_killed_gguf_export_leaves_no_file_or_the_whole_one(extended_llama, tm
     counts = _kill_everywhere(lambda: write_gguf(extended_llama, tokenizer, target, outtype="f16"), target,
                               _snapshot, tmp_path, random_kills=12)
     assert counts["operations"] >= 2, counts
+    # the mode an ordinary open() gives, not mkstemp's 0600
+    assert stat.S_IMODE(target.stat().st_mode) == umask_mode()
 
 
 def _report_campaign(tmp_path, monkeypatch, **kill) -> dict:

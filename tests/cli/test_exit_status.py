@@ -136,6 +136,15 @@ def test_input_errors_exit_2_with_a_reason_and_write_nothing(run_cli, monkeypatc
     assert sorted(os.listdir(tmp_path)) == before and (tmp_path / "file").read_text() == "a file\n"
 
 
+def test_a_report_of_a_damaged_study_database_leaves_nothing(run_cli, tmp_path):
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "study.sqlite").write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 64)
+    code, _, err = run_cli("report", str(study))
+    assert code == 2 and "study.sqlite" in _one_error_line(err)
+    assert os.listdir(study) == ["study.sqlite"]
+
+
 def test_a_read_only_filesystem_is_exit_2(run_cli, monkeypatch, tmp_path):
     from ropekit.runtime import atomic
 
