@@ -77,9 +77,9 @@ def test_resume_reproduces_the_uninterrupted_run(make_config, tmp_path):
     model = ropekit.load(out / "final")
     assert ropekit.installed(model)["method"] == "yarn"
 
-    # --resume on a finished run does nothing
+    # --resume on a finished run trains nothing and reports the run's last loss (from metrics.jsonl)
     again = train(cfg, resume=True, progress=False)
-    assert again.losses == [] and again.step == 6
+    assert again.losses == [(6, metrics(out)[-1]["loss"])] and again.step == 6
 
 
 @pytest.mark.parametrize("method", [{"name": "dynamic_ntk", "params": {"factor": 4}},
@@ -136,3 +136,58 @@ def test_keep_last_prunes_and_leftovers_are_ignored(make_config, text_dataset):
     train(cfg, dataset=data, resume=True, progress=False)
     assert [s for s, _ in list_checkpoints(out)] == [3, 4]
     assert not (out / "checkpoints" / ".tmp-step-9").exists()
+
+
+def test_checkpoints_never_exceed_keep_last_between_publishing_and_pruning(make_config, text_dataset, monkeypatch):
+    """save() makes room before it publishes: counted at every boundary of both steps (where a kill can land),
+    the complete checkpoints never exceed keep_last."""
+    from ropekit.train import checkpoint as ckpt
+
+    data = text_dataset(64, 8)
+    cfg = make_config("bounded", steps=5, output={"save_every": 1, "keep_last": 2})
+    out = cfg.require_output()
+    counts = []
+
+    def watched(fn):
+        def wrapped(*args, **kwargs):
+            counts.append(len(list_checkpoints(out)))
+            result = fn(*args, **kwargs)
+            counts.append(len(list_checkpoints(out)))
+            return result
+        return wrapped
+
+    monkeypatch.setattr(ckpt, "replace_dir", watched(ckpt.replace_dir))
+    monkeypatch.setattr(ckpt, "prune", watched(ckpt.prune))
+    train(cfg, dataset=data, progress=False)
+    assert len(counts) >= 16 and max(counts) == 2, counts
+    assert [s for s, _ in list_checkpoints(out)] == [4, 5]
+
+
+def test_a_checkpoint_killed_before_its_rename_is_published_on_resume(make_config, text_dataset, monkeypatch):
+    from ropekit.train import checkpoint as ckpt
+
+    data = text_dataset(64, 8)
+    cfg = make_config("unpublished", steps=4, output={"save_every": 1, "keep_last": 2})
+    out = cfg.require_output()
+    real = ckpt.replace_dir
+
+    def killed_at_step_3(tmp, final):
+        if final.name == "step-3":
+            raise Killed(3)
+        return real(tmp, final)
+
+    monkeypatch.setattr(ckpt, "replace_dir", killed_at_step_3)
+    with pytest.raises(Killed):
+        train(cfg, dataset=data, progress=False)
+    assert [s for s, _ in list_checkpoints(out)] == [2]  # step 1 pruned to make room, step 3 not yet renamed
+    monkeypatch.setattr(ckpt, "replace_dir", real)
+    result = train(cfg, dataset=data, resume=True, progress=False)
+    assert result.resumed_from == 3 and [s for s, _ in list_checkpoints(out)] == [3, 4]
+
+
+def test_resuming_a_finished_run_reports_its_final_loss(make_config, text_dataset):
+    data = text_dataset(64, 8)
+    cfg = make_config("finished", steps=2)
+    first = train(cfg, dataset=data, progress=False)
+    again = train(cfg, dataset=data, resume=True, progress=False)
+    assert again.losses == first.losses[-1:] and again.losses[0][0] == 2

@@ -76,30 +76,59 @@ for _name, _target in COMMANDS.items():
         app.command(_name, cls=Command)(_target)
 
 
+def _error_line(problem: str) -> None:
+    # the message is text, not markup: "pip install 'ropekit[ray]'" must keep its brackets
+    err.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+
+
+#: The exit code of a command stopped by Ctrl-C (128 + SIGINT, as the shell reports it).
+_INTERRUPTED = 130
+
+
+def _interrupted() -> None:
+    err.print("interrupted", highlight=False)
+
+
 def main() -> None:
-    """Entry point: run the app, turning user errors into one line and exit code 2."""
+    """Entry point: run the app; exit 0 only when everything asked for succeeded.
+
+    User errors (a :class:`RopekitError`, a usage error, a path the filesystem refuses) are one line and exit 2;
+    a command that finished with failures (``verify`` FAIL, a study with failed pieces) exits with its own
+    non-zero code; Ctrl-C is one line and 130, the shell's code for SIGINT.
+    """
     from ..runtime import route_deepspeed_logs_to_stderr
+    from ..runtime.atomic import filesystem_error
 
     route_deepspeed_logs_to_stderr()  # stdout is for results (--json): DeepSpeed logs there when imported
     try:
-        app(standalone_mode=False)
+        # standalone_mode=False returns typer.Exit's code instead of raising it: the code must not be dropped
+        code = app(standalone_mode=False)
     except RopekitError as e:
-        # the message is text, not markup: "pip install 'ropekit[ray]'" must keep its brackets
-        err.print(f"[bold red]error:[/] {escape(e.one_line())}", highlight=False, soft_wrap=True)
+        _error_line(e.one_line())
         raise SystemExit(e.exit_code) from None
     except typer.Exit as e:
+        if e.exit_code == _INTERRUPTED:
+            _interrupted()
         raise SystemExit(e.exit_code) from None
-    except typer.Abort:
-        err.print("aborted")
-        raise SystemExit(130) from None
+    except (typer.Abort, KeyboardInterrupt):
+        _interrupted()
+        raise SystemExit(_INTERRUPTED) from None
     except Exception as e:  # click usage errors and anything unexpected
         if isinstance(e, TyperException) or hasattr(e, "format_message"):  # typer's vendored click errors
             message = e.format_message().strip()
             if message:  # empty when help was already printed (no arguments)
-                err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+                _error_line(message)
             raise SystemExit(getattr(e, "exit_code", 2) or 2) from None
+        user = filesystem_error(e)
+        if user is not None and not os.environ.get("ROPEKIT_DEBUG"):
+            _error_line(user.one_line())
+            raise SystemExit(user.exit_code) from None
         if os.environ.get("ROPEKIT_DEBUG"):
             raise
         err.print(f"[bold red]internal error:[/] {escape(f'{type(e).__name__}: {e}')} (set ROPEKIT_DEBUG=1 for the traceback)",
                   highlight=False, soft_wrap=True)
         raise SystemExit(1) from None
+    if isinstance(code, int) and code:
+        if code == _INTERRUPTED:  # typer turns KeyboardInterrupt into a silent Exit(130)
+            _interrupted()
+        raise SystemExit(code)

@@ -46,6 +46,9 @@ def export_cmd(
     if target.exists() and not overwrite:
         raise RopekitError(f"'{target}' exists", "pass another --out, or --overwrite")
     from ..install.gguf_export import saved_freeze_length, write_gguf
+    from ..runtime.atomic import check_target
+
+    check_target(target, kind="file")  # a FIFO or an unwritable place is refused before the model loads
     from .common import load_model
 
     loaded = load_model(directory)

@@ -13,6 +13,9 @@ from .common import MODEL_HELP, AttnOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, load
 
 
 def _check_out_dir(path: Path, overwrite: bool) -> None:
+    from ..runtime.atomic import check_target
+
+    check_target(path, kind="dir")  # a FIFO, a read-only filesystem, a parent that is a file: before loading
     if path.exists() and not path.is_dir():
         raise RopekitError(f"--out '{path}' exists and is a file", "pass a directory path")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
@@ -32,6 +35,9 @@ def _gguf_target(out: Path, outtype: str, overwrite: bool) -> Path:
         raise RopekitError(f"--out '{target}' is a directory", "pass a .gguf file path")
     if target.exists() and not overwrite:
         raise RopekitError(f"'{target}' exists", "pass another --out, or --overwrite")
+    from ..runtime.atomic import check_target
+
+    check_target(target, kind="file")
     return target
 
 

@@ -100,6 +100,9 @@ def study_cmd(
 
         require_ray()  # a missing package is one line before anything is printed or written
     study_dir = out_dir or Path(f"study-{cfg.name}")
+    from ..runtime.atomic import check_target
+
+    check_target(study_dir, kind="dir")  # a file, a FIFO, a read-only place: one line before any work
     err.print(f"study [bold]{cfg.name}[/]: {len(cfg.variants)} variants × {len(cfg.evals)} evaluations → {study_dir}/study.sqlite")
     status = run_study(cfg, study_dir, workers=workers, backend=backend, address=address)
     paths = None
@@ -119,4 +122,6 @@ def study_cmd(
         if paths:
             out.print(f"report: {paths['html']}")
     if status["by_status"]["failed"]:
+        if json_out:  # stdout holds the JSON: the failure still needs its line
+            err.print(f"study {cfg.name}: {status['by_status']['failed']} of {status['pieces']} pieces failed", highlight=False)
         raise typer.Exit(1)

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from .common import out, print_json
+from .common import err, out, print_json
 
 
 def verify_cmd(
@@ -41,4 +41,6 @@ def verify_cmd(
         if report.details.get("command"):
             out.print(f"serve it with: {report.details['command']}", soft_wrap=True, highlight=False)
     if not report.passed:
+        if json_out:  # stdout holds the JSON: the verdict still needs its line for a person or a CI log
+            err.print(f"FAIL: max |Δ log p| {report.max_abs_diff:.2e} > tolerance {report.tolerance:.0e}", highlight=False)
         raise typer.Exit(1)

@@ -32,9 +32,15 @@ from pydantic import (
 
 from ..errors import RopekitError
 
-__all__ = ["ConfigProblem", "Name", "Number", "StrictModel", "WholeNumber", "config_error", "key_path", "validate"]
+__all__ = ["MAX_POSITIONS", "ConfigProblem", "Name", "Number", "StrictModel", "WholeNumber", "config_error", "key_path", "load_yaml",
+           "read_yaml_file", "validate"]
 
 M = TypeVar("M", bound=BaseModel)
+
+#: Largest window (position count) a method may declare and a config may ask for: 2^24, the last integer float32
+#: holds exactly. transformers computes the rotary angles as ``position_ids.float() @ inv_freq`` (each family's
+#: rotary embedding), so past it neighbouring positions share one angle.
+MAX_POSITIONS = 1 << 24
 
 
 class ConfigProblem(ValueError):
@@ -184,3 +190,128 @@ def config_error(err: ValidationError, model: type[BaseModel], *, prefix: str = 
             return error_cls(f"{key} {cause.problem}" if cause.sentence else f"{key}: {cause.problem}", cause.fix)
         return error_cls(f"{key}: {str(cause or first['msg']).removeprefix('Value error, ')}", write)
     return error_cls(f"{key}: {first['msg']}", write)
+
+
+# ---- the one YAML reader of every config ----------------------------------------------------------------------
+#: Most nodes a document may hold once its aliases are expanded. Hand-written configs hold hundreds; the
+#: "billion laughs" document (nine nested aliases of ten) holds 10⁹ and takes gigabytes to walk.
+ALIAS_BUDGET = 100_000
+#: Largest config file read (bytes): a config is a page of keys, not data.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _yaml_loader(any_tag: bool = False):
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader refusing duplicate keys (YAML 1.2 §3.2.1.1: keys are unique; PyYAML keeps the last one)."""
+
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, int] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = seen.get(key)
+                    except TypeError:  # an unhashable key: SafeLoader's own error names it
+                        continue
+                    if first is not None:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {key!r} (first at line {first})", key_node.start_mark)
+                    seen[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+    if any_tag:  # lm-eval's task files tag values (`!function utils.process_docs`): read them as plain values
+        def tagged(loader, suffix, node):
+            if isinstance(node, yaml.ScalarNode):
+                return loader.construct_scalar(node)
+            if isinstance(node, yaml.SequenceNode):
+                return loader.construct_sequence(node)
+            return loader.construct_mapping(node)
+
+        Loader.add_multi_constructor("!", tagged)
+    return Loader
+
+
+def _expanded_size(root) -> int:
+    """Nodes of the document with every alias expanded, counted without expanding (shared nodes memoised)."""
+    import yaml
+
+    def children(node) -> list:
+        if isinstance(node, yaml.SequenceNode):
+            return list(node.value)
+        if isinstance(node, yaml.MappingNode):
+            return [n for pair in node.value for n in pair]
+        return []
+
+    sizes: dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:  # post-order without recursion: a deep document must not overflow Python's stack
+        node, ready = stack.pop()
+        if id(node) in sizes:
+            continue
+        if ready:
+            sizes[id(node)] = 1 + sum(sizes.get(id(c), 1) for c in children(node))  # a cycle's back edge counts 1
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in children(node) if id(c) not in sizes)
+    return sizes[id(root)]
+
+
+def load_yaml(text: str | bytes, source: str, *, error_cls: type[RopekitError] = RopekitError,
+              any_tag: bool = False) -> Any:
+    """Parse one hand-written YAML config; every problem is one ``error_cls`` line naming ``source``.
+
+    Refused: bytes that are not UTF-8, a YAML syntax error (with its line and column), a key given twice in one
+    mapping (with both lines: PyYAML would silently keep the last), and aliases that expand past
+    :data:`ALIAS_BUDGET` nodes (checked on the parsed node graph, before any value is built). ``any_tag``: read
+    any ``!tag`` as the plain value it tags (lm-eval task files) instead of refusing it."""
+    import yaml
+
+    fix = "fix the YAML syntax"
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise error_cls(f"{source} is not UTF-8 text (byte {err.start})", "pass a YAML config file") from None
+    if "\x00" in text:
+        raise error_cls(f"{source} is not text (it holds NUL bytes)", "pass a YAML config file")
+    loader = _yaml_loader(any_tag)(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        size = _expanded_size(root)
+        if size > ALIAS_BUDGET:
+            raise error_cls(f"{source}: its aliases expand to {size:.3g} values, more than the {ALIAS_BUDGET:,} a "
+                            "config may hold", "write the values out, or use fewer nested aliases (*name)")
+        return loader.construct_document(root)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise error_cls(f"{source} is not valid YAML ({problem}{where})", fix) from None
+    except RecursionError:
+        raise error_cls(f"{source} nests too deeply", "write a flatter config") from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml_file(path, source: str | None = None, *, error_cls: type[RopekitError] = RopekitError,
+                   any_tag: bool = False) -> Any:
+    """:func:`load_yaml` of a file (its size bounded by :data:`MAX_CONFIG_BYTES`); ``source`` names it."""
+    from pathlib import Path
+
+    path = Path(path)
+    source = source or f"'{path}'"
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise error_cls(f"{source} is {size:,} bytes, not a config (at most {MAX_CONFIG_BYTES:,})",
+                            "pass a YAML config file")
+        data = path.read_bytes()
+    except OSError as err:
+        raise error_cls(f"cannot read {source}: {err.strerror}", "pass a readable YAML file") from None
+    return load_yaml(data, source, error_cls=error_cls, any_tag=any_tag)

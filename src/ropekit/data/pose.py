@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from ..errors import RopekitError
+from ..runtime.atomic import save_figure
 
 #: Content-offset modes of PoSE (paper Appendix A).
 OFFSET_MODES = ("uniform", "zero", "aligned")
@@ -533,5 +534,5 @@ def plot_coverage(report: dict, path: str | Path, title: str | None = None) -> s
                           f"{report['target_length']} ({report['steps']} sampled examples)")
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fig.savefig(str(path), dpi=120)
+    save_figure(fig, path, dpi=120)
     return str(path)

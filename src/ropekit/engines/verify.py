@@ -108,7 +108,9 @@ def verify(directory: str | Path, engine: str, *, length: int | None = None, tol
     that file exactly on an input of that length.
     """
     chosen = get_engine(engine)
-    directory = Path(directory)
+    directory = Path(directory).expanduser()
+    if directory.exists():  # the engine runs in another working directory: a relative path would miss there
+        directory = directory.resolve()
     loaded = load_model(str(directory), dtype="float32")
     model = loaded.model
     record = installed(model)

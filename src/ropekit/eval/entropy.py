@@ -67,6 +67,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from ..attention.interface import PREFIX, PairLogits, PairRule, attention_modules, plain_pair_logits
 from ..attention.masks import AttentionMask
 from ..errors import RopekitError
+from ..runtime.atomic import save_figure
 from .common import EvalContext, encode, mean, require_tokenizer, timer
 
 KEY_FIELDS = ("sample",)
@@ -469,7 +470,7 @@ def plot_entropy(records: list[dict[str, Any]], path: str) -> str:
     ax_pos.legend(fontsize=8)
     fig.suptitle(f"attention entropy — {label} (mean over heads and samples; {len(longest)} at {lengths[-1]} tokens)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
 

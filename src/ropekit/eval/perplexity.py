@@ -72,6 +72,7 @@ import torch.nn.functional as F
 
 from ..data.corpora import corpus_label, ids_digest, iter_documents
 from ..errors import RopekitError
+from ..runtime.atomic import save_figure
 from .common import EvalContext, require_tokenizer, timer
 
 KEY_FIELDS = ("corpus", "doc", "doc_sha", "score_mode", "stride", "weighting", "add_bos")
@@ -441,7 +442,7 @@ def plot_curve(records: list[dict[str, Any]], path: str) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
     except OSError as e:
         raise RopekitError(f"cannot write the plot to '{path}' ({e.strerror})", "pass --plot with a writable path") from None
 

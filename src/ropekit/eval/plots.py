@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RopekitError
+from ..runtime.atomic import save_figure
 
 #: The red → yellow → green colours of the needle-in-a-haystack heatmaps (gkamradt, LCEG).
 HEATMAP_COLORS = ("#F0496E", "#EBB839", "#0CD79F")
@@ -211,5 +212,5 @@ def heatmap(
         legend = fig.legend(loc="outside lower center", ncol=len(drawn), fontsize=8, frameon=True)
         legend.get_frame().set_facecolor("#9A9A9A")  # white lines stay readable
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=110)
+    save_figure(fig, path, format="png", dpi=110)
     return HeatmapLayout(rows=rows, columns=columns, values=values, window_x=window_x, path=str(path))

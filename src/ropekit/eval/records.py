@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import RopekitError
+from ..runtime.atomic import atomic_file
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -57,7 +58,8 @@ class RecordWriter:
                     json.loads(lines[-1])
                 except json.JSONDecodeError:  # the line a crash cut short: drop it, that piece is redone
                     lines = lines[:-1]
-                    self.path.write_text("".join(line + "\n" for line in lines))
+                    with atomic_file(self.path, overwrite=True, what="results file") as tmp:
+                        tmp.write_text("".join(line + "\n" for line in lines))
             for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue

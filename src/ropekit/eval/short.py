@@ -50,6 +50,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..core.schema import read_yaml_file
 from ..errors import RopekitError
 from .common import EvalContext, mean, timer
 
@@ -168,27 +169,6 @@ def write_builtin_task(directory: str | Path, seed: int = 0, n_docs: int = BUILT
 
 
 # ---- task files ---------------------------------------------------------------------------------------
-class _AnyTagLoader:
-    """A YAML loader that reads lm-eval's ``!function`` (and any other) tags as plain strings."""
-
-    @staticmethod
-    def load(text: str):
-        import yaml
-
-        class Loader(yaml.SafeLoader):
-            pass
-
-        def any_tag(loader, suffix, node):
-            if isinstance(node, yaml.ScalarNode):
-                return loader.construct_scalar(node)
-            if isinstance(node, yaml.SequenceNode):
-                return loader.construct_sequence(node)
-            return loader.construct_mapping(node)
-
-        Loader.add_multi_constructor("!", any_tag)
-        return yaml.load(text, Loader=Loader)
-
-
 def check_local_tasks(directory: str | Path) -> list[Path]:
     """The task YAMLs under ``directory``; a one-line error for a missing directory, one without task files,
     or a file whose ``dataset_path`` is neither a local ``datasets`` builder nor an existing directory."""
@@ -199,11 +179,7 @@ def check_local_tasks(directory: str | Path) -> list[Path]:
     if not files:
         raise RopekitError(f"no task files (*.yaml) in '{directory}'", "pass a directory of lm-eval task YAML files")
     for path in files:
-        try:
-            config = _AnyTagLoader.load(path.read_text())
-        except Exception as err:
-            raise RopekitError(f"task file '{path}' is not valid YAML ({type(err).__name__})",
-                               "fix that file") from None
+        config = read_yaml_file(path, f"task file '{path}'", any_tag=True)
         if not isinstance(config, dict) or config.get("dataset_path") is None:
             continue
         source = str(config["dataset_path"])

@@ -32,6 +32,7 @@ from ..core.hf_compat import cache_argument, output_cache
 from ..errors import RopekitError
 from ..methods import get_method
 from ..install import extend, rope_info
+from ..runtime.atomic import save_figure
 from .records import RecordWriter
 
 PLAIN = "plain"
@@ -380,5 +381,5 @@ def plot_cost(rows: list[dict[str, Any]], path, *, window: int | None = None, ti
     if title:
         fig.suptitle(title, fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=110)
+    save_figure(fig, path, format="png", dpi=110)
     return slopes

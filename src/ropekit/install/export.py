@@ -8,6 +8,7 @@ restores. ``config.ropekit`` always records the method, its parameters and the b
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from pathlib import Path
@@ -19,6 +20,7 @@ from transformers import PreTrainedModel
 from ..core.jsonsafe import json_safe
 from ..core.rope import pair_exponents
 from ..errors import InvalidParameterError, UnsupportedModelError
+from ..runtime.atomic import atomic_dir
 from ..methods import get_method
 from .capabilities import model_features
 from .model_rope import base_info, rotary_modules, text_config
@@ -47,6 +49,19 @@ def _with_base_rope(config, record):
             return False
 
     return _Swap()
+
+
+@contextlib.contextmanager
+def _whole_directory(out: Path):
+    """The directory to save into: built beside ``out`` and renamed to it at the end (:func:`ropekit.runtime.
+    atomic_dir`), so an ``out`` that exists is complete — a process killed before the rewritten ``config.json``
+    would otherwise leave weights that plain transformers loads as the base model. An existing ``out`` is
+    replaced when it is empty or a model directory (it has a ``config.json``); other files are never deleted."""
+    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
+        raise InvalidParameterError(f"'{out}' exists and is not a model directory (no config.json)",
+                                    "save into a new or empty directory")
+    with atomic_dir(out, replace=True) as building:
+        yield building
 
 
 #: ``rope_format`` values of :func:`save_pretrained`.
@@ -223,10 +238,10 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     config = text_config(model)
     record = getattr(config, "ropekit", None)
     if not record:
-        out.mkdir(parents=True, exist_ok=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(out)
-        model.save_pretrained(out)
+        with _whole_directory(out) as building:
+            if tokenizer is not None:
+                tokenizer.save_pretrained(building)
+            model.save_pretrained(building)
         return {"method": None, "path": str(out), "format": "native", "transformers": True, "vllm": True}
     m = get_method(record["method"])
     info = base_info(config)
@@ -251,38 +266,38 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
 
     engine, engine_why = _vllm_config(model, m, info, params)
 
-    out.mkdir(parents=True, exist_ok=True)
-    if tokenizer is not None:
-        m.prepare_tokenizer(tokenizer, params)
-        tokenizer.save_pretrained(out)
-    # a native or longrope config describes the rotary embedding completely: its learned parameters (CLEX's
-    # ODE) would be unexpected weights to the engines (vLLM refuses to load them)
-    state = _without_rotary_weights(model) if rope is not None else None
-    with _with_base_rope(config, record):  # weights are unaffected; the config is rewritten below
-        model.save_pretrained(out, state_dict=state)
-    config_path = out / "config.json"
-    saved = json.loads(config_path.read_text())
-    if rope is not None:
-        saved["rope_parameters"] = rope
-        # transformers' `dynamic` reads max_position_embeddings as the original window
-        saved["max_position_embeddings"] = (info.window if rope.get("rope_type") == "dynamic"
-                                            else _served_window(config, freeze_length))
-    else:
-        saved["rope_parameters"] = json_safe(dict(config.rope_parameters))
-        saved["max_position_embeddings"] = config.max_position_embeddings
-    # a loaded Qwen2.5-1M-style config (or an earlier DCA export) must not make vLLM run DCA on another method
-    saved.pop("dual_chunk_attention_config", None)
-    saved.update(engine)
-    export = {"format": chosen, "freeze_length": freeze_length, **({"vllm_refusal": engine_why} if engine_why else {})}
-    saved["ropekit"] = json_safe({**record, "export": export})
-    config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
-    how = _export_note(m, chosen, rope or {}, freeze_length)
-    if engine:
-        how += ("\n\nvLLM computes this model itself with its Dual Chunk Attention (`dual_chunk_attention_config` in "
-                "config.json; V0 engine, CUDA): `ropekit export DIR --format vllm` prints the command.")
-    elif engine_why:
-        how += f"\n\nvLLM: not the same model ({engine_why})."
-    (out / "ROPEKIT.md").write_text(_EXPORT_NOTE.format(method=m.name, how=how))
+    with _whole_directory(out) as building:
+        if tokenizer is not None:
+            m.prepare_tokenizer(tokenizer, params)
+            tokenizer.save_pretrained(building)
+        # a native or longrope config describes the rotary embedding completely: its learned parameters (CLEX's
+        # ODE) would be unexpected weights to the engines (vLLM refuses to load them)
+        state = _without_rotary_weights(model) if rope is not None else None
+        with _with_base_rope(config, record):  # weights are unaffected; the config is rewritten below
+            model.save_pretrained(building, state_dict=state)
+        config_path = building / "config.json"
+        saved = json.loads(config_path.read_text())
+        if rope is not None:
+            saved["rope_parameters"] = rope
+            # transformers' `dynamic` reads max_position_embeddings as the original window
+            saved["max_position_embeddings"] = (info.window if rope.get("rope_type") == "dynamic"
+                                                else _served_window(config, freeze_length))
+        else:
+            saved["rope_parameters"] = json_safe(dict(config.rope_parameters))
+            saved["max_position_embeddings"] = config.max_position_embeddings
+        # a loaded Qwen2.5-1M-style config (or an earlier DCA export) must not make vLLM run DCA on another method
+        saved.pop("dual_chunk_attention_config", None)
+        saved.update(engine)
+        export = {"format": chosen, "freeze_length": freeze_length, **({"vllm_refusal": engine_why} if engine_why else {})}
+        saved["ropekit"] = json_safe({**record, "export": export})
+        config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+        how = _export_note(m, chosen, rope or {}, freeze_length)
+        if engine:
+            how += ("\n\nvLLM computes this model itself with its Dual Chunk Attention (`dual_chunk_attention_config` in "
+                    "config.json; V0 engine, CUDA): `ropekit export DIR --format vllm` prints the command.")
+        elif engine_why:
+            how += f"\n\nvLLM: not the same model ({engine_why})."
+        (building / "ROPEKIT.md").write_text(_EXPORT_NOTE.format(method=m.name, how=how))
     if engine:
         vllm = True
     elif chosen == "native":

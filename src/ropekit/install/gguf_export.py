@@ -29,7 +29,8 @@ with no freeze length, are refused in one line naming the method and the reason.
 
 q and k projections are permuted from transformers' rotate-half layout (pairs ``(j, j + d/2)``) to ggml's
 adjacent-pair layout (pairs ``(2j, 2j + 1)``) head by head, as llama.cpp's converter does for ``LLM_ARCH_LLAMA``.
-The file is written to a temporary name beside the target and renamed: an error leaves nothing behind.
+The file is written to a temporary name beside the target and renamed (:func:`ropekit.runtime.atomic_file`): an
+error or a kill leaves nothing behind but a hidden ``.part`` file, which the next write removes.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from ..core.rope import pair_exponents
 from ..errors import InvalidParameterError, RopekitError, UnsupportedModelError
 from ..methods import get_method
 from ..methods.base import CHANGES
+from ..runtime.atomic import atomic_file, check_target
 from .model_rope import base_info, installed, rotary_modules, text_config
 
 #: GGUF weight types ``write_gguf`` writes.
@@ -542,9 +543,9 @@ def write_gguf(model, tokenizer, path: str | Path, *, outtype: str = "f16", free
     if outtype not in OUTTYPES:
         raise InvalidParameterError(f"GGUF outtype '{outtype}' is not one of {', '.join(OUTTYPES)}",
                                     "pass e.g. --outtype f16")
-    target = Path(path)
-    if target.exists() and (target.is_dir() or not overwrite):
-        raise RopekitError(f"'{target}' exists", "pass another path, or --overwrite")
+    target = check_target(path, kind="file")
+    if os.path.lexists(target) and not overwrite:
+        raise RopekitError(f"'{path}' exists", "pass another path, or --overwrite")
     rope = gguf_rope(model, freeze_length)
     config = text_config(model)
     vocab_size = int(config.vocab_size)
@@ -559,10 +560,7 @@ def write_gguf(model, tokenizer, path: str | Path, *, outtype: str = "f16", free
 
     heads = int(config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    os.close(fd)
-    try:
+    with atomic_file(target, overwrite=overwrite) as tmp:
         writer = gguf.GGUFWriter(tmp, "llama")
         writer.add_name(str(getattr(config, "_name_or_path", "") or "ropekit export"))
         writer.add_type("model")
@@ -610,10 +608,6 @@ def write_gguf(model, tokenizer, path: str | Path, *, outtype: str = "f16", free
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file(progress=False)
         writer.close()
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return {"path": str(target), "outtype": outtype, "rope": rope.describe(), "rope_form": rope.form,
             "context_length": rope.context_length, "vocabulary": vocab.source, "method": rope.method,
             "frozen_at": rope.frozen_at}

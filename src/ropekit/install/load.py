@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
@@ -59,8 +59,14 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
     if dtype is not None:
         kwargs["dtype"] = dtype
     adds_weights = bool(record) and "weights" in m.changes
-    with _expecting_rotary_weights(config) if adds_weights else contextlib.nullcontext():
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    try:
+        with _expecting_rotary_weights(config) if adds_weights else contextlib.nullcontext():
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, RuntimeError, EOFError, SafetensorError) as err:
+        # a truncated or damaged weights file: the reader's message, on one line, naming the directory
+        reason = " ".join(str(err).split())[:300] or type(err).__name__
+        raise ModelLoadError(f"cannot load the weights in '{path}' ({type(err).__name__}: {reason})",
+                             "re-export the model; a killed or interrupted copy leaves damaged weights") from None
     if record:
         before = set(model.state_dict())
         install_resolved(model, m, given)

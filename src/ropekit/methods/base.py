@@ -23,6 +23,7 @@ import torch
 
 from ..core.base_rope import base_frequencies, length_dependence
 from ..core.rope_info import RopeInfo
+from ..core.schema import MAX_POSITIONS
 from ..errors import InvalidParameterError
 
 #: Vocabulary for :attr:`Method.changes`.
@@ -152,7 +153,8 @@ def model_theta(info: RopeInfo) -> float:
     return info.rope_theta
 
 
-FACTOR = Param("factor", float, 1.0, "scale factor s = target length / original window", minimum=1.0)
+FACTOR = Param("factor", float, 1.0, "scale factor s = target length / original window", minimum=1.0,
+               maximum=MAX_POSITIONS)
 ORIGINAL_WINDOW = Param(
     "original_max_position_embeddings", int, original_window, "pretrained window C the scaling is relative to", minimum=2
 )
@@ -232,8 +234,26 @@ class Method(abc.ABC):
                 f"('{info.rope_type}', base {info.rope_theta:g})",
                 "leave rope_theta out (the scaled frequencies are the starting point), or use abf to change the base",
             )
+        self._check_window(info, out)
         self.check(info, out)
         return out
+
+    def _check_window(self, info: RopeInfo, params: dict[str, Any]) -> None:
+        """Refuse a declared window past :data:`MAX_POSITIONS` (a factor of 1e300 would otherwise be written)."""
+        try:
+            declared = float(self.max_position_embeddings(info, params))
+        except (OverflowError, ValueError, ZeroDivisionError):
+            declared = math.inf
+        except TypeError:  # a parameter left to the model or the input (factor None): no window declared yet
+            return
+        if not declared <= MAX_POSITIONS:
+            factor = params.get("factor")
+            what = f"factor {factor:g}" if isinstance(factor, float) else "these parameters"
+            raise InvalidParameterError(
+                f"{self.name}: {what} declares a window of {declared:.3g} tokens, past {MAX_POSITIONS:,} (2^24): "
+                "positions there are not exact in float32, in which transformers computes the rotary angles",
+                f"pass a factor ≤ {MAX_POSITIONS / max(info.window, 1):g} for this model's {info.window}-token window",
+            )
 
     def check(self, info: RopeInfo, params: dict[str, Any]) -> None:
         """Cross-parameter and model-dependent validation; raise :class:`InvalidParameterError`."""

@@ -71,7 +71,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..core.schema import ConfigProblem, Name, Number, StrictModel, config_error
+from ..core.schema import MAX_POSITIONS, ConfigProblem, Name, Number, StrictModel, config_error, load_yaml, read_yaml_file
 from ..errors import RopekitError
 from ..runtime.devices import ATTN_CHOICES, DTYPE_CHOICES
 
@@ -92,13 +92,18 @@ def _problem(problem: str, fix: str, key: str | None = None) -> ConfigProblem:
 
 
 def _is_token_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_POSITIONS
 
 
 def _token_count(value: Any) -> int:
     if not _is_token_count(value):
-        raise _problem(f"must be a positive whole number, got {value!r}", "write a number of tokens, e.g. 1024")
+        raise _problem(f"must be a positive whole number of tokens up to {MAX_POSITIONS:,}, got {value!r}",
+                       "write a number of tokens, e.g. 1024")
     return value
+
+
+#: Task options that count something (samples, trials, query positions, tokens): zero or fewer is no measurement.
+COUNT_OPTIONS = ("samples", "trials", "positions", "stride", "tokens_to_generate")
 
 
 #: A length in tokens: a whole number ≥ 1.
@@ -507,6 +512,11 @@ class _Study(StrictModel):
                 if not _is_token_count(length):
                     raise _problem(f"must be a positive whole number, got {length!r}", "write a number of tokens, e.g. 1024",
                                    key=f"{name}.lengths[{j}]")
+            for option in COUNT_OPTIONS:
+                value = options.get(option)
+                if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                    raise _problem(f"must be a positive whole number, got {value!r}", f"write e.g. `{option}: 4`",
+                                   key=f"{name}.{option}")
             for decided in ("plot", "out", "resume"):
                 if decided in options:
                     raise _problem("is decided by the study", "drop it (figures come from `ropekit report`)",
@@ -630,16 +640,8 @@ def preset_text(name: str) -> str:
     return (resources.files("ropekit.study") / "presets" / f"{name}.yaml").read_text(encoding="utf-8")
 
 
-def _yaml(text: str, source: str):
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise StudyConfigError(f"{source} is not valid YAML ({getattr(err, 'problem', None) or 'syntax'}{where})",
-                               "fix the YAML syntax") from None
+def _yaml(text: str | bytes, source: str):
+    return load_yaml(text, source, error_cls=StudyConfigError)
 
 
 def load_study_config(path: str | Path | None = None, *, preset: str | None = None) -> StudyConfig:
@@ -653,4 +655,4 @@ def load_study_config(path: str | Path | None = None, *, preset: str | None = No
     if not p.is_file():
         raise StudyConfigError(f"study config '{p}' not found",
                                "pass a YAML file, e.g. from `ropekit study --preset quick --show > my.yaml`")
-    return parse_study(_yaml(p.read_text(encoding="utf-8"), f"'{p}'"), f"'{p}'")
+    return parse_study(read_yaml_file(p, error_cls=StudyConfigError), f"'{p}'")

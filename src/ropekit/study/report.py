@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -107,6 +108,7 @@ from .report_tables import (
     _pieces_table,
     _speed_table,
 )
+from ..runtime.atomic import atomic_dir
 from .store import DB_NAME, StudyStore
 
 __all__ = ["BREAKDOWN", "DASH", "HEATMAP_TASKS", "TASK_TITLES", "build_report", "fmt_duration", "fmt_num", "fmt_pct",
@@ -125,12 +127,15 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
     for old in out.glob("*.png"):  # figures of an earlier report that this one may not redraw (only ours)
         if _FIGURE_NAME.fullmatch(old.name):
             old.unlink()
-    with StudyStore(db, create=False) as store:
-        manifest = store.get_manifest()
-        records = store.samples()
-        pieces = store.pieces()
-        metrics = store.train_metrics()
-        status = store.status()
+    try:
+        with StudyStore(db, create=False) as store:
+            manifest = store.get_manifest()
+            records = store.samples()
+            pieces = store.pieces()
+            metrics = store.train_metrics()
+            status = store.status()
+    except sqlite3.DatabaseError as err:  # damaged past its header: the reads fail, not the opening
+        raise RopekitError(f"'{db}' is damaged ({err})", "restore the study database, or rerun the study") from None
 
     window = _int_or_none(_setting(manifest, "window"))
     target = _int_or_none(_setting(manifest, "target_length"))
@@ -327,6 +332,31 @@ def write_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
     Returns ``{"dir", "html", "json", "markdown", "figures": [paths], "figure_overlaps": {name: [(text, text)]}}``
     (strings; ``figure_overlaps`` names the figures in which texts overlap or leave the figure, normally none).
     """
+    study_dir = Path(study_dir)
+    db = study_dir / DB_NAME if study_dir.is_dir() or not study_dir.exists() else study_dir
+    if not db.exists():
+        raise RopekitError(f"no study database at '{db}'", "pass the directory `ropekit study` wrote")
+    target = Path(out_dir) if out_dir is not None else db.parent / "report"
+    if target.is_dir():
+        foreign = sorted(p.name for p in target.iterdir() if p.name not in _REPORT_FILES and not _FIGURE_NAME.fullmatch(p.name))
+        if foreign:
+            raise RopekitError(f"'{target}' holds files the report did not write ({', '.join(foreign[:3])})",
+                               "move them elsewhere: the report directory is replaced as a whole")
+    # built beside the old report and swapped in whole: a failure (a damaged study.sqlite) or a kill leaves the
+    # previous report, or none, never a half-written one
+    with atomic_dir(target, replace=True, what="report directory") as building:
+        written = _write_report_files(study_dir, building)
+    final = {k: str(target / Path(v).name) if k in ("html", "json", "markdown") else v for k, v in written.items()}
+    final["dir"] = str(target)
+    final["figures"] = [str(target / Path(p).name) for p in written["figures"]]
+    return final
+
+
+#: The files a report directory holds besides its figures.
+_REPORT_FILES = ("index.html", "summary.json", "summary.md")
+
+
+def _write_report_files(study_dir: Path, out_dir: Path) -> dict[str, Any]:
     ctx = build_report(study_dir, out_dir)
     out: Path = ctx["out"]
     html_path, json_path, md_path = out / "index.html", out / "summary.json", out / "summary.md"

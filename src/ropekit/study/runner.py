@@ -21,10 +21,12 @@ depend on it; running the study again retries it. Nothing finished is ever recom
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
 import shutil
+import signal
 import threading
 import time
 from pathlib import Path
@@ -76,13 +78,14 @@ def _statuses(store: StudyStore) -> dict[str, str]:
 
 
 def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, report_progress=None, report_done=None,
-         poll: float = 0.5, threads: int | None = None, device: str | None = None) -> None:
+         poll: float = 0.5, threads: int | None = None, device: str | None = None, stop=None) -> None:
     """One worker: claim runnable pieces until none is left (others may still be running pieces).
 
     ``threads``: CPU threads for every piece; ``None`` chooses them per piece from the machine's load at the
     moment it starts (:func:`~ropekit.runtime.default_threads`), so a momentary load early on does not slow
     the whole study. ``report_done(piece, status, seconds)`` is called after each piece. ``device``: this
-    worker's device for evaluations (None: the config's ``device`` key).
+    worker's device for evaluations (None: the config's ``device`` key). ``stop``: an event after which no
+    further piece is claimed (Ctrl-C in the parent of worker processes).
     """
     study_dir = Path(study_dir)
     pieces = plan(config)
@@ -90,6 +93,8 @@ def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, repor
     failed_now: set[str] = set()  # pieces that failed during this run (retried only by the next run)
     with open_study(study_dir) as store:
         while True:
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
             status = _statuses(store)
             runnable, waiting = None, False
             for p in pieces:
@@ -110,9 +115,13 @@ def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, repor
                 report_piece(runnable)
             started = time.perf_counter()
             piece_threads = threads or default_threads()
-            with torch_threads(piece_threads):
-                run_piece(config, store, runnable, study_dir, report=report_progress or (lambda n, total: None),
-                          threads=piece_threads, device=device)
+            try:
+                with torch_threads(piece_threads):
+                    run_piece(config, store, runnable, study_dir, report=report_progress or (lambda n, total: None),
+                              threads=piece_threads, device=device)
+            except (KeyboardInterrupt, SystemExit):
+                store.release_piece(runnable.id)  # stopped, not failed: the next run resumes it
+                raise
             outcome = _statuses(store).get(runnable.id)
             if outcome == "failed":
                 failed_now.add(runnable.id)
@@ -136,16 +145,36 @@ def _exit_with_parent() -> None:
 
 
 def _worker_main(study_dir: str, config_dict: dict[str, Any], threads: int, device: str | None = None,
-                 dtype: str = "auto", attn: str = "auto", verbosity: int | None = None) -> None:
-    from transformers.utils import logging as hf_logging
+                 dtype: str = "auto", attn: str = "auto", verbosity: int | None = None, stop=None) -> None:
+    # The worker starts with SIGINT ignored (see _start_workers): Ctrl-C during its imports would print a
+    # traceback from multiprocessing's bootstrap. From here on it is a KeyboardInterrupt, ended quietly; ``stop``
+    # (set by the parent before it passes SIGINT on) covers a Ctrl-C that arrived while it was still ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
+        from transformers.utils import logging as hf_logging
 
-    _exit_with_parent()
-    if verbosity is not None:  # a spawned process starts with transformers' defaults: take the parent's
-        hf_logging.set_verbosity(verbosity)
-    config = parse_study(config_dict)
-    config.dtype, config.attn = dtype, attn  # also when the config dict does not carry them
-    with quiet_transformers():
-        work(study_dir, config, threads=threads, device=device)
+        _exit_with_parent()
+        if verbosity is not None:  # a spawned process starts with transformers' defaults: take the parent's
+            hf_logging.set_verbosity(verbosity)
+        config = parse_study(config_dict)
+        config.dtype, config.attn = dtype, attn  # also when the config dict does not carry them
+        with quiet_transformers():
+            work(study_dir, config, threads=threads, device=device, stop=stop)
+    except KeyboardInterrupt:  # Ctrl-C reaches every worker: the parent reports it, once, without a traceback
+        raise SystemExit(130) from None
+
+
+def _start_workers(procs) -> None:
+    """Start the worker processes with SIGINT ignored, which a spawned interpreter inherits and keeps until
+    :func:`_worker_main` restores it (Python installs its KeyboardInterrupt handler only over SIG_DFL)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for proc in procs:
+            proc.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def initialize(study_dir: str | Path, config: StudyConfig) -> StudyStore:
@@ -173,6 +202,40 @@ def _record_window(config: StudyConfig, store: StudyStore) -> None:
         store.set_manifest(window=info.window)
     except RopekitError:
         pass
+
+
+def _watch_workers(procs, store: StudyStore, bar, config: StudyConfig, done_count) -> None:
+    """Show the workers' progress until every one has ended."""
+    seen = _statuses(store)
+    while any(proc.is_alive() for proc in procs):
+        now = _statuses(store)
+        for piece_id, status in now.items():
+            if status in ("done", "failed") and seen.get(piece_id) != status:
+                bar.log(f"{status}: {piece_id}")
+        seen = now
+        running = [r["piece"] for r in store.status()["running"]]
+        bar.update(completed=done_count(), info=", ".join(running))
+        if store.get_manifest("window") is None and now.get(PRETRAIN, "done") == "done":
+            _record_window(config, store)
+        time.sleep(1.0)
+    for proc in procs:
+        proc.join()
+
+
+def _stop_workers(procs, grace: float = 30.0) -> None:
+    """Ctrl-C: pass SIGINT on (a ``kill -INT`` of this process alone does not reach them), give the workers
+    ``grace`` seconds to put their pieces back, then end any that remain."""
+    for proc in procs:
+        if proc.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGINT)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 BACKENDS = ("local", "ray")
@@ -248,32 +311,27 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                 ctx = multiprocessing.get_context("spawn")
                 # several GPUs: worker i evaluates on cuda:(i mod n) instead of every worker sharing cuda:0
                 requested = getattr(config, "device", "auto") or "auto"
+                stop = ctx.Event()
                 procs = [ctx.Process(target=_worker_main, daemon=False,
                                      args=(str(study_dir), config.as_dict(placement=True), threads, worker_device(requested, i),
                                            getattr(config, "dtype", "auto"), getattr(config, "attn", "auto"),
-                                           hf_logging.get_verbosity()))
+                                           hf_logging.get_verbosity(), stop))
                          for i in range(workers)]
-                for proc in procs:
-                    proc.start()
-                seen = _statuses(store)
-                while any(proc.is_alive() for proc in procs):
-                    now = _statuses(store)
-                    for piece_id, status in now.items():
-                        if status in ("done", "failed") and seen.get(piece_id) != status:
-                            bar.log(f"{status}: {piece_id}")
-                    seen = now
-                    running = [r["piece"] for r in store.status()["running"]]
-                    bar.update(completed=done_count(), info=", ".join(running))
-                    if store.get_manifest("window") is None and now.get(PRETRAIN, "done") == "done":
-                        _record_window(config, store)
-                    time.sleep(1.0)
-                for proc in procs:
-                    proc.join()
+                _start_workers(procs)
+                try:
+                    _watch_workers(procs, store, bar, config, done_count)
+                except KeyboardInterrupt:
+                    stop.set()
+                    _stop_workers(procs)
+                    raise
             _record_window(config, store)
             bar.update(completed=done_count(), info="")
         elapsed = time.time() - started
         previous = store.get_manifest("wall_seconds") or 0.0
         store.set_manifest(wall_seconds=round(float(previous) + elapsed, 1))
         return store.status()
+    except KeyboardInterrupt:
+        store.release_abandoned()  # pieces of this process, or of a worker killed mid-piece, stay "running" otherwise
+        raise
     finally:
         store.close()

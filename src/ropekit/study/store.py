@@ -526,6 +526,22 @@ class StudyStore:
                        (finished, _seconds_between(row["started"], finished), text[:4000], piece))
             self._touch(db)
 
+    def release_piece(self, piece: str) -> None:
+        """Put a piece this run was stopped in (Ctrl-C) back to pending, its samples kept: nothing is left
+        "running" for a worker that is gone, and the next run resumes it."""
+        with self._write() as db:
+            db.execute("UPDATE pieces SET status = 'pending', started = NULL, worker = NULL "
+                       "WHERE id = ? AND status = 'running'", (piece,))
+            self._touch(db)
+
+    def release_abandoned(self) -> list[str]:
+        """:meth:`release_piece` every running piece whose worker on this host has ended; returns their ids."""
+        rows = self._conn.execute("SELECT id, worker FROM pieces WHERE status = 'running'").fetchall()
+        gone = [r["id"] for r in rows if not _worker_alive(r["worker"])]
+        for piece in gone:
+            self.release_piece(piece)
+        return gone
+
     def reset_piece(self, piece: str) -> None:
         """Forget a piece's results (samples, metrics, artifacts) and set it pending, to run it again."""
         with self._write() as db:

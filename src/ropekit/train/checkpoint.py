@@ -17,12 +17,15 @@ leaves either a complete checkpoint or a ``.tmp-*`` directory that is ignored an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any
+
+from ..runtime.atomic import exchange
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -46,7 +49,21 @@ def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def finish_interrupted_saves(out_dir: Path) -> None:
+    """Publish a checkpoint whose save was killed after it was complete (its state file, written last, is
+    there) but before its rename: :func:`save` prunes before publishing, so this is the newest one."""
+    root = checkpoints_root(out_dir)
+    if not root.is_dir():
+        return
+    for child in root.iterdir():
+        m = _STEP_DIR.match(child.name.removeprefix(".tmp-")) if child.name.startswith(".tmp-") else None
+        if m and (child / STATE_FILE).is_file() and not (root / m.group(0)).exists():
+            with contextlib.suppress(OSError):  # another rank of the same run got there first
+                os.replace(child, root / m.group(0))
+
+
 def latest(out_dir: Path) -> tuple[int, Path] | None:
+    finish_interrupted_saves(out_dir)
     found = list_checkpoints(out_dir)
     return found[-1] if found else None
 
@@ -90,6 +107,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def replace_dir(tmp: Path, final: Path) -> None:
     """Rename the finished ``tmp`` directory to ``final``, replacing an older ``final`` (moved aside first)."""
+    if final.exists() and exchange(tmp, final):  # one step: never a moment without ``final``
+        shutil.rmtree(tmp, ignore_errors=True)
+        fsync_dir(final.parent)
+        return
     if final.exists():
         trash = final.parent / f".old-{final.name}"
         shutil.rmtree(trash, ignore_errors=True)
@@ -117,23 +138,26 @@ def save(accelerator, out_dir: Path, step: int, state: dict[str, Any], ema=None,
         _fsync_tree(tmp)
         write_json_atomic(tmp / STATE_FILE, state)
         fsync_dir(tmp)
+        # make room first: a kill between publishing and pruning would leave keep_last + 1 checkpoints
+        prune(out_dir, None if keep_last is None else keep_last - 1, keep=final)
         replace_dir(tmp, final)
-        prune(out_dir, keep_last)
     accelerator.wait_for_everyone()
     return final
 
 
-def prune(out_dir: Path, keep_last: int | None) -> None:
-    """Delete all but the newest ``keep_last`` checkpoints, and leftovers of interrupted writes."""
+def prune(out_dir: Path, keep_last: int | None, keep: Path | None = None) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints (besides ``keep``, the one about to be replaced), and
+    leftovers of interrupted writes other than ``keep``'s own temporary directory."""
     root = checkpoints_root(out_dir)
     if not root.is_dir():
         return
+    building = None if keep is None else f".tmp-{keep.name}"
     for child in root.iterdir():
-        if child.name.startswith((".tmp-", ".old-")):
+        if child.name.startswith((".tmp-", ".old-")) and child.name != building:
             shutil.rmtree(child, ignore_errors=True)
     if keep_last is None:
         return
-    found = list_checkpoints(out_dir)
+    found = [(step, path) for step, path in list_checkpoints(out_dir) if path != keep]
     for _, path in found[: max(0, len(found) - keep_last)]:
         shutil.rmtree(path, ignore_errors=True)
 

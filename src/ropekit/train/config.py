@@ -80,11 +80,14 @@ from pydantic import (
 )
 
 from ..core.schema import (
+    MAX_POSITIONS,
     ConfigProblem,
     Name,
     Number,
     StrictModel,
     WholeNumber,
+    load_yaml,
+    read_yaml_file,
     validate,
 )
 from ..errors import RopekitError
@@ -178,8 +181,9 @@ def check_method_params(name: str, params: dict[str, Any], *, name_key: str = "n
         if pname == "target_length":
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-                raise ConfigProblem(f"must be a whole number ≥ 2, got {value!r}", "write e.g. target_length: 4096", key=key)
+            if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= MAX_POSITIONS:
+                raise ConfigProblem(f"must be a whole number from 2 to {MAX_POSITIONS:,} (2^24, the last position "
+                                    f"float32 holds exactly), got {value!r}", "write e.g. target_length: 4096", key=key)
             out[pname] = value
             continue
         try:
@@ -206,7 +210,7 @@ class DataConfig(StrictModel):
     """``data:`` — the keys the trainer reads; ``spec`` is the rest of the section as written (the data builder's
     spec, checked against ``seq_len`` by :func:`ropekit.data.training_data.validate_data_spec`)."""
 
-    seq_len: WholeNumber = Field(ge=2, examples=[4096])
+    seq_len: WholeNumber = Field(ge=2, le=MAX_POSITIONS, examples=[4096])
     spec: dict[str, Any] = Field(default_factory=dict)
     num_workers: WholeNumber = Field(default=0, ge=0, examples=[2])
     shuffle: bool = True
@@ -357,7 +361,7 @@ class _Stage(StrictModel):
 
     name: Name | None = Field(default=None, examples=["stage1"])
     steps: WholeNumber = Field(ge=1, examples=[1000])
-    seq_len: WholeNumber | None = Field(default=None, ge=2, examples=[4096])
+    seq_len: WholeNumber | None = Field(default=None, ge=2, le=MAX_POSITIONS, examples=[4096])
     method: dict[str, Any] | None = Field(default=None, examples=["{params: {rope_theta: 2.0e+5}}"])
     data: dict[str, Any] | None = Field(default=None, examples=["{sources: [{path: builtin}]}"])
     lr: Number | None = Field(default=None, gt=0, examples=["2.0e-5"])
@@ -565,27 +569,12 @@ def _resolve_stage(i: int, stage: _Stage, data: dict, top: _TrainFile) -> StageC
 
 def load_config(path: str | Path) -> TrainConfig:
     """Read and validate a YAML training config; every problem is one line naming the key."""
-    import yaml
-
     path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"config file '{path}' not found", "pass a YAML file, e.g. from `ropekit train --example tiny-full > tiny.yaml`")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or "invalid YAML"
-        raise ConfigError(f"'{path}' is not valid YAML ({problem}{where})", "fix the YAML syntax") from None
-    return parse_config(raw, f"'{path}'")
+    return parse_config(read_yaml_file(path, error_cls=ConfigError), f"'{path}'")
 
 
 def parse_yaml(text: str, source: str = "config") -> TrainConfig:
     """Validate a YAML document given as text."""
-    import yaml
-
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{source} is not valid YAML ({getattr(err, 'problem', None) or err})", "fix the YAML syntax") from None
-    return parse_config(raw, source)
+    return parse_config(load_yaml(text, source, error_cls=ConfigError), source)

@@ -56,6 +56,7 @@ from ..methods import get_method
 from ..models.byte_tokenizer import byte_tokenizer
 from ..models.loading import load_model
 from ..runtime import cache_root, default_threads, quiet_transformers
+from ..runtime.atomic import atomic_file
 from . import checkpoint as ckpt
 from . import context_parallel as cp
 from .config import TrainConfig
@@ -549,6 +550,21 @@ class Trainer:
         os.replace(tmp, path)
         return open(path, "a", encoding="utf-8")
 
+    def _logged_losses(self, until: int) -> list[tuple[int, float]]:
+        """``[(step, loss)]`` of ``metrics.jsonl`` up to step ``until`` (a finished run reports its last loss)."""
+        path = self.out / METRICS_FILE
+        found = []
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= until \
+                        and isinstance(row.get("loss"), (int, float)):
+                    found.append((row["step"], float(row["loss"])))
+        return found
+
     def _log(self, row: dict[str, Any]) -> None:
         if not self.is_main:
             return
@@ -652,7 +668,8 @@ class Trainer:
         found = self._check_out_dir()
         if self._finished_already():
             self._note(f"{self.out} is already trained to step {cfg.last_step}; nothing to do")
-            return TrainResult(out_dir=self.out, step=cfg.last_step, final_dir=self.out / FINAL_DIR)
+            return TrainResult(out_dir=self.out, step=cfg.last_step, final_dir=self.out / FINAL_DIR,
+                               losses=self._logged_losses(cfg.last_step)[-1:])
         self.acc.wait_for_everyone()
         start_step = found[0] if found else 0
         stage_index, _ = locate(self.plan, start_step)
@@ -669,7 +686,8 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             import yaml
 
-            (self.out / CONFIG_FILE).write_text(yaml.safe_dump(json_safe(cfg.to_dict()), sort_keys=False))
+            with atomic_file(self.out / CONFIG_FILE, overwrite=True, what="the run's config copy") as tmp:
+                tmp.write_text(yaml.safe_dump(json_safe(cfg.to_dict()), sort_keys=False))
             self.metrics = self._open_metrics(self.step)
         self.acc.wait_for_everyone()
         self._start_trackers()
