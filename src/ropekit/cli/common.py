@@ -89,7 +89,7 @@ def load_model(model: str, device: Optional[str] = None, dtype: Optional[str] = 
     wanted = dtype or "auto"
     plan = resolve_placement(device or "auto", wanted, attn or "auto", device_map,
                              model_parameters=parameter_count(model) if wanted == "auto" else None)
-    err.print(plan.describe(), highlight=False)
+    err.print(plan.describe(), highlight=False, soft_wrap=True)
     with err.status(f"loading {model} ({plan.device}, {plan.dtype}, {plan.attn})…"):
         return load(model, device=plan.device if plan.device_map is None else "auto", dtype=plan.dtype,
                     attn_implementation=plan.attn, device_map=plan.device_map)
