@@ -38,7 +38,9 @@ def variant(label: str, method: str | None = None, kind: str = "frozen", ppl: Se
             "ruler_acc": list(ruler_acc if ruler_acc is not None else acc), "same": list(same if same is not None else ppl)}
 
 
-#: A study shaped like the ``quick`` preset (21 variants) where every claim of the report holds.
+#: A study shaped like the ``quick`` preset (21 variants) where every claim of the report holds. Every fine-tuned
+#: variant keeps its in-window passkey within 10 points of the control but longlora and landmark-ft, which did not
+#: converge (ropekit.study.convergence): they are left out of the claims and the ranking.
 QUICK = [
     variant("base", None, "base", ppl=(0, 0.02, 0.15, 0.6), acc=(0.9, 0, 0, 0)),
     variant("base-ft", None, "control", ppl=(0, 0.0, 0.04, 0.3), acc=(0.9, 0.1, 0, 0)),
@@ -50,17 +52,17 @@ QUICK = [
     variant("lm-infinite", "lm_infinite", ppl=(0, -0.03, -0.04, -0.05), acc=(0.6, 0.15, 0.15, 0)),
     variant("dual-chunk", "dual_chunk", ppl=(0, -0.01, 0.0, 0.02), acc=(0.6, 0.55, 0.45, 0.3)),
     variant("longrope-search", "longrope", "search", ppl=(0, -0.01, 0.0, 0.02), acc=(0.1, 0.35, 0.25, 0)),
-    variant("pi-ft", "pi", "ft", ppl=(0.08, 0.05, 0.0, -0.02), acc=(0, 0, 0, 0), params={"factor": 4}),
-    variant("ntk-ft", "ntk", "ft", ppl=(0, -0.02, -0.04, -0.05), acc=(0.8, 0.3, 0.1, 0), params={"factor": 4}),
+    variant("pi-ft", "pi", "ft", ppl=(0.08, 0.05, 0.0, -0.02), acc=(0.85, 0, 0, 0), params={"factor": 4}),
+    variant("ntk-ft", "ntk", "ft", ppl=(0, -0.02, -0.04, -0.05), acc=(0.85, 0.3, 0.1, 0), params={"factor": 4}),
     variant("ntk-by-parts-ft", "ntk_by_parts", "ft", ppl=(0, -0.02, -0.04, -0.05), acc=(0.85, 0.45, 0.3, 0), params={"factor": 4}),
-    variant("yarn-ft", "yarn", "ft", ppl=(0, -0.02, -0.045, -0.07), acc=(0.8, 0.55, 0.1, 0), params={"factor": 4}),
-    variant("abf-ft", "abf", "ft", ppl=(0, -0.02, -0.04, -0.06), acc=(0.65, 0.7, 0.05, 0), params={"rope_theta": 180000}),
-    variant("entropy-abf-ft", "entropy_abf", "ft", ppl=(0, -0.02, -0.04, -0.07), acc=(0.65, 0.65, 0.15, 0), params={"rope_theta": 180000}),
-    variant("harpe-ft", "harpe", "ft", ppl=(0, -0.02, -0.04, -0.04), acc=(0.75, 0.2, 0, 0)),
-    variant("pose-pi", "pi", "pose", ppl=(0.03, 0.04, 0.01, 0.0), acc=(0, 0, 0, 0), params={"factor": 4}),
-    variant("pose-yarn", "yarn", "pose", ppl=(-0.06, -0.03, -0.04, -0.06), acc=(0.65, 0.4, 0.1, 0), params={"factor": 4}),
+    variant("yarn-ft", "yarn", "ft", ppl=(0, -0.02, -0.045, -0.07), acc=(0.85, 0.55, 0.1, 0), params={"factor": 4}),
+    variant("abf-ft", "abf", "ft", ppl=(0, -0.02, -0.04, -0.06), acc=(0.85, 0.7, 0.05, 0), params={"rope_theta": 180000}),
+    variant("entropy-abf-ft", "entropy_abf", "ft", ppl=(0, -0.02, -0.04, -0.07), acc=(0.85, 0.65, 0.15, 0), params={"rope_theta": 180000}),
+    variant("harpe-ft", "harpe", "ft", ppl=(0, -0.02, -0.04, -0.04), acc=(0.85, 0.2, 0, 0)),
+    variant("pose-pi", "pi", "pose", ppl=(0.03, 0.04, 0.01, 0.0), acc=(0.85, 0, 0, 0), params={"factor": 4}),
+    variant("pose-yarn", "yarn", "pose", ppl=(-0.06, -0.03, -0.04, -0.06), acc=(0.85, 0.4, 0.1, 0), params={"factor": 4}),
     variant("longlora", "longlora", "ft", ppl=(0.09, 0.06, 0.03, 0.06), acc=(0, 0, 0, 0), params={"factor": 4}),
-    variant("clex-ft", "clex", "ft", ppl=(0.07, 0.02, -0.02, -0.02), acc=(0.5, 0.2, 0, 0), params={"max_factor": 8}),
+    variant("clex-ft", "clex", "ft", ppl=(0.07, 0.02, -0.02, -0.02), acc=(0.85, 0.2, 0, 0), params={"max_factor": 8}),
     variant("landmark-ft", "landmark", "ft", ppl=(0.14, 0.1, 0.04, 0.0), acc=(0, 0, 0, 0), params={"mem_freq": 31}),
 ]
 

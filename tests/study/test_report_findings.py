@@ -81,8 +81,11 @@ def test_control_table_and_its_paired_intervals(quick):
 def test_ranking_marks_ties_and_tables_bold_only_outside_the_noise(quick):
     directory, _, _, summary = quick
     rows = summary["ranking"]["rows"]
-    ranks = [r["rank"] for r in rows]
+    ranks = [r["rank"] for r in rows if r["rank"] is not None]
     assert ranks == sorted(ranks) and ranks[0] == 1
+    # the variants that did not recover their in-window retrieval come last, unranked (ropekit.study.convergence)
+    unranked = [r["method"] for r in rows if r["rank"] is None]
+    assert unranked == ["longlora", "landmark-ft"] and [r["method"] for r in rows[-2:]] == unranked
     assert any(r["tied"] for r in rows)  # several methods solve no prompt beyond the window: tied
     zero = [r for r in rows if r["primary"] == 0.0]
     assert len({r["rank"] for r in zero if r["ppl"] and abs(r["ppl"] - zero[0]["ppl"]) < 1e-9}) <= 1

@@ -71,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RopekitError
+from . import convergence
 from . import report_findings as findings
 from . import stats
 from .report_figures import _figure, _Figures
@@ -147,10 +148,18 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
     methods = [m for m in methods if m in table.methods() or any(p["method"] == m for p in pieces)]
     declared = findings.study_claims(manifest)
     infos = findings.variants(manifest, pieces, records, methods, declared)
-    kendall = stats.perplexity_correlations(table, target)
-    ranking = stats.rank_methods(table, window, target, methods)
-    claims = findings.evaluate_claims(table, infos, window, target, kendall, declared)
     control = findings.control_label(infos, declared.get("control"))
+    # fine-tuned variants that did not recover their in-window retrieval measure the recipe, not the method: they
+    # stay in the tables, but out of the claims, the correlations and the ranking (ropekit.study.convergence)
+    retention = (convergence.in_window_retention(analysis, control, [m for m, i in infos.items() if i.kind == "fine-tuned"],
+                                                 window) if control and window is not None else [])
+    excluded = convergence.unconverged(retention)
+    judged_table = stats.Table([r for r in rows if r["method"] not in excluded], analysis=analysis) if excluded else table
+    judged_infos = {m: i for m, i in infos.items() if m not in excluded}
+    kendall = stats.perplexity_correlations(judged_table, target)
+    ranking = stats.rank_methods(judged_table, window, target, [m for m in methods if m not in excluded])
+    ranking["rows"] += [_unranked_row(table, m, ranking.get("ppl_length")) for m in excluded]
+    claims = findings.evaluate_claims(judged_table, judged_infos, window, target, kendall, declared)
     effects = findings.control_effects(table, infos, control) if control else []
     cards = findings.method_cards(infos, pieces, records)
     figs = _Figures(out, methods, window, target, infos)
@@ -166,6 +175,10 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
 
     headline = _headline(table, ranking, methods, infos, window, target)
     summary_text = findings.headline(table, ranking, claims, window, target) if records else ""
+    if excluded and summary_text:
+        summary_text += (f" Left out of the claims, the correlations and the ranking as not converged under this budget "
+                         f"(in-window passkey more than {convergence.RETENTION_POINTS:.0f} points below {control}): "
+                         f"{', '.join(excluded)}.")
     if headline:
         tables_md.append(headline)
     tasks = table.tasks()
@@ -176,6 +189,12 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
                 [_figure(figs.ratio_vs_length(table, methods, control, "ppl_ratio_vs_length.png"),
                          f"Perplexity relative to {control} by length, paired 95 % intervals", wide=True)],
                 _control_tables(effects, table, methods, control, window))
+    if retention:
+        section("retention", "In-window retention of the fine-tuned variants",
+                f"Retrieval inside the pretrained window after fine-tuning, against the control ({control}): a variant more "
+                f"than {convergence.RETENTION_POINTS:.0f} points below it on passkey did not converge under this budget — "
+                "its results measure the recipe, not the method, and it is kept out of the claims, the correlations and "
+                "the ranking.", (), [_retention_table(retention, control)])
     if "ppl" in tasks:
         first = next(r for r in records if r.get("task") == "ppl")
         protocol = ", ".join(f"{f} {first.get(f)}" for f in stats.PPL_PROTOCOL if first.get(f) is not None)
@@ -388,3 +407,36 @@ def _write_report_files(study_dir: Path, out_dir: Path) -> dict[str, Any]:
     md_path.write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
     return {"dir": str(out), "html": str(html_path), "json": str(json_path), "markdown": str(md_path),
             "figures": [str(p) for p in ctx["figures"]], "figure_overlaps": ctx["figure_overlaps"]}
+
+
+def _unranked_row(table: stats.Table, method: str, ppl_at: int | None) -> dict[str, Any]:
+    """A ranking row for a variant kept out of the ranking: no rank, its perplexity shown."""
+    row = table.row(method, "ppl", ppl_at, "ppl") if ppl_at is not None else None
+    return {"rank": None, "method": method, "primary": None, "primary_ci95": None, "ppl": row["value"] if row else None,
+            "ppl_ci95": row.get("ci95") if row else None, "tied": False, "unconverged": True}
+
+
+def _retention_table(rows: list[dict[str, Any]], control: str) -> dict[str, Any]:
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    columns = ["Method"]
+    for t in tasks:
+        title = TASK_TITLES.get(t, t)
+        columns += [f"{title} in window (%)", f"− {control} (points)"]
+    columns.append("Verdict")
+    table_rows = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        cells = [_cell(method, cls="method")]
+        verdict = ""
+        for t in tasks:
+            r = next((x for x in rows if x["method"] == method and x["task"] == t), None)
+            cells.append(_cell(fmt_pct(r["accuracy"] / 100 if r and r["accuracy"] is not None else None), cls="num"))
+            cells.append(_cell(f"{r['difference']:+.1f}" if r else "–", cls="num",
+                               sub=(f"[{r['ci95'][0]:+.0f}, {r['ci95'][1]:+.0f}] n = {r['n']}" if r and r["ci95"] else "")))
+            if r and "converged" in r:
+                verdict = "converged" if r["converged"] else "did not converge under this budget"
+        cells.append(_cell(verdict))
+        table_rows.append(cells)
+    note = (f"In window: mean over the evaluated lengths up to the pretrained window; differences paired over the prompts "
+            f"both share, 95 % bootstrap intervals. Judged on passkey retrieval (within {convergence.RETENTION_POINTS:.0f} "
+            "points of the control); the other tasks are shown beside it.")
+    return _table(f"In-window retention against the control ({control})", columns, table_rows, note)

@@ -228,8 +228,11 @@ def _headline(table: stats.Table, ranking: dict[str, Any], methods: Sequence[str
     for r in ranking["rows"]:
         m = r["method"]
         info = infos.get(m)
-        rank = f"{r['rank']}=" if r.get("tied") else str(r["rank"])
-        cells = [_cell(rank, cls="num rank"), _cell(m, cls="method"), _cell(kind_label(info) if info else "frozen", cls="kind")]
+        rank = "—" if r.get("rank") is None else f"{r['rank']}=" if r.get("tied") else str(r["rank"])
+        kind = kind_label(info) if info else "frozen"
+        if r.get("unconverged"):
+            kind += ", did not converge under this budget (unranked)"
+        cells = [_cell(rank, cls="num rank"), _cell(m, cls="method"), _cell(kind, cls="kind")]
         if ppl_at is not None:
             row = table.row(m, "ppl", ppl_at, "ppl")
             if row:
