@@ -21,6 +21,7 @@ from ..core.rope import pair_exponents
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..methods import get_method
 from .capabilities import model_features
+from .legacy import legacy_keys, with_engine_keys
 from .model_rope import base_info, rotary_modules, text_config
 from .rope_types import transformers_builds
 from .vllm import dual_chunk_config
@@ -75,6 +76,10 @@ def _longrope_rope(model, m, info, params, freeze_length: int | None) -> tuple[d
     """
     if not m.frequencies_only:
         return None, f"{m.name} changes attention, not only the frequencies"
+    if (info.rope_parameters or {}).get("mscale_all_dim"):
+        # DeepSeek's attention multiplies its softmax scale by yarn's mscale(factor, mscale_all_dim)² read from
+        # rope_parameters (yarn_apply_mscale): a longrope config would drop it (measured: 7e-4 in log p)
+        return None, "the model's softmax scale follows its yarn mscale_all_dim, which longrope does not carry"
     per_position = m.position_dependent_rotation(params)
     if per_position:
         return None, f"{m.name}: {per_position}"
@@ -117,6 +122,21 @@ def _longrope_rope(model, m, info, params, freeze_length: int | None) -> tuple[d
     if "partial_rotary_factor" in (info.rope_parameters or {}) or info.partial_rotary_factor != 1.0:
         rope["partial_rotary_factor"] = info.partial_rotary_factor
     return rope, ""
+
+
+def _write_legacy_keys(saved: dict[str, Any]) -> tuple[str, list[str]]:
+    """Add transformers 4.x's names of the RoPE to ``saved`` (config.json's dict), in place; returns why 4.x will not
+    load the same model (``""`` when it will) and the keys written. Kept only when transformers 5 still builds the
+    same RoPE from the file (5.x reads ``rope_scaling`` before ``rope_parameters``)."""
+    rope = saved["rope_parameters"]
+    keys, why = legacy_keys(saved.get("model_type", ""), rope)
+    if not keys:
+        return why, []
+    if not transformers_builds({**saved, **keys}, rope):
+        return "its 4.x names would change what transformers 5 reads, so config.json carries only rope_parameters", []
+    added = sorted(k for k in keys if k not in saved or saved[k] != keys[k])  # the family's own (Phi-3's) stay
+    saved.update(keys)
+    return why, added
 
 
 def _served_window(config, freeze_length: int | None) -> int:
@@ -273,7 +293,13 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     # a loaded Qwen2.5-1M-style config (or an earlier DCA export) must not make vLLM run DCA on another method
     saved.pop("dual_chunk_attention_config", None)
     saved.update(engine)
-    export = {"format": chosen, "freeze_length": freeze_length, **({"vllm_refusal": engine_why} if engine_why else {})}
+    saved["rope_parameters"] = with_engine_keys(saved["rope_parameters"])  # vLLM's own names, beside transformers'
+    if rope is not None:
+        rope = saved["rope_parameters"]
+    legacy_why, legacy = _write_legacy_keys(saved)
+    export = {"format": chosen, "freeze_length": freeze_length, **({"vllm_refusal": engine_why} if engine_why else {}),
+              **({"transformers4_refusal": legacy_why} if legacy_why else {})}
+    export["legacy_keys"] = legacy  # ropekit.load drops them again: it restores the base model's RoPE
     saved["ropekit"] = json_safe({**record, "export": export})
     config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     how = _export_note(m, chosen, rope or {}, freeze_length)
@@ -282,6 +308,9 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
                 "config.json; V0 engine, CUDA): `ropekit export DIR --format vllm` prints the command.")
     elif engine_why:
         how += f"\n\nvLLM: not the same model ({engine_why})."
+    how += ("\n\ntransformers 4.x: " + (f"not the same model — {legacy_why}." if legacy_why else
+            "`config.json` also carries its names (`rope_theta`, `rope_scaling`), the same numbers: it loads the same "
+            "model with no flags."))
     (out / "ROPEKIT.md").write_text(_EXPORT_NOTE.format(method=m.name, how=how))
     if engine:
         vllm = True
@@ -294,6 +323,7 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
         "path": str(out),
         "format": chosen,
         "transformers": chosen != "ropekit",
+        "transformers4": chosen != "ropekit" and not legacy_why,
         "vllm": vllm,
         "rope_parameters": rope or saved["rope_parameters"],
     }

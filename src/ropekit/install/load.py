@@ -42,6 +42,8 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
         config = CONFIG_MAPPING[data["model_type"]].from_dict(data)
     elif record:
         data.pop("dual_chunk_attention_config", None)  # written for vLLM by the export; ropekit restores the method
+        for key in (record.get("export") or {}).get("legacy_keys") or ():
+            data.pop(key, None)  # transformers 4.x's names of the export's RoPE: the base model's are restored below
         try:
             data["rope_parameters"] = copy.deepcopy(record["base"]["rope_parameters"])
             data["max_position_embeddings"] = record["base"]["max_position_embeddings"]
