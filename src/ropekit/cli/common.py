@@ -28,16 +28,18 @@ MODEL_HELP = "Local transformers directory, .gguf file, hub id, or a built-in na
 
 
 class Command(TyperCommand):
-    """A typer command that quiets transformers just before its body runs.
+    """A typer command that quiets transformers for its body (as transformers loads, if it does).
 
     Doing it here rather than in ``main()`` keeps ``--help`` and usage errors free of the transformers
-    import (about half a second), while every command that does run sees the same quiet transformers.
+    import, while every command that does run sees the same quiet transformers.
     """
 
     def invoke(self, ctx):
-        from ..runtime.logs import silence_transformers
+        from ..runtime.logs import silence_transformers_when_loaded
 
-        silence_transformers()  # transformers' bars and warnings would bury ropekit's one-line messages
+        # transformers' bars and warnings would bury ropekit's one-line messages; quieted as it loads, so that a
+        # command answering from data or refusing its input first (a typo'd method, a missing engine) never imports it
+        silence_transformers_when_loaded()
         return super().invoke(ctx)
 
 

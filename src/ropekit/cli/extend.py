@@ -81,9 +81,12 @@ def extend_cmd(
     device_map: DeviceMapOpt = None,
 ):
     """Install a method into a model and save it (plain-transformers loadable wherever possible)."""
-    from ..install import ROPE_FORMATS, extend, save_pretrained
+    from .catalog import check as check_method
 
     params = parse_params(param)
+    check_method(method, params)  # a typo is one line, before torch and the model load
+    from ..install import ROPE_FORMATS, extend, save_pretrained
+
     if rope_format not in ROPE_FORMATS:
         raise RopekitError(f"--rope-format {rope_format!r} is not one of {', '.join(ROPE_FORMATS)}", "pass e.g. --rope-format auto")
     types = [t.strip() for t in layer_types.split(",") if t.strip()] if layer_types else None
