@@ -100,8 +100,9 @@ def extend_cmd(
     loaded = load_model(model, device, dtype, attn, device_map)
     # extend is all or nothing and save_pretrained refuses a format before writing: a mistake leaves no --out
     extend(loaded.model, method, factor=factor, target_length=target_length, layer_types=types, **params)
+    # the weights in the dtype asked for, else the source's precision (a GGUF's class: ropekit.install.weights)
     report = save_pretrained(loaded.model, out_dir, tokenizer=loaded.tokenizer, rope_format=rope_format,
-                             freeze_length=freeze_length)
+                             freeze_length=freeze_length, dtype=None if dtype == "auto" else dtype)
     report["source"] = {"kind": loaded.source, "path": str(loaded.path)}
     report["params"] = loaded.model.config.ropekit["params"]
     if json_out:

@@ -25,6 +25,7 @@ from .legacy import legacy_keys, with_engine_keys
 from .model_rope import base_info, rotary_modules, text_config
 from .rope_types import transformers_builds
 from .vllm import dual_chunk_config
+from .weights import cast_state, plan_weights, quantizer_set_aside
 
 _EXPORT_NOTE = """# Extended with ropekit
 
@@ -213,7 +214,7 @@ def _export_note(m, rope_format: str, rope: dict[str, Any], freeze_length: int |
 
 
 def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None, *, rope_format: str = "auto",
-                    freeze_length: int | None = None) -> dict[str, Any]:
+                    freeze_length: int | None = None, dtype: str | torch.dtype | None = None) -> dict[str, Any]:
     """Save ``model`` so that plain transformers rebuilds the same model wherever it can.
 
     ``rope_format`` chooses how ``config.json`` writes the RoPE:
@@ -229,6 +230,11 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     * ``auto`` (default) — the first of native, longrope, ropekit that is exact: the portable form whenever
       it is the same model.
 
+    ``dtype`` (``float32``, ``bfloat16``, ``float16``) is what the weights are written in; by default a model loaded
+    from a GGUF is written in its file's precision class (a quantized GGUF dequantized to float16, an F16/BF16/F32
+    file as such: :mod:`.weights`) and any other model as it is. A model whose weights transformers cannot save
+    (packed GGUF blocks, another quantizer) is refused in one line before anything is written.
+
     ``ropekit.load`` restores every method from any of them (the method and its parameters are recorded under
     ``ropekit``). A format that cannot represent the model exactly is refused in one line before anything is
     written. Returns a report: method, format, ``transformers`` (plain loading gives the same model), ``vllm``.
@@ -242,12 +248,16 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     out = Path(out_dir)
     config = text_config(model)
     record = getattr(config, "ropekit", None)
+    weights = plan_weights(model, dtype)  # refuses unsaveable weights before anything is written
     if not record:
         out.mkdir(parents=True, exist_ok=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(out)
-        model.save_pretrained(out)
-        return {"method": None, "path": str(out), "format": "native", "transformers": True, "vllm": True}
+        with quantizer_set_aside(model, weights):
+            model.save_pretrained(out, state_dict=cast_state(model.state_dict(), weights) if weights.dtype else None)
+        _record_dtype(out / "config.json", weights)
+        return {"method": None, "path": str(out), "format": "native", "transformers": True, "vllm": True,
+                "dtype": _dtype_name(weights, model)}
     m = get_method(record["method"])
     info = base_info(config)
     params = record["params"]
@@ -278,7 +288,9 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     # a native or longrope config describes the rotary embedding completely: its learned parameters (CLEX's
     # ODE) would be unexpected weights to the engines (vLLM refuses to load them)
     state = _without_rotary_weights(model) if rope is not None else None
-    with _with_base_rope(config, record):  # weights are unaffected; the config is rewritten below
+    if weights.dtype is not None:
+        state = cast_state(state if state is not None else model.state_dict(), weights)
+    with _with_base_rope(config, record), quantizer_set_aside(model, weights):  # the config is rewritten below
         model.save_pretrained(out, state_dict=state)
     config_path = out / "config.json"
     saved = json.loads(config_path.read_text())
@@ -301,6 +313,9 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
               **({"transformers4_refusal": legacy_why} if legacy_why else {})}
     export["legacy_keys"] = legacy  # ropekit.load drops them again: it restores the base model's RoPE
     saved["ropekit"] = json_safe({**record, "export": export})
+    saved.pop("quantization_config", None)  # the weights are plain tensors (a GGUF's were dequantized at load)
+    if weights.dtype is not None:
+        saved["dtype"] = _dtype_name(weights, model)
     config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     how = _export_note(m, chosen, rope or {}, freeze_length)
     if engine:
@@ -326,4 +341,21 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
         "transformers4": chosen != "ropekit" and not legacy_why,
         "vllm": vllm,
         "rope_parameters": rope or saved["rope_parameters"],
+        "dtype": _dtype_name(weights, model),
     }
+
+
+def _dtype_name(weights, model) -> str:
+    dtype = weights.dtype or next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return str(dtype).removeprefix("torch.")
+
+
+def _record_dtype(config_path: Path, weights) -> None:
+    """config.json of a plain save: the dtype the weights were written in, no quantization_config."""
+    if weights.dtype is None and not weights.set_aside_quantizer:
+        return
+    saved = json.loads(config_path.read_text())
+    saved.pop("quantization_config", None)
+    if weights.dtype is not None:
+        saved["dtype"] = str(weights.dtype).removeprefix("torch.")
+    config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")

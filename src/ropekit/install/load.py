@@ -28,7 +28,9 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
     path = Path(path)
     config_path = path / "config.json"
     if not config_path.is_file():
-        raise ModelLoadError(f"no config.json in '{path}'", "pass a directory written by `ropekit extend` or save_pretrained")
+        raise ModelLoadError(f"no config.json in '{path}': ropekit.load opens a saved model directory",
+                             "for a built-in name (tiny, smollm2), a .gguf file or a hub id use "
+                             f"ropekit.load_model('{path}').model")
     try:
         data = json.loads(config_path.read_text())
     except json.JSONDecodeError as err:

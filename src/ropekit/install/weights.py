@@ -92,8 +92,10 @@ def plan_weights(model, dtype: Any = None) -> WeightsPlan:
     if wanted is not None:
         return WeightsPlan(wanted, is_gguf, "asked for")
     file_type = getattr(model, GGUF_FILE_TYPE_ATTR, None)
-    if file_type is None and is_gguf:
-        file_type = _file_type_of(getattr(config, "gguf_file", None))
+    if file_type is None and is_gguf:  # the file's name, in the directory from_pretrained was given
+        name = getattr(config, "gguf_file", None)
+        folder = getattr(model, "name_or_path", None) or ""
+        file_type = _file_type_of(str(Path(folder) / name) if name and not Path(name).is_absolute() else name)
     source = gguf_precision(file_type)
     if source is not None:
         return WeightsPlan(source, is_gguf, f"the GGUF's precision class (file type {file_type})")
