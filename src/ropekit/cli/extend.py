@@ -102,7 +102,8 @@ def extend_cmd(
     extend(loaded.model, method, factor=factor, target_length=target_length, layer_types=types, **params)
     # the weights in the dtype asked for, else the source's precision (a GGUF's class: ropekit.install.weights)
     report = save_pretrained(loaded.model, out_dir, tokenizer=loaded.tokenizer, rope_format=rope_format,
-                             freeze_length=freeze_length, dtype=None if dtype == "auto" else dtype)
+                             freeze_length=freeze_length, dtype=None if dtype == "auto" else dtype,
+                             base_model=loaded.path if loaded.source in ("hub", "gguf", "smollm2") else None)
     report["source"] = {"kind": loaded.source, "path": str(loaded.path)}
     report["params"] = loaded.model.config.ropekit["params"]
     if json_out:

@@ -3,13 +3,15 @@
 Where transformers has the method, ``config.json`` holds transformers' own ``rope_parameters``; otherwise
 it keeps rope type ``ropekit_<name>``, which plain transformers refuses loudly and :func:`ropekit.load`
 restores. ``config.ropekit`` always records the method, its parameters and the base model's RoPE, and a
-``ROPEKIT.md`` beside the weights says which case applies.
+a model card (``README.md``, huggingface_hub's ``ModelCard``; the same text in ``ROPEKIT.md``) says which case
+applies and gives the same model's settings in each stack (:mod:`.card`).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +23,12 @@ from ..core.rope import pair_exponents
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..methods import get_method
 from .capabilities import model_features
+from .card import card_body, write_card
 from .legacy import legacy_keys, with_engine_keys
 from .model_rope import base_info, rotary_modules, text_config
 from .rope_types import transformers_builds
 from .vllm import dual_chunk_config
 from .weights import cast_state, plan_weights, quantizer_set_aside
-
-_EXPORT_NOTE = """# Extended with ropekit
-
-Method: `{method}` — parameters in `config.json` under `ropekit`.
-
-{how}
-"""
-
 
 def _with_base_rope(config, record):
     """Context: ``config`` temporarily carries the base model's RoPE (so family validators accept it)."""
@@ -214,7 +209,8 @@ def _export_note(m, rope_format: str, rope: dict[str, Any], freeze_length: int |
 
 
 def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None, *, rope_format: str = "auto",
-                    freeze_length: int | None = None, dtype: str | torch.dtype | None = None) -> dict[str, Any]:
+                    freeze_length: int | None = None, dtype: str | torch.dtype | None = None,
+                    base_model: str | None = None, evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
     """Save ``model`` so that plain transformers rebuilds the same model wherever it can.
 
     ``rope_format`` chooses how ``config.json`` writes the RoPE:
@@ -235,6 +231,9 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     file as such: :mod:`.weights`) and any other model as it is. A model whose weights transformers cannot save
     (packed GGUF blocks, another quantizer) is refused in one line before anything is written.
 
+    ``base_model`` (a hub id, or the .gguf file the model came from) and ``evaluation`` (metric → value) go into the
+    model card; the base model defaults to the hub id the model was loaded from, when it was.
+
     ``ropekit.load`` restores every method from any of them (the method and its parameters are recorded under
     ``ropekit``). A format that cannot represent the model exactly is refused in one line before anything is
     written. Returns a report: method, format, ``transformers`` (plain loading gives the same model), ``vllm``.
@@ -253,6 +252,7 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
         out.mkdir(parents=True, exist_ok=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(out)
+        _portable_tokenizer_config(out)
         with quantizer_set_aside(model, weights):
             model.save_pretrained(out, state_dict=cast_state(model.state_dict(), weights) if weights.dtype else None)
         _record_dtype(out / "config.json", weights)
@@ -285,6 +285,7 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     if tokenizer is not None:
         m.prepare_tokenizer(tokenizer, params)
         tokenizer.save_pretrained(out)
+        _portable_tokenizer_config(out)
     # a native or longrope config describes the rotary embedding completely: its learned parameters (CLEX's
     # ODE) would be unexpected weights to the engines (vLLM refuses to load them)
     state = _without_rotary_weights(model) if rope is not None else None
@@ -312,6 +313,9 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     export = {"format": chosen, "freeze_length": freeze_length, **({"vllm_refusal": engine_why} if engine_why else {}),
               **({"transformers4_refusal": legacy_why} if legacy_why else {})}
     export["legacy_keys"] = legacy  # ropekit.load drops them again: it restores the base model's RoPE
+    written = saved["rope_parameters"]
+    export["rope_type"] = (written.get("rope_type") if "rope_type" in written else  # the standard type, for inspect
+                           {k: v.get("rope_type") for k, v in written.items() if isinstance(v, dict)})
     saved["ropekit"] = json_safe({**record, "export": export})
     saved.pop("quantization_config", None)  # the weights are plain tensors (a GGUF's were dequantized at load)
     if weights.dtype is not None:
@@ -326,7 +330,12 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     how += ("\n\ntransformers 4.x: " + (f"not the same model — {legacy_why}." if legacy_why else
             "`config.json` also carries its names (`rope_theta`, `rope_scaling`), the same numbers: it loads the same "
             "model with no flags."))
-    (out / "ROPEKIT.md").write_text(_EXPORT_NOTE.format(method=m.name, how=how))
+    source = base_model or _hub_id(model)
+    body = card_body(out, saved, method=m.name, params=json_safe(params), original=int(record["base"]["max_position_embeddings"]),
+                     note=how, legacy_why=legacy_why, evaluation=evaluation,
+                     base_model=None if source and source.lower().endswith(".gguf") else source,
+                     source_gguf=source if source and source.lower().endswith(".gguf") else None)
+    write_card(out, body, method=m.name, base_model=source if source and _HUB_ID.match(source) else None)
     if engine:
         vllm = True
     elif chosen == "native":
@@ -343,6 +352,27 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
         "rope_parameters": rope or saved["rope_parameters"],
         "dtype": _dtype_name(weights, model),
     }
+
+
+def _portable_tokenizer_config(out: Path) -> None:
+    """tokenizer_config.json without the loading options of this machine (``local_files_only``: a tokenizer
+    loaded offline keeps it among its init arguments, and whoever loads the export would inherit it)."""
+    path = out / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text())
+    if data.pop("local_files_only", None) is not None:
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+#: An ``org/name`` hub id (what a model card's ``base_model`` holds).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _hub_id(model) -> str | None:
+    """The hub id ``model`` was loaded from (``name_or_path``), when it is one and not a local path."""
+    name = str(getattr(model, "name_or_path", "") or "")
+    return name if _HUB_ID.match(name) and not Path(name).exists() else None
 
 
 def _dtype_name(weights, model) -> str:

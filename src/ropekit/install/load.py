@@ -68,6 +68,8 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
     if record:
         before = set(model.state_dict())
         install_resolved(model, m, given)
+        # the rope type config.json carries (yarn, longrope …): what `inspect` shows for the saved directory
+        model._ropekit_written_rope_type = (record.get("export") or {}).get("rope_type")
         _restore_added_weights(model, path, [k for k in model.state_dict() if k not in before])
     model.eval()
     return model
