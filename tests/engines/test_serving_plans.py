@@ -180,3 +180,25 @@ def test_a_dca_export_extended_again_with_another_method_drops_vllms_config(tmp_
     ropekit.save_pretrained(model, tmp_path / "yarn")
     assert "dual_chunk_attention_config" not in json.loads((tmp_path / "yarn" / "config.json").read_text())
     assert vllm_serving(tmp_path / "yarn").exact
+
+
+def test_engines_live_in_the_per_user_data_directory(tmp_path, monkeypatch, run_cli):
+    """Without $ROPEKIT_ENGINES the environments go to the XDG data directory (platformdirs' user_data_dir), so an
+    installed wheel finds what `ropekit engines install` made; `engines list` says where each one is."""
+    from ropekit.engines.environments import engines_root
+
+    monkeypatch.delenv("ROPEKIT_ENGINES", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert engines_root() == tmp_path / "data" / "ropekit" / "engines"
+    fake = tmp_path / "data" / "ropekit" / "engines" / "transformers4" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("")
+    monkeypatch.setattr("ropekit.engines.environments._checkout_engines", lambda: None)
+    assert engine_python(ENGINES["transformers4"]) == fake
+    code, out, err = run_cli("engines", "list", "--json")
+    assert code == 0, err
+    rows = {row["engine"]: row for row in json.loads(out)}
+    assert rows["transformers4"]["installed"] and rows["transformers4"]["python"] == str(fake)
+    assert not rows["vllm"]["installed"] and "ropekit engines install vllm" in rows["vllm"]["python"]
+    code, _, err = run_cli("engines", "install", "bogus")
+    assert code == 2 and "unknown engine 'bogus'" in err
