@@ -90,3 +90,12 @@ def test_inspect_shows_the_standard_rope_type_of_an_export(tmp_path, run_cli):
     assert code == 0, err
     facts = json.loads(stdout)
     assert facts["rope_type"] == "yarn" and facts["installed_rope_type"] == "ropekit_yarn"
+
+
+def test_a_card_for_rope_per_layer_type(tmp_path):
+    model = build_tiny_model("gemma3_text")
+    ropekit.extend(model, "yarn", factor=2.0, layer_types=["full_attention", "sliding_attention"])
+    ropekit.save_pretrained(model, tmp_path / "g")
+    text = (tmp_path / "g" / "README.md").read_text()
+    assert "llama.cpp's flags set one RoPE for every layer" in text
+    assert "**transformers 4.x** — not the same model" in text and "sliding" in text

@@ -30,6 +30,8 @@ from .vllm import vllm_serving
 
 def _llamacpp_flags(rope: dict[str, Any], window: int, base_rope: dict[str, Any]) -> tuple[str | None, str]:
     """``(llama.cpp flags for the original GGUF, "")`` or ``(None, why none)``."""
+    if any(isinstance(v, dict) for v in (*rope.values(), *base_rope.values())):
+        return None, "llama.cpp's flags set one RoPE for every layer, and this model has RoPE per layer type"
     if base_rope.get("rope_type", "default") != "default":
         return None, "the original model's RoPE is already scaled; flags would replace it"
     kind = rope.get("rope_type", "default")
