@@ -76,3 +76,13 @@ def test_load_of_a_name_says_what_to_do():
     with pytest.raises(RopekitError) as err:
         ropekit.load("smollm2")
     assert "ropekit.load_model('smollm2')" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_extend_from_a_gguf_on_the_command_line_saves_its_precision_class(ggufs, tmp_path, run_cli):
+    code, out, err = run_cli("extend", str(ggufs / "m-q8_0.gguf"), "--method", "yarn", "--factor", "2",
+                             "--out", str(tmp_path / "out"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["dtype"] == "float16"
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "float16"
+    card = (tmp_path / "out" / "README.md").read_text()  # the flags name the GGUF the model came from
+    assert f"llama-server -m {ggufs / 'm-q8_0.gguf'} --rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 64 -c 128" in card

@@ -101,6 +101,10 @@ def extend_cmd(
     # extend is all or nothing and save_pretrained refuses a format before writing: a mistake leaves no --out
     extend(loaded.model, method, factor=factor, target_length=target_length, layer_types=types, **params)
     # the weights in the dtype asked for, else the source's precision (a GGUF's class: ropekit.install.weights)
+    if dtype == "auto" and loaded.source in ("gguf", "smollm2"):
+        from ..install.weights import GGUF_FILE_TYPE_ATTR
+
+        setattr(loaded.model, GGUF_FILE_TYPE_ATTR, loaded.info.get("gguf_file_type"))
     report = save_pretrained(loaded.model, out_dir, tokenizer=loaded.tokenizer, rope_format=rope_format,
                              freeze_length=freeze_length, dtype=None if dtype == "auto" else dtype,
                              base_model=loaded.path if loaded.source in ("hub", "gguf", "smollm2") else None)
