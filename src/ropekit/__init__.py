@@ -4,6 +4,7 @@
 >>> model = ropekit.extend(model, "yarn", factor=4)          # or target_length=32768
 >>> ropekit.save_pretrained(model, "out/")                   # plain transformers loads it where it can
 >>> model = ropekit.load("out/")                             # every method restored
+>>> loaded = ropekit.load_model("smollm2")                   # built-ins, directories, .gguf files, hub ids
 
 The public names are imported on first use, so ``import ropekit`` (and ``ropekit --help``) does not load
 torch or transformers until something needs them.
@@ -25,6 +26,7 @@ _PUBLIC = {
     "inspect_model": "ropekit.install",
     "installed": "ropekit.install",
     "load": "ropekit.install",
+    "load_model": "ropekit.models.loading",
     "rope_info": "ropekit.install",
     "save_pretrained": "ropekit.install",
 }

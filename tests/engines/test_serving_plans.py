@@ -46,21 +46,30 @@ def test_which_exports_vllm_serves_exactly(tmp_path, method, params, exact):
         assert plan.why and "\n" not in plan.why
 
 
-def test_longrope_magnitude_goes_to_vllms_own_keys(tmp_path):
+def test_longrope_magnitude_is_in_config_json_under_vllms_own_names(tmp_path):
+    """vLLM's longrope derives the magnitude from the windows (√(1 + ln s / ln L), vLLM's
+    Phi3LongRoPEScaledRotaryEmbedding) unless short_mscale/long_mscale are given: the export writes them into
+    config.json itself, so a bare ``vllm serve DIR`` is the same model and the plan needs no --hf-overrides."""
     directory = _export(tmp_path, "ntk_by_parts", factor=4.0)
     rope = json.loads((directory / "config.json").read_text())["rope_parameters"]
+    assert rope["rope_type"] == "longrope"
+    assert rope["short_mscale"] == rope["long_mscale"] == rope["attention_factor"] == 1.0  # NTK-by-parts: no magnitude
     plan = vllm_serving(directory)
-    # vLLM's longrope derives the magnitude from the windows unless short_mscale/long_mscale are given
-    served = plan.hf_overrides["rope_parameters"]
+    assert plan.exact and plan.hf_overrides == {} and "--hf-overrides" not in plan.command
+    # an export written before the keys existed still gets them as overrides
+    config = json.loads((directory / "config.json").read_text())
+    del config["rope_parameters"]["short_mscale"], config["rope_parameters"]["long_mscale"]
+    (directory / "config.json").write_text(json.dumps(config))
+    served = vllm_serving(directory).hf_overrides["rope_parameters"]
     assert served["short_mscale"] == served["long_mscale"] == rope["attention_factor"]
-    assert "--hf-overrides" in plan.command and json.dumps(plan.hf_overrides, separators=(",", ":")) in plan.command
 
 
-def test_a_missing_engine_is_one_line(tmp_path, monkeypatch):
+def test_a_missing_engine_is_one_line_naming_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setenv("ROPEKIT_ENGINES", str(tmp_path / "none"))
-    with pytest.raises(RopekitError) as err:
-        engine_python(ENGINES["vllm"])
-    assert "scripts/engines.sh vllm" in str(err.value) and "\n" not in str(err.value)
+    for name in ("vllm", "llamacpp", "transformers4"):
+        with pytest.raises(RopekitError) as err:
+            engine_python(ENGINES[name])
+        assert f"ropekit engines install {name}" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_verify_against_plain_transformers(tmp_path, run_cli):
@@ -171,3 +180,25 @@ def test_a_dca_export_extended_again_with_another_method_drops_vllms_config(tmp_
     ropekit.save_pretrained(model, tmp_path / "yarn")
     assert "dual_chunk_attention_config" not in json.loads((tmp_path / "yarn" / "config.json").read_text())
     assert vllm_serving(tmp_path / "yarn").exact
+
+
+def test_engines_live_in_the_per_user_data_directory(tmp_path, monkeypatch, run_cli):
+    """Without $ROPEKIT_ENGINES the environments go to the XDG data directory (platformdirs' user_data_dir), so an
+    installed wheel finds what `ropekit engines install` made; `engines list` says where each one is."""
+    from ropekit.engines.environments import engines_root
+
+    monkeypatch.delenv("ROPEKIT_ENGINES", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert engines_root() == tmp_path / "data" / "ropekit" / "engines"
+    fake = tmp_path / "data" / "ropekit" / "engines" / "transformers4" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("")
+    monkeypatch.setattr("ropekit.engines.environments._checkout_engines", lambda: None)
+    assert engine_python(ENGINES["transformers4"]) == fake
+    code, out, err = run_cli("engines", "list", "--json")
+    assert code == 0, err
+    rows = {row["engine"]: row for row in json.loads(out)}
+    assert rows["transformers4"]["installed"] and rows["transformers4"]["python"] == str(fake)
+    assert not rows["vllm"]["installed"] and "ropekit engines install vllm" in rows["vllm"]["python"]
+    code, _, err = run_cli("engines", "install", "bogus")
+    assert code == 2 and "unknown engine 'bogus'" in err

@@ -21,6 +21,7 @@ from typer.exceptions import TyperException
 from ..errors import RopekitError
 from .common import Command, err, parse_params
 from .demo import demo_cmd
+from .engines import engines_app
 from .eval import eval_app
 from .extend import extend_cmd
 from .inspect import inspect_cmd
@@ -44,6 +45,7 @@ COMMANDS = {
     "search": search_cmd,
     "export": export_cmd,
     "verify": verify_cmd,
+    "engines": engines_app,
     "eval": eval_app,
     "train": train_cmd,
     "pose-coverage": pose_coverage_cmd,
@@ -69,6 +71,20 @@ app = typer.Typer(
     help="Extend, train and measure the context window of RoPE language models.",
     rich_markup_mode="rich",
 )
+def _version(value: bool) -> None:
+    if value:
+        from .._version import __version__
+
+        typer.echo(f"ropekit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print ropekit's version and exit.")) -> None:
+    """Extend, train and measure the context window of RoPE language models."""
+
+
 for _name, _target in COMMANDS.items():
     if isinstance(_target, typer.Typer):
         app.add_typer(_target, name=_name)

@@ -28,17 +28,38 @@ MODEL_HELP = "Local transformers directory, .gguf file, hub id, or a built-in na
 
 
 class Command(TyperCommand):
-    """A typer command that quiets transformers just before its body runs.
+    """A typer command that quiets transformers for its body (as transformers loads, if it does).
 
     Doing it here rather than in ``main()`` keeps ``--help`` and usage errors free of the transformers
-    import (about half a second), while every command that does run sees the same quiet transformers.
+    import, while every command that does run sees the same quiet transformers.
     """
 
     def invoke(self, ctx):
-        from ..runtime.logs import silence_transformers
+        from ..runtime.logs import silence_transformers_when_loaded
 
-        silence_transformers()  # transformers' bars and warnings would bury ropekit's one-line messages
-        return super().invoke(ctx)
+        # transformers' bars and warnings would bury ropekit's one-line messages; quieted as it loads, so that a
+        # command answering from data or refusing its input first (a typo'd method, a missing engine) never imports it
+        silence_transformers_when_loaded()
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as e:  # a package of an extra this installation does not have
+            package = (e.name or "").split(".")[0]
+            if package not in EXTRAS:
+                raise
+            command = ctx.command_path.split(" ")[1:] or [""]
+            extra = COMMAND_EXTRAS.get(command[0], EXTRAS[package])
+            raise RopekitError(f"`ropekit {' '.join(command)}` needs the package {package}, which is not installed",
+                               f"pip install 'ropekit[{extra}]'") from None
+
+
+#: Commands → the extra that brings everything they use (pyproject.toml).
+COMMAND_EXTRAS = {"study": "study", "report": "study", "demo": "study", "train": "train", "pretrain-base": "train",
+                  "eval": "eval", "search": "eval"}
+#: Packages of the extras (pyproject.toml) → the extra that brings each: the core is extend, export, load,
+#: inspect and verify.
+EXTRAS = {"accelerate": "train", "peft": "train", "datasets": "eval", "scipy": "eval", "matplotlib": "eval",
+          "jieba": "eval", "rouge": "eval", "rapidfuzz": "eval", "jinja2": "study", "lm_eval": "lmeval",
+          "ray": "ray", "deepspeed": "deepspeed", "tensorboard": "tensorboard"}
 
 
 def print_json(data: Any) -> None:

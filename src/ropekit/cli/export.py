@@ -37,7 +37,7 @@ def export_cmd(
             return
         if not serving.exact:
             raise RopekitError(f"vLLM would not serve '{directory}' as ropekit computes it: {serving.why}",
-                               "export a method vLLM computes exactly (see the README's engine table)")
+                               "export a method vLLM computes exactly (see docs/methods.md)")
         out.print(serving.command, soft_wrap=True, highlight=False)
         return
     if dtype not in GGUF_DTYPES:

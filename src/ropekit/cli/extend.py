@@ -87,9 +87,12 @@ def extend_cmd(
     device_map: DeviceMapOpt = None,
 ):
     """Install a method into a model and save it (plain-transformers loadable wherever possible)."""
-    from ..install import ROPE_FORMATS, extend, save_pretrained
+    from .catalog import check as check_method
 
     params = parse_params(param)
+    check_method(method, params)  # a typo is one line, before torch and the model load
+    from ..install import ROPE_FORMATS, extend, save_pretrained
+
     if rope_format not in ROPE_FORMATS:
         raise RopekitError(f"--rope-format {rope_format!r} is not one of {', '.join(ROPE_FORMATS)}", "pass e.g. --rope-format auto")
     types = [t.strip() for t in layer_types.split(",") if t.strip()] if layer_types else None
@@ -103,8 +106,14 @@ def extend_cmd(
     loaded = load_model(model, device, dtype, attn, device_map)
     # extend is all or nothing and save_pretrained refuses a format before writing: a mistake leaves no --out
     extend(loaded.model, method, factor=factor, target_length=target_length, layer_types=types, **params)
+    # the weights in the dtype asked for, else the source's precision (a GGUF's class: ropekit.install.weights)
+    if dtype == "auto" and loaded.source in ("gguf", "smollm2"):
+        from ..install.weights import GGUF_FILE_TYPE_ATTR
+
+        setattr(loaded.model, GGUF_FILE_TYPE_ATTR, loaded.info.get("gguf_file_type"))
     report = save_pretrained(loaded.model, out_dir, tokenizer=loaded.tokenizer, rope_format=rope_format,
-                             freeze_length=freeze_length)
+                             freeze_length=freeze_length, dtype=None if dtype == "auto" else dtype,
+                             base_model=loaded.path if loaded.source in ("hub", "gguf", "smollm2") else None)
     report["source"] = {"kind": loaded.source, "path": str(loaded.path)}
     report["params"] = loaded.model.config.ropekit["params"]
     if json_out:

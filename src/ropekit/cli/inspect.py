@@ -36,6 +36,8 @@ def inspect_cmd(
     table.add_column()
     for key in _FACTS:
         value = facts[key]
+        if key == "rope_type" and isinstance(value, dict):
+            value = ", ".join(f"{t}: {v}" for t, v in value.items())
         table.add_row(key, f"{value:,}" if isinstance(value, int) and key == "parameters" else str(value))
     if facts.get("rope_scaling"):
         scaling = {k: v for k, v in facts["rope_scaling"].items() if not isinstance(v, list)}
@@ -62,5 +64,6 @@ def inspect_cmd(
     methods.add_column("applies")
     methods.add_column("exports to")
     for m in facts["methods"]:
-        methods.add_row(m["name"], "yes" if m["applies"] else f"no: {m['why_not']}", ", ".join(m["exports_to"]) or "ropekit only")
+        exports = ", ".join(m["exports_to"]) or ("ropekit only" if m["applies"] else "—")
+        methods.add_row(m["name"], "yes" if m["applies"] else f"no: {m['why_not']}", exports)
     out.print(methods)

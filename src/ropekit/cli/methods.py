@@ -18,9 +18,11 @@ def methods_cmd(
     if families:
         _families(json_out)
         return
-    from ..methods import list_methods
+    from .catalog import load
 
-    described = [m.describe() for m in list_methods()]
+    described = load()  # the registry as data (ropekit.cli.catalog): no torch, answers at once
+    for d in described:
+        d.pop("bounds", None)
     if json_out:
         print_json(described)
         return

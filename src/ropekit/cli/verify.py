@@ -11,13 +11,13 @@ from .common import err, out, print_json
 
 def verify_cmd(
     directory: str = typer.Argument(..., help="A directory written by `ropekit extend` (or save_pretrained)."),
-    engine: str = typer.Option(..., "--engine", "-e", help="vllm, llamacpp or transformers (plain, without ropekit)."),
+    engine: str = typer.Option(..., "--engine", "-e", help="vllm, llamacpp, transformers (plain, without ropekit) or transformers4 (4.57, as stacks pinned to 4.x read the directory)."),
     length: Optional[int] = typer.Option(None, "--length", min=2, help="Tokens of text to compare (default: 1.5× "
                                          "the original window, capped at the extended one)."),
     tolerance: Optional[float] = typer.Option(None, "--tolerance", min=0.0, help="Largest max |Δ log p| that passes "
                                               "(default per engine: transformers 1e-4, vLLM 1e-3, llama.cpp 1e-2)."),
     python: Optional[str] = typer.Option(None, "--python", help="The engine environment's python (default: the one "
-                                         "scripts/engines.sh made under .engines/ or $ROPEKIT_ENGINES)."),
+                                         "`ropekit engines install` made; $ROPEKIT_ENGINES moves them)."),
     threads: int = typer.Option(2, "--threads", min=1, help="CPU threads for the engine."),
     freeze_length: Optional[int] = typer.Option(None, "--freeze-length", min=1, help="llama.cpp: write a "
                                                 "length-dependent method's frequencies as at this many tokens "
@@ -25,6 +25,9 @@ def verify_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ):
     """Run an exported model in an engine and compare its per-token log-probabilities with ropekit's own."""
+    from ..engines.environments import engine_python, get_engine
+
+    engine_python(get_engine(engine), python)  # an engine that is not installed: one line, before torch loads
     from ..engines import verify
 
     report = verify(directory, engine, length=length, tolerance=tolerance, python=python, threads=threads,

@@ -23,13 +23,13 @@ from ..install.model_rope import installed, rope_info
 from ..install.vllm import vllm_serving
 from ..models.byte_tokenizer import byte_tokenizer
 from ..models.loading import load_model
-from .environments import get_engine, run_engine
+from .environments import engine_python, get_engine, run_engine
 
 #: Largest max |Δ log p| counted as the same model, per engine (float32 weights and compute everywhere). transformers
 #: runs the same kernels on the same numbers; vLLM and llama.cpp have their own kernels and summation orders.
 #: llama.cpp (f32 GGUF, f32 KV cache, CPU) measured: max 3.3e-7 on the tiny Llama at 120 tokens, 1.9e-3 (mean 4.5e-5)
 #: on SmolLM2 with YaRN at 9,000 tokens (30 layers; its own summation orders and float32 rotation angles).
-TOLERANCES = {"transformers": 1e-4, "vllm": 1e-3, "llamacpp": 1e-2}
+TOLERANCES = {"transformers": 1e-4, "transformers4": 1e-4, "vllm": 1e-3, "llamacpp": 1e-2}
 
 
 @dataclass
@@ -108,10 +108,12 @@ def verify(directory: str | Path, engine: str, *, length: int | None = None, tol
     that file exactly on an input of that length.
     """
     chosen = get_engine(engine)
+    engine_python(chosen, python)  # a missing engine is refused before the model loads
     directory = Path(directory).expanduser()
     if directory.exists():  # the engine runs in another working directory: a relative path would miss there
         directory = directory.resolve()
-    loaded = load_model(str(directory), dtype="float32")
+    # attention as the family supports it (Gemma 2, gpt-oss: eager), not sdpa everywhere
+    loaded = load_model(str(directory), dtype="float32", attn_implementation=None)
     model = loaded.model
     record = installed(model)
     if freeze_length is None:

@@ -3,7 +3,8 @@
 Where transformers has the method, ``config.json`` holds transformers' own ``rope_parameters``; otherwise
 it keeps rope type ``ropekit_<name>``, which plain transformers refuses loudly and :func:`ropekit.load`
 restores. ``config.ropekit`` always records the method, its parameters and the base model's RoPE, and a
-``ROPEKIT.md`` beside the weights says which case applies.
+a model card (``README.md``, huggingface_hub's ``ModelCard``; the same text in ``ROPEKIT.md``) says which case
+applies and gives the same model's settings in each stack (:mod:`.card`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +25,12 @@ from ..errors import InvalidParameterError, UnsupportedModelError
 from ..runtime.atomic import atomic_dir
 from ..methods import get_method
 from .capabilities import model_features
+from .card import card_body, write_card
+from .legacy import legacy_keys, with_engine_keys
 from .model_rope import base_info, rotary_modules, text_config
 from .rope_types import transformers_builds
 from .vllm import dual_chunk_config
-
-_EXPORT_NOTE = """# Extended with ropekit
-
-Method: `{method}` — parameters in `config.json` under `ropekit`.
-
-{how}
-"""
-
+from .weights import cast_state, plan_weights, quantizer_set_aside
 
 def _with_base_rope(config, record):
     """Context: ``config`` temporarily carries the base model's RoPE (so family validators accept it)."""
@@ -90,6 +87,10 @@ def _longrope_rope(model, m, info, params, freeze_length: int | None) -> tuple[d
     """
     if not m.frequencies_only:
         return None, f"{m.name} changes attention, not only the frequencies"
+    if (info.rope_parameters or {}).get("mscale_all_dim"):
+        # DeepSeek's attention multiplies its softmax scale by yarn's mscale(factor, mscale_all_dim)² read from
+        # rope_parameters (yarn_apply_mscale): a longrope config would drop it (measured: 7e-4 in log p)
+        return None, "the model's softmax scale follows its yarn mscale_all_dim, which longrope does not carry"
     per_position = m.position_dependent_rotation(params)
     if per_position:
         return None, f"{m.name}: {per_position}"
@@ -132,6 +133,21 @@ def _longrope_rope(model, m, info, params, freeze_length: int | None) -> tuple[d
     if "partial_rotary_factor" in (info.rope_parameters or {}) or info.partial_rotary_factor != 1.0:
         rope["partial_rotary_factor"] = info.partial_rotary_factor
     return rope, ""
+
+
+def _write_legacy_keys(saved: dict[str, Any]) -> tuple[str, list[str]]:
+    """Add transformers 4.x's names of the RoPE to ``saved`` (config.json's dict), in place; returns why 4.x will not
+    load the same model (``""`` when it will) and the keys written. Kept only when transformers 5 still builds the
+    same RoPE from the file (5.x reads ``rope_scaling`` before ``rope_parameters``)."""
+    rope = saved["rope_parameters"]
+    keys, why = legacy_keys(saved.get("model_type", ""), rope)
+    if not keys:
+        return why, []
+    if not transformers_builds({**saved, **keys}, rope):
+        return "its 4.x names would change what transformers 5 reads, so config.json carries only rope_parameters", []
+    added = sorted(k for k in keys if k not in saved or saved[k] != keys[k])  # the family's own (Phi-3's) stay
+    saved.update(keys)
+    return why, added
 
 
 def _served_window(config, freeze_length: int | None) -> int:
@@ -208,7 +224,8 @@ def _export_note(m, rope_format: str, rope: dict[str, Any], freeze_length: int |
 
 
 def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None, *, rope_format: str = "auto",
-                    freeze_length: int | None = None) -> dict[str, Any]:
+                    freeze_length: int | None = None, dtype: str | torch.dtype | None = None,
+                    base_model: str | None = None, evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
     """Save ``model`` so that plain transformers rebuilds the same model wherever it can.
 
     ``rope_format`` chooses how ``config.json`` writes the RoPE:
@@ -224,6 +241,14 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     * ``auto`` (default) — the first of native, longrope, ropekit that is exact: the portable form whenever
       it is the same model.
 
+    ``dtype`` (``float32``, ``bfloat16``, ``float16``) is what the weights are written in; by default a model loaded
+    from a GGUF is written in its file's precision class (a quantized GGUF dequantized to float16, an F16/BF16/F32
+    file as such: :mod:`.weights`) and any other model as it is. A model whose weights transformers cannot save
+    (packed GGUF blocks, another quantizer) is refused in one line before anything is written.
+
+    ``base_model`` (a hub id, or the .gguf file the model came from) and ``evaluation`` (metric → value) go into the
+    model card; the base model defaults to the hub id the model was loaded from, when it was.
+
     ``ropekit.load`` restores every method from any of them (the method and its parameters are recorded under
     ``ropekit``). A format that cannot represent the model exactly is refused in one line before anything is
     written. Returns a report: method, format, ``transformers`` (plain loading gives the same model), ``vllm``.
@@ -237,12 +262,17 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     out = Path(out_dir)
     config = text_config(model)
     record = getattr(config, "ropekit", None)
+    weights = plan_weights(model, dtype)  # refuses unsaveable weights before anything is written
     if not record:
         with _whole_directory(out) as building:
             if tokenizer is not None:
                 tokenizer.save_pretrained(building)
-            model.save_pretrained(building)
-        return {"method": None, "path": str(out), "format": "native", "transformers": True, "vllm": True}
+            _portable_tokenizer_config(building)
+            with quantizer_set_aside(model, weights):
+                model.save_pretrained(building, state_dict=cast_state(model.state_dict(), weights) if weights.dtype else None)
+            _record_dtype(building / "config.json", weights)
+        return {"method": None, "path": str(out), "format": "native", "transformers": True, "vllm": True,
+                "dtype": _dtype_name(weights, model)}
     m = get_method(record["method"])
     info = base_info(config)
     params = record["params"]
@@ -270,10 +300,13 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
         if tokenizer is not None:
             m.prepare_tokenizer(tokenizer, params)
             tokenizer.save_pretrained(building)
+            _portable_tokenizer_config(building)
         # a native or longrope config describes the rotary embedding completely: its learned parameters (CLEX's
         # ODE) would be unexpected weights to the engines (vLLM refuses to load them)
         state = _without_rotary_weights(model) if rope is not None else None
-        with _with_base_rope(config, record):  # weights are unaffected; the config is rewritten below
+        if weights.dtype is not None:
+            state = cast_state(state if state is not None else model.state_dict(), weights)
+        with _with_base_rope(config, record), quantizer_set_aside(model, weights):  # the config is rewritten below
             model.save_pretrained(building, state_dict=state)
         config_path = building / "config.json"
         saved = json.loads(config_path.read_text())
@@ -288,8 +321,20 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
         # a loaded Qwen2.5-1M-style config (or an earlier DCA export) must not make vLLM run DCA on another method
         saved.pop("dual_chunk_attention_config", None)
         saved.update(engine)
-        export = {"format": chosen, "freeze_length": freeze_length, **({"vllm_refusal": engine_why} if engine_why else {})}
+        saved["rope_parameters"] = with_engine_keys(saved["rope_parameters"])  # vLLM's own names, beside transformers'
+        if rope is not None:
+            rope = saved["rope_parameters"]
+        legacy_why, legacy = _write_legacy_keys(saved)
+        export = {"format": chosen, "freeze_length": freeze_length, **({"vllm_refusal": engine_why} if engine_why else {}),
+                  **({"transformers4_refusal": legacy_why} if legacy_why else {})}
+        export["legacy_keys"] = legacy  # ropekit.load drops them again: it restores the base model's RoPE
+        written = saved["rope_parameters"]
+        export["rope_type"] = (written.get("rope_type") if "rope_type" in written else  # the standard type, for inspect
+                               {k: v.get("rope_type") for k, v in written.items() if isinstance(v, dict)})
         saved["ropekit"] = json_safe({**record, "export": export})
+        saved.pop("quantization_config", None)  # the weights are plain tensors (a GGUF's were dequantized at load)
+        if weights.dtype is not None:
+            saved["dtype"] = _dtype_name(weights, model)
         config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
         how = _export_note(m, chosen, rope or {}, freeze_length)
         if engine:
@@ -297,7 +342,15 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
                     "config.json; V0 engine, CUDA): `ropekit export DIR --format vllm` prints the command.")
         elif engine_why:
             how += f"\n\nvLLM: not the same model ({engine_why})."
-        (building / "ROPEKIT.md").write_text(_EXPORT_NOTE.format(method=m.name, how=how))
+        how += ("\n\ntransformers 4.x: " + (f"not the same model — {legacy_why}." if legacy_why else
+                "`config.json` also carries its names (`rope_theta`, `rope_scaling`), the same numbers: it loads the same "
+                "model with no flags."))
+        source = base_model or _hub_id(model)
+        body = card_body(out, saved, method=m.name, params=json_safe(params), original=int(record["base"]["max_position_embeddings"]),
+                         note=how, legacy_why=legacy_why, evaluation=evaluation,
+                         base_model=None if source and source.lower().endswith(".gguf") else source,
+                         source_gguf=source if source and source.lower().endswith(".gguf") else None)
+        write_card(building, body, method=m.name, base_model=source if source and _HUB_ID.match(source) else None)
     if engine:
         vllm = True
     elif chosen == "native":
@@ -309,6 +362,45 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
         "path": str(out),
         "format": chosen,
         "transformers": chosen != "ropekit",
+        "transformers4": chosen != "ropekit" and not legacy_why,
         "vllm": vllm,
         "rope_parameters": rope or saved["rope_parameters"],
+        "dtype": _dtype_name(weights, model),
     }
+
+
+def _portable_tokenizer_config(out: Path) -> None:
+    """tokenizer_config.json without the loading options of this machine (``local_files_only``: a tokenizer
+    loaded offline keeps it among its init arguments, and whoever loads the export would inherit it)."""
+    path = out / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text())
+    if data.pop("local_files_only", None) is not None:
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+#: An ``org/name`` hub id (what a model card's ``base_model`` holds).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _hub_id(model) -> str | None:
+    """The hub id ``model`` was loaded from (``name_or_path``), when it is one and not a local path."""
+    name = str(getattr(model, "name_or_path", "") or "")
+    return name if _HUB_ID.match(name) and not Path(name).exists() else None
+
+
+def _dtype_name(weights, model) -> str:
+    dtype = weights.dtype or next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return str(dtype).removeprefix("torch.")
+
+
+def _record_dtype(config_path: Path, weights) -> None:
+    """config.json of a plain save: the dtype the weights were written in, no quantization_config."""
+    if weights.dtype is None and not weights.set_aside_quantizer:
+        return
+    saved = json.loads(config_path.read_text())
+    saved.pop("quantization_config", None)
+    if weights.dtype is not None:
+        saved["dtype"] = str(weights.dtype).removeprefix("torch.")
+    config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")

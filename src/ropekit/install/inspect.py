@@ -45,11 +45,15 @@ def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
         methods.append({"name": m.name, "applies": why is None, "exports_to": exports,
                         "why_not": f"{refusal.problem}; {refusal.fix}" if refusal else (why or ""),
                         "feature": refusal.feature if refusal else ""})
+    live = (config.rope_parameters.get(info.layer_type) if info.layer_type else config.rope_parameters).get("rope_type", "default")
+    written = getattr(model, "_ropekit_written_rope_type", None) if record else None
     return {
         "architecture": type(model).__name__,
         "model_type": info.model_type,
-        "rope_type": (config.rope_parameters.get(info.layer_type) if info.layer_type else config.rope_parameters)
-        .get("rope_type", "default"),
+        # what the saved config.json says (the standard type plain transformers and the engines read), else the
+        # type the model computes with now (ropekit_<name> once a method is installed in memory)
+        "rope_type": written if written is not None else live,
+        "installed_rope_type": live,
         "rope_scaling": info.rope_parameters,  # the scaling the checkpoint already carries (None: plain RoPE)
         "effective_window": info.window,
         "original_window": info.original_window,

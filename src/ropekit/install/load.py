@@ -28,7 +28,9 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
     path = Path(path)
     config_path = path / "config.json"
     if not config_path.is_file():
-        raise ModelLoadError(f"no config.json in '{path}'", "pass a directory written by `ropekit extend` or save_pretrained")
+        raise ModelLoadError(f"no config.json in '{path}': ropekit.load opens a saved model directory",
+                             "for a built-in name (tiny, smollm2), a .gguf file or a hub id use "
+                             f"ropekit.load_model('{path}').model")
     try:
         data = json.loads(config_path.read_text())
     except json.JSONDecodeError as err:
@@ -42,6 +44,8 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
         config = CONFIG_MAPPING[data["model_type"]].from_dict(data)
     elif record:
         data.pop("dual_chunk_attention_config", None)  # written for vLLM by the export; ropekit restores the method
+        for key in (record.get("export") or {}).get("legacy_keys") or ():
+            data.pop(key, None)  # transformers 4.x's names of the export's RoPE: the base model's are restored below
         try:
             data["rope_parameters"] = copy.deepcopy(record["base"]["rope_parameters"])
             data["max_position_embeddings"] = record["base"]["max_position_embeddings"]
@@ -70,6 +74,8 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
     if record:
         before = set(model.state_dict())
         install_resolved(model, m, given)
+        # the rope type config.json carries (yarn, longrope …): what `inspect` shows for the saved directory
+        model._ropekit_written_rope_type = (record.get("export") or {}).get("rope_type")
         _restore_added_weights(model, path, [k for k in model.state_dict() if k not in before])
     model.eval()
     return model

@@ -8,6 +8,7 @@ imported, which importing :mod:`ropekit.install` does.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -75,13 +76,27 @@ def transformers_builds(data: dict[str, Any], rope: dict[str, Any]) -> bool:
     Families validate rope types differently (Phi-3 accepts only ``default`` and ``longrope`` and renames
     ``yarn``), so the only reliable test is to build the config the way plain transformers would.
     """
-    trial = {k: v for k, v in data.items() if k != "ropekit"}
+    # a deep copy: building a config fills defaults into the dicts it is given (rope_scaling, rope_parameters)
+    trial = copy.deepcopy({k: v for k, v in data.items() if k != "ropekit"})
     trial["rope_parameters"] = copy.deepcopy(rope)
     try:
-        built = CONFIG_MAPPING[data["model_type"]].from_dict(trial)
+        with _quiet_transformers():  # its warnings about keys other readers need (vLLM's short_mscale) are not ours
+            built = CONFIG_MAPPING[data["model_type"]].from_dict(trial)
     except Exception:  # any refusal means plain transformers cannot build it
         return False
     return _holds(built.rope_parameters or {}, rope)
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def _holds(got: dict[str, Any], wanted: dict[str, Any]) -> bool:

@@ -1,6 +1,6 @@
 """Which method each model family takes: the capability check run over the tiny model of every family.
 
-The README's family table is :func:`support_markdown`'s output (a test keeps the two equal), and
+The family table in docs/methods.md is :func:`support_markdown`'s output (a test keeps the two equal), and
 ``ropekit methods --families`` prints the same table.
 """
 

@@ -35,6 +35,7 @@ import torch
 
 from ..errors import InvalidParameterError, ModelLoadError, RopekitError, UnsupportedModelError
 from ..install import load as ropekit_load
+from ..install.weights import GGUF_FILE_TYPE_ATTR
 from .tiny import FAMILIES, SHIPPED
 
 __all__ = [
@@ -668,6 +669,7 @@ def load_model(
     against this machine — an impossible choice is a one-line :class:`RopekitError` *before* anything loads — and
     the model is moved there. Without them, the model stays on the CPU as before.
     """
+    asked = dtype  # None/"auto": a GGUF's weights are saved in the file's precision class, not the compute dtype
     kind, target = resolve_model(spec)
     plan = None
     if device is not None or device_map is not None or attn_implementation == "auto":
@@ -691,6 +693,8 @@ def load_model(
             target, dtype=dtype, attn_implementation=attn_implementation, with_tokenizer=with_tokenizer
         )
         info = {"gguf_architecture": gguf_info.architecture, "gguf_file_type": gguf_info.metadata.get("general.file_type")}
+        if asked in (None, "auto"):  # no dtype asked for: save_pretrained writes the file's precision class
+            setattr(model, GGUF_FILE_TYPE_ATTR, info["gguf_file_type"])
     else:
         model, tokenizer = _load_hub(target, dtype=dtype, attn_implementation=attn_implementation, with_tokenizer=with_tokenizer)
     if plan is not None:

@@ -28,6 +28,25 @@ def silence_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
+def silence_transformers_when_loaded() -> None:
+    """:func:`silence_transformers` without importing transformers (about 2 s): at once when it is loaded already,
+    else through the settings it reads when it loads (``TRANSFORMERS_VERBOSITY``, ``HF_HUB_DISABLE_PROGRESS_BARS``;
+    a value the user set is kept). A command that never loads transformers then never pays for it."""
+    import os
+    import sys
+
+    if "transformers" in sys.modules:
+        silence_transformers()
+        return
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "huggingface_hub" in sys.modules:  # it read its settings already
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    else:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 class _DeepSpeedImportToStderr:
     """A meta-path finder that lets ``import deepspeed`` run with stdout pointed at stderr (and then leaves).
 

@@ -1,0 +1,99 @@
+"""The names every reader of ``config.json`` needs, written beside transformers 5.x's ``rope_parameters``.
+
+An export must be the same model for whoever opens the directory alone — a transformers 4.x stack (LLaMA-Factory,
+axolotl and vLLM releases pinned to it) or vLLM without flags:
+
+* **transformers 4.x** does not know ``rope_parameters``: it reads ``rope_theta``, ``rope_scaling`` (the scaling
+  without the base), ``partial_rotary_factor`` (GPT-NeoX: ``rotary_pct``), Gemma 3's ``rope_local_base_freq``,
+  and for ``longrope`` the switch length ``original_max_position_embeddings`` from the *top level* of the config
+  (``_compute_longrope_parameters`` and ``longrope_frequency_update`` in 4.x's ``modeling_rope_utils.py``); Phi-3's
+  4.x config accepts a ``rope_scaling`` of exactly ``type``, ``short_factor`` and ``long_factor`` and refuses any
+  other (``_rope_scaling_validation``). Its rope types are ``default``, ``linear``,
+  ``dynamic``, ``yarn`` (with ``truncate`` since 4.56), ``longrope`` and ``llama3``.
+* **transformers 5.x** reads ``rope_scaling`` *instead of* ``rope_parameters`` when a file has both
+  (``convert_rope_params_to_dict``; Gemma 3 merges it into the ``full_attention`` entry), so the 4.x keys are
+  always the same numbers as ``rope_parameters`` — :func:`legacy_keys` writes them so, and the export checks that
+  transformers 5 still builds the same RoPE from the file.
+* **vLLM**'s ``longrope`` takes its magnitude from ``short_mscale``/``long_mscale`` and ignores
+  ``attention_factor`` (``Phi3LongRoPEScaledRotaryEmbedding``; without them it uses √(1 + ln s / ln L) of the
+  served length): :func:`with_engine_keys` adds them, equal to the attention factor.
+
+Where 4.x has no rope type computing the model, the 4.x keys name the 5.x type itself (``ropekit_<name>``, a
+type 4.57 lacks): 4.x then fails loudly building the rotary embedding (``KeyError``) instead of loading another
+model. Only RoPE per layer type that 4.x cannot express (Gemma 3 with extended sliding layers) stays unreadable
+by 4.x without an error; the export's card says so and ``ropekit verify --engine transformers4`` fails it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+#: The rope types transformers 4.57 builds (its ``ROPE_INIT_FUNCTIONS``).
+LEGACY_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+
+#: Families whose 4.x config keeps RoPE per layer type as ``rope_theta`` (full attention, with ``rope_scaling``)
+#: and ``rope_local_base_freq`` (sliding layers, never scaled).
+_GEMMA3 = ("gemma3", "gemma3_text")
+
+#: Keys 5.x keeps inside ``rope_parameters`` that 4.x reads from the top level.
+_TOP_LEVEL = ("rope_theta", "partial_rotary_factor")
+
+
+def with_engine_keys(rope: dict[str, Any]) -> dict[str, Any]:
+    """``rope`` with vLLM's ``short_mscale``/``long_mscale`` beside a ``longrope`` attention factor (per layer type
+    too); other rope types unchanged."""
+    if any(isinstance(v, dict) for v in rope.values()):
+        return {k: with_engine_keys(v) if isinstance(v, dict) else v for k, v in rope.items()}
+    if rope.get("rope_type") == "longrope" and rope.get("attention_factor") is not None:
+        factor = float(rope["attention_factor"])
+        return {**rope, "short_mscale": factor, "long_mscale": factor}
+    return rope
+
+
+def _scaling(rope: dict[str, Any], model_type: str) -> dict[str, Any] | None:
+    """4.x's ``rope_scaling``: ``rope`` without the keys 4.x reads at the top level; None for plain RoPE."""
+    if rope.get("rope_type", "default") == "default":
+        return None
+    return {k: copy.deepcopy(v) for k, v in rope.items() if k not in _TOP_LEVEL}
+
+
+def _partial(rope: dict[str, Any], model_type: str) -> dict[str, Any]:
+    if "partial_rotary_factor" not in rope:
+        return {}
+    key = "rotary_pct" if model_type == "gpt_neox" else "partial_rotary_factor"
+    return {key: rope["partial_rotary_factor"]}
+
+
+def legacy_keys(model_type: str, rope: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """``(top-level keys, why)``: the transformers 4.x names of ``rope`` (an export's ``rope_parameters``) and, when
+    4.x will not compute the same model from them, why in one line (``""`` when it does)."""
+    if any(isinstance(v, dict) for v in rope.values()):
+        return _per_layer_type(model_type, rope)
+    kind = rope.get("rope_type", "default")
+    keys: dict[str, Any] = {"rope_theta": rope.get("rope_theta"), "rope_scaling": _scaling(rope, model_type),
+                            **_partial(rope, model_type)}
+    if kind == "longrope":
+        # 4.x reads the short/long switch length from the top level (else max_position_embeddings)
+        keys["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
+        if model_type == "phi3":
+            return keys, ("Phi-3's transformers 4.x config takes only type, short_factor and long_factor (no "
+                          "attention_factor): it refuses this directory (ValueError); load it with transformers 5")
+    if kind in LEGACY_TYPES:
+        return keys, ""
+    return keys, (f"transformers 4.x has no rope type '{kind}': it refuses the directory (KeyError '{kind}'); "
+                  "load it with transformers 5 or ropekit.load")
+
+
+def _per_layer_type(model_type: str, rope: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    if model_type not in _GEMMA3 or set(rope) != {"full_attention", "sliding_attention"}:
+        return {}, f"transformers 4.x has no RoPE per layer type for model type '{model_type}'"
+    full, sliding = rope["full_attention"], rope["sliding_attention"]
+    if sliding.get("rope_type", "default") != "default" or set(sliding) - {"rope_type", "rope_theta"}:
+        return {}, ("transformers 4.x scales only Gemma 3's full-attention layers (its sliding layers take "
+                    "rope_local_base_freq alone): it would load these extended sliding layers unscaled")
+    if full.get("rope_type", "default") not in LEGACY_TYPES or "partial_rotary_factor" in full:
+        return {}, f"transformers 4.x has no rope type '{full.get('rope_type')}' for Gemma 3's full-attention layers"
+    keys = {"rope_theta": full.get("rope_theta"), "rope_local_base_freq": sliding.get("rope_theta"),
+            "rope_scaling": _scaling(full, model_type)}
+    return keys, ""
