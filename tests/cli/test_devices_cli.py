@@ -68,3 +68,15 @@ def test_explicit_cpu_loads_on_cpu(run_cli, monkeypatch):
     code, stdout, stderr = run_cli("inspect", "tiny", "--device", "cpu", "--dtype", "float32", "--attn", "eager", "--json")
     assert code == 0, stderr
     assert '"attn_implementation": "eager"' in stdout
+
+
+def test_a_run_says_where_it_ran_in_which_dtype_and_why(run_cli, monkeypatch):
+    """One placement line on stderr when the command has done its work (a refusal after loading stays one line)."""
+    from ropekit.runtime import devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(devices, "native_cpu_bf16", lambda: "AMX-BF16")
+    code, _, stderr = run_cli("inspect", "tiny", "--json")
+    lines = [line for line in stderr.splitlines() if line.startswith("running on ")]
+    assert code == 0 and lines == ["running on cpu in float32 (auto: a small model (0.1M parameters) stays in float32, "
+                                   "bfloat16 is for models of 20M or more), attention sdpa"], stderr

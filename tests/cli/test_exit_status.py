@@ -30,8 +30,7 @@ STUDY = {"name": "exits", "model": "tiny", "target_length": 256, "variants": [{"
 
 
 def _one_error_line(err: str) -> str:
-    # the placement line every model-loading command prints first ("running on cpu in float32 (…)") is not an error
-    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("running on ")]
+    lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in err and "internal error" not in err, err
     return lines[0]
 

@@ -40,8 +40,9 @@ class Command(TyperCommand):
         # transformers' bars and warnings would bury ropekit's one-line messages; quieted as it loads, so that a
         # command answering from data or refusing its input first (a typo'd method, a missing engine) never imports it
         silence_transformers_when_loaded()
+        PLACEMENT_NOTES.clear()
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
         except ModuleNotFoundError as e:  # a package of an extra this installation does not have
             package = (e.name or "").split(".")[0]
             if package not in EXTRAS:
@@ -50,6 +51,16 @@ class Command(TyperCommand):
             extra = COMMAND_EXTRAS.get(command[0], EXTRAS[package])
             raise RopekitError(f"`ropekit {' '.join(command)}` needs the package {package}, which is not installed",
                                f"pip install 'ropekit[{extra}]'") from None
+        # where the model ran and in which dtype, and why: said once the command has done its work, so that a
+        # refusal after loading stays one line
+        for note in PLACEMENT_NOTES:
+            err.print(note, highlight=False, soft_wrap=True)
+        PLACEMENT_NOTES.clear()
+        return result
+
+
+#: The placement lines of the models a command loaded (:meth:`ropekit.runtime.devices.DevicePlan.describe`).
+PLACEMENT_NOTES: list[str] = []
 
 
 #: Commands → the extra that brings everything they use (pyproject.toml).
@@ -110,7 +121,7 @@ def load_model(model: str, device: Optional[str] = None, dtype: Optional[str] = 
     wanted = dtype or "auto"
     plan = resolve_placement(device or "auto", wanted, attn or "auto", device_map,
                              model_parameters=parameter_count(model) if wanted == "auto" else None)
-    err.print(plan.describe(), highlight=False, soft_wrap=True)
+    PLACEMENT_NOTES.append(plan.describe())
     with err.status(f"loading {model} ({plan.device}, {plan.dtype}, {plan.attn})…"):
         return load(model, device=plan.device if plan.device_map is None else "auto", dtype=plan.dtype,
                     attn_implementation=plan.attn, device_map=plan.device_map)

@@ -346,8 +346,8 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
                 "`config.json` also carries its names (`rope_theta`, `rope_scaling`), the same numbers: it loads the same "
                 "model with no flags."))
         source = base_model or _hub_id(model)
-        body = card_body(out, saved, method=m.name, params=json_safe(params), original=int(record["base"]["max_position_embeddings"]),
-                         note=how, legacy_why=legacy_why, evaluation=evaluation,
+        body = card_body(building, saved, method=m.name, params=json_safe(params), original=int(record["base"]["max_position_embeddings"]),
+                         note=how, legacy_why=legacy_why, evaluation=evaluation, name=out.name,
                          base_model=None if source and source.lower().endswith(".gguf") else source,
                          source_gguf=source if source and source.lower().endswith(".gguf") else None)
         write_card(building, body, method=m.name, base_model=source if source and _HUB_ID.match(source) else None)

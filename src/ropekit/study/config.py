@@ -91,6 +91,13 @@ def _problem(problem: str, fix: str, key: str | None = None) -> ConfigProblem:
     return ConfigProblem(problem, fix, key=key, sentence=True)
 
 
+def _each_once(names: list[str], what: str, fix: str) -> None:
+    """Refuse the first name that appears twice (a label, a claim id)."""
+    for name in names:
+        if names.count(name) > 1:
+            raise _problem(f"use the {what} '{name}' twice", fix)
+
+
 def _is_token_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_POSITIONS
 
@@ -400,10 +407,7 @@ class _Claims(StrictModel):
     @field_validator("items")
     @classmethod
     def _ids_once(cls, items: list[_Claim]) -> list[_Claim]:
-        ids = [c.id for c in items]
-        for i in ids:
-            if ids.count(i) > 1:
-                raise _problem(f"use the id '{i}' twice", "give every claim its own id")
+        _each_once([c.id for c in items], "id", "give every claim its own id")
         return items
 
 
@@ -469,10 +473,7 @@ class _Study(StrictModel):
     @field_validator("variants")
     @classmethod
     def _labels_once(cls, variants: list[_Variant]) -> list[_Variant]:
-        labels = [v.label for v in variants]
-        for label in labels:
-            if labels.count(label) > 1:
-                raise _problem(f"use the label '{label}' twice", "give every variant its own label")
+        _each_once([v.label for v in variants], "label", "give every variant its own label")
         return variants
 
     @field_validator("evals", mode="before")
