@@ -33,7 +33,7 @@ def test_extend_smollm2_writes_a_model_that_loads_back(run_cli, tmp_path):
     out_dir = tmp_path / "smollm2-yarn2"
     code, out, err = run_cli(
         "extend", "smollm2", "--method", "yarn", "--target-length", "16384",
-        "--out", str(out_dir), "--json",
+        "--out", str(out_dir), "--json", "--dtype", "float32",  # exact: by default a Q4_1 GGUF saves in float16
     )
     assert code == 0, err
     report = json.loads(out)

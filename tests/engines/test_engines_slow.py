@@ -77,6 +77,7 @@ def test_tiny_llama_in_the_engine_equals_ropekit(engine, method, tiny_exports):
 
 @pytest.mark.parametrize("engine", ["vllm"])
 def test_dynamic_ntk_is_refused_with_its_reason(engine, tiny_exports):
+    _engine(engine)  # verify refuses a missing engine first, before it reads the export
     with pytest.raises(RopekitError) as err:
         verify(tiny_exports["dynamic_ntk"], engine)
     assert "dynamic" in str(err.value) and "\n" not in str(err.value)

@@ -226,8 +226,13 @@ def test_context_parallel_on_two_cpu_processes_equals_the_unsplit_run(tmp_path, 
     assert [r["loss"] for r in split] == pytest.approx([x for _, x in whole.losses], rel=1e-6)
     assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in rows(tmp_path / "one")], rel=1e-5)
     a, b = load_file(tmp_path / "one" / "final" / "model.safetensors"), load_file(tmp_path / "two" / "final" / "model.safetensors")
+    # CLEX's ODE weights get gradients near zero, which Adam divides by their own small second moment: float32
+    # differences in the split run's reduction order become weight differences up to ~3e-6 after 10 steps at lr 3e-3
+    # (measured with this environment's packages on 2026-11-27, also at the commit before; losses and gradient norms
+    # still agree to 1e-6 and 1e-5)
+    atol = 1e-5 if method == "clex" else 1e-6
     for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=atol)
 
 
 @pytest.mark.slow

@@ -61,9 +61,9 @@ def _yaml(data: dict[str, Any]) -> str:
 
 def card_body(out: Path, saved: dict[str, Any], *, method: str, params: dict[str, Any], original: int,
               note: str, legacy_why: str, base_model: str | None, source_gguf: str | None,
-              evaluation: dict[str, Any] | None, name: str | None = None) -> str:
-    """The card's text (Markdown) for the export in ``out`` whose config.json is ``saved``; ``name`` is the title's
-    directory name when ``out`` is where the export is being built (beside its final place)."""
+              evaluation: dict[str, Any] | None) -> str:
+    """The card's text (Markdown) for the export in ``out`` (the directory being built) whose config.json is
+    ``saved``."""
     rope = saved.get("rope_parameters") or {}
     window = int(saved.get("max_position_embeddings") or 0)
     record = saved.get("ropekit") or {}
@@ -72,7 +72,8 @@ def card_body(out: Path, saved: dict[str, Any], *, method: str, params: dict[str
     effective = max(window, int(frozen or 0))
     if rope.get("rope_type") == "dynamic":  # transformers' dynamic reads max_position_embeddings as the original
         effective = int(math.ceil(window * float(rope.get("factor", 1.0))))
-    lines = [f"# {name or out.name}: {method} context extension", "",
+    # the title names the model, not the directory: a card must not change when its directory is renamed or moved
+    lines = [f"# {base_model or source_gguf or 'A model'} with {method} context extension", "",
              f"Extended with [ropekit](https://pypi.org/project/ropekit/) using **{method}** "
              f"({', '.join(f'{k}={v}' for k, v in params.items() if v is not None) or 'defaults'}).", "",
              "| | |", "|---|---|",

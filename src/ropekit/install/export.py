@@ -347,7 +347,7 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
                 "model with no flags."))
         source = base_model or _hub_id(model)
         body = card_body(building, saved, method=m.name, params=json_safe(params), original=int(record["base"]["max_position_embeddings"]),
-                         note=how, legacy_why=legacy_why, evaluation=evaluation, name=out.name,
+                         note=how, legacy_why=legacy_why, evaluation=evaluation,
                          base_model=None if source and source.lower().endswith(".gguf") else source,
                          source_gguf=source if source and source.lower().endswith(".gguf") else None)
         write_card(building, body, method=m.name, base_model=source if source and _HUB_ID.match(source) else None)

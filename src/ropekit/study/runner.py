@@ -164,6 +164,10 @@ def _worker_main(study_dir: str, config_dict: dict[str, Any], threads: int, devi
             work(study_dir, config, threads=threads, device=device, stop=stop)
     except KeyboardInterrupt:  # Ctrl-C reaches every worker: the parent reports it, once, without a traceback
         raise SystemExit(130) from None
+    finally:
+        # the terminal's SIGINT and the one the parent passes on can arrive one after the other: the second must not
+        # interrupt the interpreter's shutdown (a KeyboardInterrupt traceback from threading._shutdown)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _start_workers(procs) -> None:
