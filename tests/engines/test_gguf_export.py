@@ -384,10 +384,19 @@ def test_longrope_with_start_tokens_is_refused(run_cli, tmp_path):
              must=("longrope", "start_tokens"))
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral", "gpt-neox"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gpt-neox"])
 def test_other_architectures_are_refused(run_cli, tmp_path, family):
     arch = family.replace("-", "_")
     _refused(run_cli, tmp_path, f"tiny-{family}", "--method", "pi", "--factor", "2", must=(f"'{arch}'", "Llama"))
+
+
+def test_a_mistral_with_a_sliding_window_is_refused(tmp_path):
+    """llama.cpp's Llama graph attends to the whole context; Mistral 7B v0.1's 4096-token window has no place there."""
+    model = build_tiny_model("mistral")
+    model.config.sliding_window = 16
+    with pytest.raises(RopekitError, match="sliding window of 16"):
+        write_gguf(model, byte_tokenizer(), tmp_path / "m.gguf")
+    assert not any(tmp_path.iterdir())
 
 
 def test_cli_extend_writes_a_gguf_and_refuses_to_overwrite(run_cli, tmp_path):

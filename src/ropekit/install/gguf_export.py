@@ -51,13 +51,16 @@ from ..errors import InvalidParameterError, RopekitError, UnsupportedModelError
 from ..methods import get_method
 from ..methods.base import CHANGES
 from ..runtime.atomic import atomic_file, check_target
+from .gguf_vocab import GGUFVocab, gguf_vocabulary
 from .model_rope import base_info, installed, rotary_modules, text_config
 
 #: GGUF weight types ``write_gguf`` writes.
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 
-#: transformers ``model_type`` values written as GGUF architecture ``llama``.
-ARCHITECTURES = ("llama",)
+#: transformers ``model_type`` values written as GGUF architecture ``llama``: Mistral's decoder is Llama's (the same
+#: weights, norms and RoPE; llama.cpp's converter writes ``MistralForCausalLM`` as ``llama``) unless its sliding
+#: window is on, which llama.cpp's Llama graph does not apply.
+ARCHITECTURES = ("llama", "mistral")
 
 #: llama.cpp's YaRN correction betas for the Llama architecture (context defaults; not read from the file).
 LLAMACPP_BETA_FAST, LLAMACPP_BETA_SLOW = 32.0, 1.0
@@ -173,8 +176,13 @@ def _check_architecture(model) -> Any:
     model_type = getattr(config, "model_type", "unknown")
     if model_type not in ARCHITECTURES:
         raise UnsupportedModelError(
-            f"GGUF export writes Llama-architecture models; this model's architecture is '{model_type}'",
-            "export a Llama model (e.g. tiny or smollm2), or serve this one with vLLM or transformers")
+            f"GGUF export writes Llama-architecture models (Llama, Mistral); this model's architecture is '{model_type}'",
+            "export a Llama or Mistral model (e.g. tiny or smollm2), or serve this one with vLLM or transformers")
+    window = getattr(config, "sliding_window", None)
+    if model_type == "mistral" and window is not None and int(window) < int(config.max_position_embeddings):
+        raise UnsupportedModelError(
+            f"this Mistral model attends within a sliding window of {window} tokens, which llama.cpp's Llama graph "
+            "does not apply", "export a Mistral model without a sliding window (v0.2 and later)")
     return config
 
 
@@ -388,15 +396,7 @@ def _weights(model, config) -> list[tuple[str, np.ndarray, int | None]]:
 # ------------------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Vocab:
-    """Tokenizer metadata to write: ``keys`` as (key, value, GGUFValueType, sub type), and how it was obtained."""
-
-    source: str
-    keys: list[tuple[str, Any, Any, Any]]
-
-
-def _vocab_from_gguf(path: Path, vocab_size: int) -> _Vocab:
+def _vocab_from_gguf(path: Path, vocab_size: int) -> GGUFVocab:
     """Every ``tokenizer.*`` key of a GGUF (the model's own vocabulary as llama.cpp's converter wrote it)."""
     import gguf
 
@@ -417,95 +417,7 @@ def _vocab_from_gguf(path: Path, vocab_size: int) -> _Vocab:
     if len(tokens) != vocab_size:
         raise UnsupportedModelError(f"GGUF '{path}' has {len(tokens)} tokens, the model {vocab_size}",
                                     "pass the GGUF the model was loaded from")
-    return _Vocab(source=f"copied from {path.name}", keys=keys)
-
-
-def _pre_tokenizer_name(pre: dict | None) -> str | None:
-    """llama.cpp's ``tokenizer.ggml.pre`` for a byte-level tokenizers pre-tokenizer, when ropekit knows one that
-    splits text the same way: GPT-2's regex (``ByteLevel`` with its regex) is ``gpt-2``; SmolLM's digit split before
-    it is ``smollm``."""
-    if not pre:
-        return None
-    if pre.get("type") == "ByteLevel":
-        return "gpt-2" if pre.get("use_regex", True) else None
-    if pre.get("type") == "Sequence":
-        parts = pre.get("pretokenizers") or []
-        kinds = [p.get("type") for p in parts]
-        if kinds == ["ByteLevel"]:
-            return _pre_tokenizer_name(parts[0])
-        if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") and parts[1].get("use_regex", True):
-            return "smollm"
-    return None
-
-
-def _vocab_from_tokenizer(tokenizer, vocab_size: int) -> _Vocab:
-    """llama.cpp's ``gpt2`` (byte-level BPE) vocabulary from a transformers fast tokenizer; a byte-level tokenizer
-    without merges (the tiny models' ids-are-bytes tokenizer) becomes a vocabulary-less model that llama.cpp runs on
-    token ids (``tokenizer.ggml.model = none``; a GGUF cannot hold an empty merge list, which ``gpt2`` needs)."""
-    import gguf
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise UnsupportedModelError(f"tokenizer {type(tokenizer).__name__} is not a fast (tokenizers) tokenizer",
-                                    "save the model with a fast tokenizer, or export from the GGUF it came from")
-    spec = json.loads(backend.to_str())
-    model = spec.get("model") or {}
-    decoder = spec.get("decoder") or {}
-    byte_level = decoder.get("type") == "ByteLevel" or (
-        decoder.get("type") == "Sequence" and any(d.get("type") == "ByteLevel" for d in decoder.get("decoders", [])))
-    if model.get("type") != "BPE" or not byte_level:
-        raise UnsupportedModelError(
-            f"tokenizer model '{model.get('type')}' with decoder '{decoder.get('type')}' is not a byte-level BPE, the "
-            "only vocabulary ropekit writes for llama.cpp (gpt2)", "export from the GGUF the model came from")
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-    vocab: dict[str, int] = dict(model.get("vocab") or {})
-    added = {t["id"]: t for t in spec.get("added_tokens") or []}
-    for token_id, token in added.items():
-        vocab.setdefault(token["content"], token_id)
-    by_id = {i: t for t, i in vocab.items()}
-    if max(by_id, default=-1) >= vocab_size:
-        raise UnsupportedModelError(f"the tokenizer has ids up to {max(by_id)}, the model only {vocab_size} embeddings",
-                                    "save the model with its own tokenizer")
-    T = gguf.GGUFValueType
-    if not merges:
-        if len(vocab) != vocab_size:
-            raise UnsupportedModelError("a byte-level tokenizer without merges and with fewer tokens than the model "
-                                        "has embeddings cannot be written", "save the model with its own tokenizer")
-        return _Vocab(source="none (token ids only: a byte-level tokenizer without merges)",
-                      keys=[("tokenizer.ggml.model", "none", T.STRING, None)])
-    pre = _pre_tokenizer_name(spec.get("pre_tokenizer"))
-    if pre is None:
-        raise UnsupportedModelError(
-            f"the tokenizer's pre-tokenizer ({json.dumps(spec.get('pre_tokenizer'))[:80]}) has no llama.cpp "
-            "equivalent ropekit knows", "export from the GGUF the model came from")
-    tokens, types = [], []
-    for i in range(vocab_size):
-        if i not in by_id:
-            tokens.append(f"[PAD{i}]")
-            types.append(int(gguf.TokenType.UNUSED))
-        elif i in added:
-            tokens.append(by_id[i])
-            types.append(int(gguf.TokenType.CONTROL if added[i].get("special") else gguf.TokenType.USER_DEFINED))
-        else:
-            tokens.append(by_id[i])
-            types.append(int(gguf.TokenType.NORMAL))
-    keys = [("tokenizer.ggml.model", "gpt2", T.STRING, None), ("tokenizer.ggml.pre", pre, T.STRING, None),
-            ("tokenizer.ggml.tokens", tokens, T.ARRAY, T.STRING), ("tokenizer.ggml.token_type", types, T.ARRAY, T.INT32),
-            ("tokenizer.ggml.merges", merges, T.ARRAY, T.STRING)]
-    for key, value in (("bos", tokenizer.bos_token_id), ("eos", tokenizer.eos_token_id),
-                       ("unknown", tokenizer.unk_token_id), ("padding", tokenizer.pad_token_id)):
-        if value is not None:
-            keys.append((f"tokenizer.ggml.{key}_token_id", int(value), T.UINT32, None))
-    probe, bare = tokenizer.encode("a"), tokenizer.encode("a", add_special_tokens=False)
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    keys.append(("tokenizer.ggml.add_bos_token", bool(bos is not None and len(probe) > len(bare) and probe[0] == bos),
-                 T.BOOL, None))
-    keys.append(("tokenizer.ggml.add_eos_token", bool(eos is not None and len(probe) > len(bare) and probe[-1] == eos),
-                 T.BOOL, None))
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, str) and template:
-        keys.append(("tokenizer.chat_template", template, T.STRING, None))
-    return _Vocab(source=f"gpt2 BPE from the tokenizer (pre-tokenizer {pre})", keys=keys)
+    return GGUFVocab(source=f"copied from {path.name}", keys=keys)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -552,7 +464,7 @@ def write_gguf(model, tokenizer, path: str | Path, *, outtype: str = "f16", free
     if tokenizer_gguf is not None:
         vocab = _vocab_from_gguf(Path(tokenizer_gguf), vocab_size)
     elif tokenizer is not None:
-        vocab = _vocab_from_tokenizer(tokenizer, vocab_size)
+        vocab = gguf_vocabulary(tokenizer, vocab_size)
     else:
         raise UnsupportedModelError("the model has no tokenizer, and llama.cpp needs a vocabulary",
                                     "save the model with its tokenizer")
@@ -595,8 +507,7 @@ def write_gguf(model, tokenizer, path: str | Path, *, outtype: str = "f16", free
             writer.add_uint32("ropekit.frozen_at", int(rope.frozen_at))
         if outtype == "q8_0":
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        for key, value, vtype, sub in vocab.keys:
-            writer.add_key_value(key, value, vtype, sub_type=sub)
+        vocab.write(writer)
         if rope.rope_freqs is not None:
             writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", rope.rope_freqs)
         for name, data, permute_heads in weights:
