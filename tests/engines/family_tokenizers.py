@@ -44,6 +44,7 @@ PROBES = [
     "Über naïve café — 東京の天気 ✓ 🚀 emoji",
     "a\r\nb\n\n\nc",
     "unseen wordz qwxyzzy",
+    "ledom ledsca dohtem nruter kciuq",  # reversed words: pieces the merges reach in a different order
     "",
 ]
 
