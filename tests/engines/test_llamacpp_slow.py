@@ -5,7 +5,8 @@ Marked slow and bounded; skipped in one line when llama.cpp is not installed. Th
 on 120 tokens) runs PI (``linear``), NTK (``freq_base``), YaRN (``yarn``), YaRN with other betas, NTK-by-parts (saved
 as transformers' ``longrope`` and written as ``rope_freqs``), llama3, Dynamic NTK frozen at its trained length and at a
 freeze length, and CLEX at a fixed length. A trained byte-level BPE checks the ``gpt2`` vocabulary: llama.cpp splits
-text into the same ids as the transformers tokenizer. SmolLM2-135M: YaRN factor 2 past its 8,192-token window, and one
+text into the same ids as the transformers tokenizer, and so do the Llama 3, Qwen2, Tekken, Mistral, Llama 2 and Gemma
+style tokenizers of ``family_tokenizers.py``. SmolLM2-135M: YaRN factor 2 past its 8,192-token window, and one
 passkey at 12k tokens retrieved by llama.cpp from the GGUF ``ropekit extend smollm2 --format gguf`` writes.
 """
 
@@ -109,6 +110,31 @@ def test_a_gpt2_vocabulary_tokenizes_as_transformers(llamacpp, tmp_path):
     (tmp_path / "texts.json").write_text(json.dumps(texts))
     (tmp_path / "tok.py").write_text(_TOKENIZE)
     done = subprocess.run([str(llamacpp), str(tmp_path / "tok.py"), str(tmp_path / "bpe.gguf"), str(tmp_path / "texts.json")],
+                          check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert theirs == [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("family,model_family", [("llama3", "llama"), ("qwen2", "llama"), ("tekken", "mistral"),
+                                                 ("mistral", "mistral"), ("llama2", "llama"), ("gemma", "llama")])
+def test_the_families_vocabularies_tokenize_as_transformers(llamacpp, tmp_path, family, model_family):
+    """Each family's tokenizer (tests/engines/family_tokenizers.py) written by ``write_gguf`` and tokenized by
+    llama.cpp itself: the same ids as the tokenizer for every probe string. llama.cpp puts a ▁ before SentencePiece
+    text even when the text starts with a space; a ``Metaspace`` tokenizer (mistral here) does not, so those probes
+    are left out for it (the ``Prepend`` normalizer of llama2 does the same as llama.cpp and keeps them)."""
+    from family_tokenizers import PROBES, family_tokenizer
+
+    from ropekit.install.gguf_export import write_gguf
+
+    tokenizer = family_tokenizer(family)
+    model = build_tiny_model(model_family, vocab_size=len(tokenizer))
+    write_gguf(model, tokenizer, tmp_path / "v.gguf", outtype="f32")
+    texts = [t for t in PROBES if t and not (family == "mistral" and t[:1].isspace())]
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    (tmp_path / "tok.py").write_text(_TOKENIZE)
+    done = subprocess.run([str(llamacpp), str(tmp_path / "tok.py"), str(tmp_path / "v.gguf"), str(tmp_path / "texts.json")],
                           check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
