@@ -60,8 +60,8 @@ def _vocab_only_gguf(tokenizer, arch: str, path, extra: int = 2):
 
 def _probes(family: str) -> list[str]:
     if family == "llama2":
-        # the Prepend("▁") normalizer puts ▁ before text that starts with a space too, as llama.cpp's add_space_prefix
-        # does; transformers' reader rebuilds a Metaspace, which does not, so it cannot judge those strings
+        # the Prepend("▁") normalizer puts ▁ before text that starts with a space too, as llama.cpp's
+        # add_space_prefix does; transformers' reader rebuilds a Metaspace, which does not: it cannot judge those
         return [p for p in PROBES if not p[:1].isspace()]
     return PROBES
 

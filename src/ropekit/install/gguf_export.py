@@ -176,7 +176,8 @@ def _check_architecture(model) -> Any:
     model_type = getattr(config, "model_type", "unknown")
     if model_type not in ARCHITECTURES:
         raise UnsupportedModelError(
-            f"GGUF export writes Llama-architecture models (Llama, Mistral); this model's architecture is '{model_type}'",
+            f"GGUF export writes Llama-architecture models (Llama, Mistral); this model's architecture is "
+            f"'{model_type}'",
             "export a Llama or Mistral model (e.g. tiny or smollm2), or serve this one with vLLM or transformers")
     window = getattr(config, "sliding_window", None)
     if model_type == "mistral" and window is not None and int(window) < int(config.max_position_embeddings):

@@ -114,7 +114,9 @@ def _refuse(what: str) -> UnsupportedModelError:
 def _kinds(part: dict | None) -> list[dict]:
     if not part:
         return []
-    return list(part.get("pretokenizers") or part.get("normalizers") or []) if part.get("type") == "Sequence" else [part]
+    if part.get("type") != "Sequence":
+        return [part]
+    return list(part.get("pretokenizers") or part.get("normalizers") or [])
 
 
 def _regex(split: dict) -> str | None:
@@ -277,7 +279,8 @@ def gguf_vocabulary(tokenizer, vocab_size: int) -> GGUFVocab:
         try:
             source = vocab_class(Path(tmp))
         except (ValueError, KeyError, FileNotFoundError, TypeError) as exc:
-            raise _refuse(f"a tokenizer gguf.vocab.{vocab_class.__name__} cannot read ({str(exc).splitlines()[0][:80]})") from None
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0][:80]
+            raise _refuse(f"one gguf.vocab.{vocab_class.__name__} cannot read ({reason})") from None
         tokens, types = [], []
         for text, _score, token_type in source.all_tokens():
             text = text if isinstance(text, bytes) else text.encode("utf-8")
@@ -290,6 +293,11 @@ def gguf_vocabulary(tokenizer, vocab_size: int) -> GGUFVocab:
             tokens.append(text)
             types.append(token_type)
         special = gguf.SpecialVocab(tmp, load_merges=(kind == "gpt2"), n_vocab=vocab_size)
+    misplaced = next((i for i, text in enumerate(tokens) if backend.id_to_token(i) != text.decode("utf-8", "replace")),
+                     None)
+    if misplaced is not None:  # e.g. added tokens with a gap after the vocabulary, which LlamaHfVocab closes up
+        raise _refuse(f"one whose token {misplaced} gguf.vocab.{vocab_class.__name__} lists as "
+                      f"{tokens[misplaced][:40]!r}, not {backend.id_to_token(misplaced)!r}")
     if len(tokens) > vocab_size:
         raise UnsupportedModelError(f"the tokenizer has {len(tokens)} tokens, the model only {vocab_size} embeddings",
                                     "save the model with its own tokenizer")
