@@ -1,11 +1,14 @@
-"""Pre-training small models from scratch, here, offline: the pieces every from-scratch run shares, and the
+"""Pre-training small models from scratch, here, offline: the one training loop configured for it, and the
 built-in tiny Llama the demo and the ``tiny-pretrained`` training model start from.
+
+:func:`pretrain` is :func:`ropekit.train.loop.train_loop` with the pre-training parts (plain torch on one
+process, transformers' mean loss, AdamW, clipping at 1, a schedule given as a function of the step); the
+study's base model (:mod:`ropekit.train.builtin_base`) and the tiny Llama both train through it.
 
 :func:`pretrain_tiny` trains the byte-level tiny Llama (:func:`ropekit.models.tiny.build_tiny_model`,
 64-token window) on the offline standard-library corpus (:mod:`ropekit.data.local_text`) at its window
 length, deterministically, and caches the weights under ``$ROPEKIT_CACHE`` (default ``~/.cache/ropekit``) so
-later runs load them in a second. The study's larger base model is :mod:`ropekit.train.builtin_base`.
-"""
+later runs load them in a second."""
 
 from __future__ import annotations
 

@@ -278,6 +278,8 @@ class Trainer:
         self._stage_index, self._batches = stage_index, iter(loader)
 
     def _micro_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
+        """The next ``grad_accum`` micro-batches of the stage's loader (the loop asks for the steps in order; the
+        loader itself started at the stage's first step not yet done)."""
         return [next(self._batches) for _ in range(self.plan[self._stage_index].config.grad_accum)]
 
     def _lr(self, step: int) -> float:
