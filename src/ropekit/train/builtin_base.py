@@ -42,7 +42,6 @@ from typing import Any
 
 import torch
 
-from .. import runtime
 from ..data.local_text import corpus_digest, stdlib_documents
 from ..data.passkey_text import KEY_RANGE, build_prompt
 from ..data.ruler.tasks import TASKS, make_generator
