@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import types
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from ropekit.train.plan import (
     plan_memory,
     plan_shape,
 )
-from ropekit.train.trainer import Trainer
+from ropekit.train.objective import token_loss_sum
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA2_7B = 6_738_415_616  # the published parameter count of Llama-2-7B
@@ -151,16 +150,15 @@ def _measured_peak(config, dtype, tokens: int, micro_batch: int, checkpointing: 
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    trainer = types.SimpleNamespace(unwrapped=model, model=model, param_dtype=dtype)  # what _forward_loss reads
     ids = torch.randint(3, config.vocab_size - 1, (micro_batch, tokens))
     batch = {"input_ids": ids, "labels": ids.clone(), "position_ids": torch.arange(tokens).repeat(micro_batch, 1),
              "attention_mask": torch.ones(micro_batch, tokens, dtype=torch.long)}
-    Trainer._forward_loss(trainer, batch).backward()
+    token_loss_sum(model, model, dtype, batch).backward()
     optimizer.step()  # AdamW's moments exist from here on; the gradients stay (no zero_grad)
     tracker = mem_tracker.MemTracker()  # a TorchDispatchMode: every storage's bytes while it lives, on any device
     tracker.track_external(model, optimizer, *batch.values())
     with tracker:
-        Trainer._forward_loss(trainer, batch).backward()
+        token_loss_sum(model, model, dtype, batch).backward()
     return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
 
 

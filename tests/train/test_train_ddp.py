@@ -152,19 +152,19 @@ def test_sharded_training_on_two_cpu_processes_equals_one_process_and_resumes_fr
 
 def test_fsdp1_and_half_precision_on_the_cpu_are_refused_in_one_line(monkeypatch):
     from ropekit.errors import RopekitError
-    from ropekit.train import trainer
+    from ropekit.train import strategy
 
-    if trainer._has_accelerator_device():
+    if strategy.has_accelerator_device():
         pytest.skip("this machine has an accelerator: FSDP runs there as accelerate sets it up")
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "1")
     with pytest.raises(RopekitError, match="FSDP version 1") as err:
-        trainer._sharded_on_cpu("FSDP", "no")
+        strategy.sharded_on_cpu("FSDP", "no")
     assert "\n" not in str(err.value)
     monkeypatch.setenv("FSDP_VERSION", "2")
     for kind in ("FSDP", "DeepSpeed"):
         with pytest.raises(RopekitError, match="float32 only"):
-            trainer._sharded_on_cpu(kind, "bf16")
+            strategy.sharded_on_cpu(kind, "bf16")
 
 
 METHODS = {

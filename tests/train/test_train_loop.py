@@ -204,16 +204,16 @@ def test_bf16_autocast_on_a_cpu_without_native_bf16_is_called_out(monkeypatch, u
     import warnings
 
     from ropekit.runtime import devices
-    from ropekit.train import trainer
+    from ropekit.train import strategy
     from ropekit.train.config import parse_config
 
     monkeypatch.setattr(devices, "native_cpu_bf16", lambda: unit)
-    monkeypatch.setattr(trainer, "_has_accelerator_device", lambda: False)
+    monkeypatch.setattr(strategy, "has_accelerator_device", lambda: False)
     cfg = parse_config({"model": "tiny", "data": {"seq_len": 32}, "train": {"max_steps": 1, "precision": "bf16"},
                         "output": {"dir": "unused"}})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        accelerator = trainer._accelerator(cfg)
-    trainer._reset_accelerate(accelerator)  # accelerate's state is process-wide
+        accelerator = strategy.make_accelerator(cfg.train.precision)
+    strategy.reset_accelerate(accelerator)  # accelerate's state is process-wide
     lines = [str(w.message) for w in caught if "no native bfloat16" in str(w.message)]
     assert len(lines) == (1 if warned else 0)

@@ -1,4 +1,5 @@
-"""Training for context extension: YAML configs, the Accelerate trainer, checkpoints, EMA, LoRA, curricula.
+"""Training for context extension: YAML configs, the one training loop (:mod:`ropekit.train.loop`) and its
+parts (strategy, objective, loss guard, EMA, checkpoints, trackers, export), LoRA, curricula.
 
 >>> from ropekit.train import load_config, train
 >>> cfg = load_config("tiny.yaml").with_overrides(out_dir="runs/x", max_steps=10)

@@ -42,7 +42,6 @@ from typing import Any
 
 import torch
 
-from .. import runtime
 from ..data.local_text import corpus_digest, stdlib_documents
 from ..data.passkey_text import KEY_RANGE, build_prompt
 from ..data.ruler.tasks import TASKS, make_generator
@@ -55,7 +54,7 @@ from ..runtime import (
     save_model_atomically,
     settings_key,
 )
-from .pretrain import pretrain_step
+from .pretrain import pretrain
 
 #: Bump when training changes in a way SETTINGS does not capture (invalidates cached models).
 CACHE_FORMAT = 5
@@ -352,23 +351,20 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
     eos = tokenizer.eos_token_id
     threads = threads or default_threads()
     started = time.perf_counter()
-    losses: list[float] = []
     with deterministic(threads):
         model = build_tiny_model("llama", seed=seed, vocab_size=len(tokenizer), window=window, **settings["model"])
         model.config.eos_token_id = model.config.pad_token_id = model.config.bos_token_id = eos
         model.generation_config.eos_token_id = model.generation_config.pad_token_id = eos
         model.train()
         gen = torch.Generator().manual_seed(seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=settings["lr"], betas=(0.9, 0.95), weight_decay=0.01)
-        with runtime.progress("pre-training the base model", total=total, enabled=progress) as bar:
-            for step in range(total):
-                ids = curriculum.batch(step, gen)
-                losses.append(pretrain_step(model, opt, ids, learning_rate(step, settings),
-                                            attention_mask=torch.ones_like(ids)))
-                recent = sum(losses[-20:]) / len(losses[-20:])
-                bar.update(advance=1, info=f"{curriculum.phase(step)} loss {recent:.3f}")
-                if on_step is not None:
-                    on_step(step + 1, total)
+
+        def batch(step: int) -> dict[str, torch.Tensor]:
+            ids = curriculum.batch(step, gen)
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+        losses = pretrain(model, batch, lambda step: learning_rate(step, settings), total, lr=settings["lr"],
+                          label="pre-training the base model", progress=progress, phase=curriculum.phase,
+                          on_step=on_step)
         model.eval()
     meta = {
         "settings": settings,

@@ -168,3 +168,70 @@ def load(accelerator, path: Path, ema=None) -> dict[str, Any]:
     if ema is not None:
         ema.load(path, accelerator.process_index)
     return read_state(path)
+
+
+def config_diff(saved, current, prefix: str = "") -> str | None:
+    """The first setting whose value differs between a run's saved config and the current one (``output`` may
+    change on resume), or ``None``."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        order = ("model", "method", "data", "train", "stages")
+        keys = sorted(set(saved) | set(current), key=lambda k: (order.index(k) if k in order else len(order), k))
+        for key in keys:
+            if not prefix and key == "output":
+                continue
+            found = config_diff(saved.get(key), current.get(key), f"{prefix}.{key}" if prefix else key)
+            if found:
+                return found
+        return None
+    if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
+        for i, (a, b) in enumerate(zip(saved, current)):
+            found = config_diff(a, b, f"{prefix}[{i}]")
+            if found:
+                return found
+        return None
+    return None if saved == current else f"{prefix} ({saved!r} in the run, {current!r} now)"
+
+
+def _rotary_modules(model) -> list:
+    from ..install import rotary_modules
+
+    return [rotary for _, _, rotary in rotary_modules(model)]
+
+
+def rotary_longest(model) -> list[int | None]:
+    """Per rotary module of ``model`` (the base model), the longest input its frequencies were last grown to,
+    or None.
+
+    Dynamic NTK's schedule (transformers' ``max_seq_len_cached``, ropekit's ``continuous`` LengthSchedule)
+    remembers the longest input since the last reset: a resumed run must start from the same frequencies
+    as the uninterrupted one, not from the original window.
+    """
+    from ..install.installer import LengthSchedule
+
+    found = []
+    for rotary in _rotary_modules(model):
+        longest = None
+        original = getattr(rotary, "original_max_seq_len", None)
+        cached = getattr(rotary, "max_seq_len_cached", None)
+        if cached is not None and original is not None and int(cached) > int(original):
+            longest = int(cached)
+        for hook in rotary._forward_pre_hooks.values():
+            if isinstance(hook, LengthSchedule) and hook.kind == "continuous" and hook.longest > hook.length:
+                longest = max(longest or 0, int(hook.longest))
+        found.append(longest)
+    return found
+
+
+def restore_rotary(model, longest: list[int | None], dtype, device) -> None:
+    """Grow each rotary module's frequencies to ``longest`` as the uninterrupted run had (a forward whose
+    longest position is ``longest − 1`` takes the schedule's own growth path)."""
+    import torch
+
+    rotaries = _rotary_modules(model)
+    if len(longest) != len(rotaries):
+        return
+    for rotary, length in zip(rotaries, longest):
+        if length:
+            with torch.no_grad():
+                rotary(torch.zeros(1, 1, 1, dtype=dtype, device=device),
+                       torch.full((1, 1), length - 1, dtype=torch.long, device=device))

@@ -19,7 +19,7 @@ Per GPU, for the recipe's model shape, sequence length, precision, LoRA and para
   float32 copies and the LM head's input (float32 weights: b_h = 14, bf16/fp16: 9), and the int64 token ids of the
   embedding and the labels plus a float32 norm scale (b_0 = 20), measured the same way;
 * **logits** — the largest single tensors at long context, tokens × vocabulary × bytes, in two phases of the
-  trainer's loss (:meth:`ropekit.train.trainer.Trainer._forward_loss`: ``F.cross_entropy(logits[:, :-1]…
+  trainer's loss (:func:`ropekit.train.objective.token_loss_sum`: ``F.cross_entropy(logits[:, :-1]…
   .float())``):
 
   - *forward* (``logits_forward``): the logits in the compute dtype, the float32 input of the log-softmax where it

@@ -1,11 +1,14 @@
-"""Pre-training small models from scratch, here, offline: the pieces every from-scratch run shares, and the
+"""Pre-training small models from scratch, here, offline: the one training loop configured for it, and the
 built-in tiny Llama the demo and the ``tiny-pretrained`` training model start from.
+
+:func:`pretrain` is :func:`ropekit.train.loop.train_loop` with the pre-training parts (plain torch on one
+process, transformers' mean loss, AdamW, clipping at 1, a schedule given as a function of the step); the
+study's base model (:mod:`ropekit.train.builtin_base`) and the tiny Llama both train through it.
 
 :func:`pretrain_tiny` trains the byte-level tiny Llama (:func:`ropekit.models.tiny.build_tiny_model`,
 64-token window) on the offline standard-library corpus (:mod:`ropekit.data.local_text`) at its window
 length, deterministically, and caches the weights under ``$ROPEKIT_CACHE`` (default ``~/.cache/ropekit``) so
-later runs load them in a second. The study's larger base model is :mod:`ropekit.train.builtin_base`.
-"""
+later runs load them in a second."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,9 @@ from ..runtime import (
     save_model_atomically,
     settings_key,
 )
+from .loop import Parts, StepRecord, train_loop
+from .objective import BatchMeanLoss
+from .strategy import LocalStrategy
 
 #: Bump when training changes in a way the settings below do not capture (invalidates old caches).
 CACHE_FORMAT = 1
@@ -53,16 +60,48 @@ def warmup_cosine_lr(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * fraction)))
 
 
+def pretrain(model, batch: Callable[[int], dict[str, torch.Tensor | None]], schedule: Callable[[int], float], steps: int,
+             *, lr: float, label: str, progress: bool = True, phase: Callable[[int], str] | None = None,
+             on_step: Callable[[int, int], None] | None = None) -> list[float]:
+    """Pre-train ``model`` from scratch for ``steps`` steps through the one loop (:func:`ropekit.train.loop.train_loop`)
+    and return each step's loss.
+
+    The parts: one process in plain torch (:class:`~ropekit.train.strategy.LocalStrategy`); the batch of step
+    ``s`` (0-based) is ``batch(s)`` (``{"input_ids", "attention_mask"}``, the mask may be ``None``), its own labels
+    (transformers' mean loss, :class:`~ropekit.train.objective.BatchMeanLoss`); AdamW (β 0.9/0.95, weight decay
+    0.01 on every weight) at ``schedule(s)``; gradients clipped at norm 1; no loss guard, no EMA.
+    ``phase(s)`` names the step's part of a curriculum on the progress bar; ``on_step(done, steps)`` is called
+    after every step.
+    """
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    strategy = LocalStrategy()
+    losses: list[float] = []
+    with runtime.progress(label, total=steps, enabled=progress) as bar:
+
+        def after(record: StepRecord) -> None:
+            losses.append(record.loss)
+            recent = sum(losses[-20:]) / len(losses[-20:])
+            prefix = f"{phase(record.step - 1)} " if phase is not None else ""
+            bar.update(advance=1, info=f"{prefix}loss {recent:.3f}")
+            if on_step is not None:
+                on_step(record.step, steps)
+
+        parts = Parts(model=model, optimizer=optimizer, strategy=strategy, objective=BatchMeanLoss(model, strategy),
+                      data=lambda n: [batch(n - 1)], schedule=lambda n: schedule(n - 1), max_grad_norm=1.0, end=[after])
+        train_loop(parts, 0, steps)
+    return losses
+
+
 def pretrain_step(model, optimizer, ids: torch.Tensor, lr: float, *, attention_mask: torch.Tensor | None = None) -> float:
-    """One language-modelling step at learning rate ``lr`` (gradient norm clipped at 1); returns the loss."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    loss = model(input_ids=ids, attention_mask=attention_mask, labels=ids).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.item()
+    """One step of the pre-training loop (:func:`pretrain`'s parts) at learning rate ``lr`` with ``optimizer``;
+    returns the loss (``scripts/induction_probe.py`` steps its own curricula with it)."""
+    strategy = LocalStrategy()
+    losses: list[float] = []
+    parts = Parts(model=model, optimizer=optimizer, strategy=strategy, objective=BatchMeanLoss(model, strategy),
+                  data=lambda n: [{"input_ids": ids, "attention_mask": attention_mask}], schedule=lambda n: lr,
+                  max_grad_norm=1.0, end=[lambda record: losses.append(record.loss)])
+    train_loop(parts, 0, 1)
+    return losses[0]
 
 
 def load_cached_model(path: Path, settings: dict[str, Any], meta_file: str = META_FILE):
@@ -153,16 +192,14 @@ def pretrain_tiny(
         model = build_tiny_model("llama", seed=seed, **model_kwargs)
         model.train()
         gen = torch.Generator().manual_seed(seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
         offsets = torch.arange(window)
-        losses: list[float] = []
-        with runtime.progress("pre-training tiny llama", total=steps, enabled=progress) as bar:
-            for step in range(steps):
-                starts = torch.randint(0, len(stream) - window, (batch_size,), generator=gen)
-                ids = stream[starts[:, None] + offsets]
-                losses.append(pretrain_step(model, opt, ids, warmup_cosine_lr(step, steps, lr)))
-                recent = sum(losses[-20:]) / len(losses[-20:])
-                bar.update(advance=1, info=f"loss {recent:.3f}")
+
+        def batch(step: int) -> dict[str, torch.Tensor | None]:
+            starts = torch.randint(0, len(stream) - window, (batch_size,), generator=gen)
+            return {"input_ids": stream[starts[:, None] + offsets], "attention_mask": None}
+
+        losses = pretrain(model, batch, lambda step: warmup_cosine_lr(step, steps, lr), steps, lr=lr,
+                          label="pre-training tiny llama", progress=progress)
         model.eval()
     seconds = time.perf_counter() - started
     tail = losses[-max(1, min(20, steps // 5)) :]
