@@ -226,9 +226,9 @@ def test_the_rule_on_records_whose_outcome_is_known():
             records.append(_ppl(label, 100, d, inside + per_doc[d] + wobble))
             records.append(_ppl(label, 400, d, target + per_doc[d] + wobble))
             records.append({"task": "passkey", "method": label, "length": 400, "depth": 0.5, "trial": d, "score": score})
-    candidates = [_candidate("guard-fails", (0, 0, 0, 1)), _candidate("winner", (0, 0, 0, 2)),
-                  _candidate("attention", (1, 0, 0, 2)), _candidate("worse", (0, 0, 0, 1)),
-                  _candidate("forgets", (0, 0, 0, 0))]
+    candidates = [_candidate("guard-fails", (0, 0, 0, 0, 1)), _candidate("winner", (0, 0, 0, 0, 2)),
+                  _candidate("attention", (0, 1, 0, 0, 2)), _candidate("worse", (0, 0, 0, 0, 1)),
+                  _candidate("forgets", (0, 0, 0, 0, 0))]
     verdict = decide(records, candidates, 100, 400)
     assert verdict.winner == "winner"
     assert verdict.why["guard-fails"].startswith("step 1")

@@ -118,7 +118,7 @@ def recommend_cmd(
         candidates += trained
         verdict = decide(records, candidates, plan.window, plan.target_length)
     result = write_recommendation(plan, verdict, candidates, out_dir, study_dir,
-                                  seconds=round(time.perf_counter() - started, 1),
+                                  seconds=round(time.perf_counter() - started, 1), overwrite=overwrite,
                                   log=lambda text: err.print(text, highlight=False, soft_wrap=True))
     if json_out:
         print_json(result)

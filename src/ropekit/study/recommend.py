@@ -19,7 +19,8 @@ does: a method with a ``factor`` parameter gets ``factor = N / W``, every other 
 (:meth:`~ropekit.methods.Method.resolve`). ``--params FILE`` overrides them: a YAML mapping ``METHOD: {param:
 value}`` (checked by pydantic, each method's parameters by the method itself).
 
-**Simplicity** (the tie-break, :func:`simplicity`): frequencies-only before attention-side (``Method.changes``),
+**Simplicity** (the tie-break, :func:`simplicity`): the model as it is before searched factors before fine-tuned
+weights (``--search``, ``--train``), then frequencies-only before attention-side (``Method.changes``),
 static frequencies before length-dependent ones (``Method.length_dependence``), a form the engine reads natively
 before a generic one (``Method.exports_to``), then fewer parameters (``Method.params``).
 
@@ -127,7 +128,7 @@ class Candidate:
     #: Where the export runs without ropekit (``Method.exports_to`` as :func:`ropekit.install.inspect.exports`).
     exports: list[str]
     native: bool
-    simplicity: tuple[int, int, int, int]
+    simplicity: tuple[int, ...]
     simplicity_note: str
     #: ``frozen`` (installed as is), ``search`` (LongRoPE factors searched) or ``trained`` (PoSE fine-tuned).
     kind: str = "frozen"
@@ -196,12 +197,18 @@ def engine_refusal(m, params: dict[str, Any], facts: ModelFacts, engine: str, ex
     return None
 
 
-def simplicity(m, params: dict[str, Any], facts: ModelFacts, native: bool) -> tuple[tuple[int, int, int, int], str]:
+#: How much a candidate adds to the model beyond the method's parameters: installed as is, searched, fine-tuned.
+KINDS = ("frozen", "search", "trained")
+
+
+def simplicity(m, params: dict[str, Any], facts: ModelFacts, native: bool,
+               kind: str = "frozen") -> tuple[tuple[int, ...], str]:
     """The tie-break key (lower is simpler, module doc) and its words."""
     attention_side = int(not m.frequencies_only)
     length_dependent = int(m.length_dependence(facts.info, params)[0] != "static")
-    key = (attention_side, length_dependent, int(not native), len(m.params))
-    words = [("attention-side" if attention_side else "frequencies only"),
+    key = (KINDS.index(kind), attention_side, length_dependent, int(not native), len(m.params))
+    words = ([] if kind == "frozen" else ["searched factors" if kind == "search" else "fine-tuned weights"]) + [
+             ("attention-side" if attention_side else "frequencies only"),
              ("length-dependent" if length_dependent else "static"),
              ("served natively" if native else "served in a generic form"), f"{len(m.params)} parameters"]
     return key, ", ".join(words)
@@ -456,7 +463,7 @@ def search_candidate(facts: ModelFacts, target_length: int, engine: str) -> Cand
     if why_not(m, facts.info, facts.features, params) is not None or engine_refusal(m, params, facts, engine, runs_in):
         return None
     native = _native(runs_in, engine)
-    key, words = simplicity(m, params, facts, native)
+    key, words = simplicity(m, params, facts, native, "search")
     return Candidate(label=f"{m.name.replace('_', '-')}-search", method=m.name, given=given, params=_jsonable(params),
                      exports=runs_in, native=native, simplicity=key, simplicity_note=words, kind="search")
 
@@ -496,9 +503,10 @@ def trained_candidates(top: list[Candidate]) -> list[Candidate]:
     """PoSE fine-tuned copies of the best frozen candidates (``--train``)."""
     out = []
     for c in top:
+        key = (KINDS.index("trained"), *c.simplicity[1:])
         out.append(Candidate(label=f"{c.label}-pose", method=c.method, given=dict(c.given), params=dict(c.params),
-                             exports=list(c.exports), native=c.native, simplicity=c.simplicity,
-                             simplicity_note=c.simplicity_note + ", fine-tuned", kind="trained", origin=c.label))
+                             exports=list(c.exports), native=c.native, simplicity=key,
+                             simplicity_note="fine-tuned weights, " + c.simplicity_note, kind="trained", origin=c.label))
     return out
 
 

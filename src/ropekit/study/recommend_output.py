@@ -156,7 +156,8 @@ def _model_for(c: Candidate, spec: str, work_dir: Path):
 
 
 def write_recommendation(plan: Plan, verdict: Verdict, candidates: list[Candidate], out: Path, work_dir: Path,
-                         *, verify_engine: bool = True, seconds: float | None = None, log=None) -> dict[str, Any]:
+                         *, verify_engine: bool = True, seconds: float | None = None, log=None,
+                         overwrite: bool = False) -> dict[str, Any]:
     """Export the winner (or, when its export is not served by the engine as ropekit computes it, the next in the
     rule's order) into ``out`` with its card, ``recommendation.json`` and the command line; verify it."""
     from ..install import save_pretrained
@@ -165,7 +166,7 @@ def write_recommendation(plan: Plan, verdict: Verdict, candidates: list[Candidat
 
     by_label = {c.label: c for c in candidates}
     passed_over: list[dict[str, str]] = []
-    with atomic_dir(out, what="--out") as building:
+    with atomic_dir(out, replace=overwrite, what="--out") as building:
         for label in verdict.order:
             c = by_label[label]
             model, tokenizer, loaded = _model_for(c, plan.model, work_dir)

@@ -13,8 +13,9 @@ with at least :data:`~ropekit.study.stats.MIN_PAIRED` shared samples).
    is tied with it, the others lose.
 3. **Retrieval at N**: within the tie, a candidate significantly below another tied one on passkey or RULER
    single-needle accuracy at ``N`` loses.
-4. **Tie-break**: the simplest of those left (:func:`ropekit.study.recommend.simplicity`: frequencies only, static,
-   served natively by the engine, fewer parameters), then the lower perplexity at ``N``.
+4. **Tie-break**: the simplest of those left (:func:`ropekit.study.recommend.simplicity`: no searched factors or
+   fine-tuned weights, frequencies only, static, served natively by the engine, fewer parameters), then the lower
+   perplexity at ``N``.
 
 The runner-up is the winner of the same rule without the winner; every candidate gets the step it lost at.
 """
@@ -40,7 +41,8 @@ RULE = (f"1. in-window guard: perplexity at the original window at most {PPL_MAR
         "group (shown non-inferior, undecided, shown inferior) competes. 2. lowest same-token perplexity at the "
         "target; candidates not significantly different from the lowest are tied. 3. within the tie, a candidate "
         "significantly below another on passkey or RULER accuracy at the target loses. 4. the simplest left "
-        "(frequencies only, static, served natively, fewer parameters), then the lower perplexity.")
+        "(no searched factors or fine-tuned weights, frequencies only, static, served natively, fewer parameters), "
+        "then the lower perplexity.")
 
 
 @dataclass
