@@ -68,7 +68,7 @@ def test_plan_prints_candidates_parameters_and_sample_counts(run_cli, tmp_path):
                                    "--methods", "yarn,self_extend")
     assert code == 0, stderr
     assert "yarn" in stdout and "self-extend" in stdout and "factor=2" in stdout
-    assert "one forward pass:" in stdout and "ppl at 64, 128" in stdout
+    assert "one forward pass:" in stdout and "measured at 128 tokens" in stdout and "ppl at 64, 128" in stdout
     assert "passkey is not measured at 64 tokens" in stdout  # the tiny tokenizer's prompt needs more: said, not hidden
 
 
@@ -238,3 +238,28 @@ def test_the_rule_on_records_whose_outcome_is_known():
     assert verdict.runner_up == "attention"
     ratio = verdict.evidence["guard-fails"]["in_window"]["ppl_ratio"]
     assert ratio["estimate"] == pytest.approx(math.exp(0.5), rel=1e-3)  # exp(2.5 − 2.0): the NLL difference
+
+
+def test_search_and_train_are_planned_and_budgeted(run_cli, tmp_path, monkeypatch):
+    """The sample count from the module doc's arithmetic, with a forward pass at N measured as 0.1 ms per token."""
+    from ropekit.study import recommend
+
+    monkeypatch.setattr(recommend, "forward_seconds", lambda model, length: length * 1e-4)
+
+    def plan(*extra):
+        code, stdout, stderr = run_cli("recommend", "tiny", "-t", "256", "-o", str(tmp_path / "r"), "--plan", "--json",
+                                       "--engine", "vllm", "--methods", "yarn", "--budget", "10s", *extra)
+        assert code == 0, stderr
+        return json.loads(stdout)
+
+    plain, more = plan(), plan("--search", "--train")
+    searched = [c for c in more["candidates"] if c["kind"] == "search"]
+    assert len(searched) == 1 and get_method(searched[0]["method"]).frequencies_only
+    assert searched[0]["given"].get("start_tokens", 0) == 0  # one factor set: what vLLM serves
+    assert more["search"] and more["train"] and not plain["search"]
+    f_n, f_w = 0.0256, 0.0256 * 64 / 256  # measured at N; W's share of it at W
+    per_sample = (f_n + f_w) * (1 + 2 * 1.5)  # perplexity: 1 forward per length; passkey, RULER: 1.5 each
+    assert plain["samples"] == int(10 // (2 * per_sample))  # yarn and the unmodified model
+    search = 16 * 2 * f_n  # 16 evaluations on 2 documents at N
+    train = 2 * 20 * 3 * f_w  # two candidates, 20 steps of 3 forwards at W
+    assert more["samples"] == int((10 - search - train) // ((3 + 2) * per_sample))

@@ -38,7 +38,9 @@ def _print_plan(plan) -> None:
     print_rows(rows, f"candidates for {plan.engine} at {plan.target_length:,} tokens (window {plan.window:,})")
     for e in plan.excluded:
         out.print(f"[dim]not a candidate:[/] {e['method']} — {e['why']}", soft_wrap=True, highlight=False)
-    costs = ", ".join(f"{s * 1000:.1f} ms at {n} tokens" for n, s in plan.seconds_per_forward.items())
+    n_cost, w_cost = (plan.seconds_per_forward[str(k)] for k in (plan.target_length, plan.window))
+    costs = (f"{n_cost:.3g} s measured at {plan.target_length} tokens, at most {w_cost:.3g} s at {plan.window} "
+             f"(the {plan.window}/{plan.target_length} share)")
     measured = "; ".join(f"{task} at {', '.join(map(str, o['lengths']))} ({o.get('samples', o.get('trials'))} "
                          f"{'documents' if task == 'ppl' else 'prompts'})" for task, o in plan.evaluations.items())
     out.print(f"one forward pass: {costs}; evaluations: {measured}; estimated {plan.estimate_seconds / 60:.1f} min "

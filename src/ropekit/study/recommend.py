@@ -24,8 +24,8 @@ weights (``--search``, ``--train``), then frequencies-only before attention-side
 static frequencies before length-dependent ones (``Method.length_dependence``), a form the engine reads natively
 before a generic one (``Method.exports_to``), then fewer parameters (``Method.params``).
 
-**Budget.** One forward pass at ``N`` and one at ``W`` are timed on the model; every candidate (and the unmodified
-model) is evaluated on ``s`` samples of each evaluation at both lengths, a generated answer counted as
+**Budget.** One forward pass at ``N`` is timed on the model, and ``W/N`` of it bounds one at ``W`` from above (the
+cost grows at least linearly with the length); every candidate (and the unmodified model) is evaluated on ``s`` samples of each evaluation at both lengths, a generated answer counted as
 :data:`GENERATION_FORWARDS` forwards, and ``s`` is the largest count whose estimate fits the budget (at least
 :data:`MIN_SAMPLES`: fewer cannot call a paired difference, :data:`ropekit.study.stats.MIN_PAIRED`).
 """
@@ -417,8 +417,10 @@ def make_plan(spec: str, model, target_length: int, engine: str, budget: float, 
             notes.append(f"--search: {engine} does not serve searched LongRoPE factors on this model; no search")
         else:
             chosen.append(searched)
-    forward_w = forward_seconds(model, facts.window)
     forward_n = forward_seconds(model, target_length)
+    # a forward pass costs at least linearly in its length (attention quadratically), so W/N of the measured one is
+    # an upper bound at W — and one forward at N less to wait for (minutes for a real model on a CPU)
+    forward_w = forward_n * facts.window / target_length
     extra = 0.0
     if any(c.kind == "search" for c in chosen):
         extra += SEARCH_EVALUATIONS * SEARCH_DOCUMENTS * forward_n
