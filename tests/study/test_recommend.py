@@ -82,6 +82,7 @@ def test_plan_prints_candidates_parameters_and_sample_counts(run_cli, tmp_path):
     ("128", [], "yarnn: {factor: 3}", "unknown method"),
     ("128", [], "yarn: 3", "--params"),
     ("128", [], "self_extend: {group_size: 4}", "not a candidate"),
+    ("128", ["--engine", "llamacpp", "--methods", "yarn", "--model-spec", "tiny-qwen2"], None, "no method applies"),
 ])
 def test_bad_input_is_one_line_and_creates_nothing(run_cli, tmp_path, target, args, yaml_text, words):
     out = tmp_path / "rec"
@@ -89,7 +90,10 @@ def test_bad_input_is_one_line_and_creates_nothing(run_cli, tmp_path, target, ar
     if yaml_text is not None:
         (tmp_path / "p.yaml").write_text(yaml_text)
         extra = ["--params", str(tmp_path / "p.yaml")]
-    code, stdout, stderr = run_cli("recommend", "tiny", "-t", target, "-o", str(out), *FAST, *args, *extra)
+    model = "tiny"
+    if "--model-spec" in args:  # another model: GGUF export writes Llama-architecture models only
+        model, args = args[-1], args[:-2]
+    code, stdout, stderr = run_cli("recommend", model, "-t", target, "-o", str(out), *FAST, *args, *extra)
     assert code == 2
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], stderr
@@ -169,6 +173,17 @@ def test_every_number_matches_the_stored_samples(vllm_recommendation):
             by_hand = math.exp(sum(r["nll_sum"] for r in rows) / sum(r["tokens_scored"] for r in rows))
             assert cell["value"] == pytest.approx(by_hand, rel=1e-9)
             assert cell["ci95"][0] <= cell["value"] <= cell["ci95"][1]
+
+
+def test_the_transformers_engine_verifies_the_export_and_the_card_says_so(run_cli, tmp_path):
+    out = tmp_path / "rec"
+    code, stdout, stderr = run_cli("recommend", "tiny", "-t", "128", "-o", str(out), "--budget", "1s", "--methods", "yarn")
+    assert code == 0, stderr
+    result = json.loads((out / "recommendation.json").read_text())
+    assert result["verify"]["ran"] and result["verify"]["passed"]
+    assert result["verify"]["max_abs_diff"] <= result["verify"]["tolerance"]
+    assert "`ropekit verify --engine transformers` PASS" in (out / "README.md").read_text()
+    assert result["runner_up"] is None and result["chosen"] == "yarn"
 
 
 def test_resume_after_an_interruption_recomputes_nothing_finished(run_cli, tmp_path, monkeypatch):
