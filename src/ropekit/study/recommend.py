@@ -368,31 +368,40 @@ def documents_with(data: str | None, tokenizer, tokens: int, wanted: int) -> int
     return found
 
 
-def evaluations(tokenizer, window: int, target_length: int, samples: int, data: str | None) -> tuple[dict, list[str]]:
-    """``(the study's evals, notes)``: perplexity (same targets) on ``samples`` documents, passkey and RULER single
-    needle with ``samples`` prompts, each at the window and the target where its prompt fits."""
+def measurable(tokenizer, window: int, target_length: int, data: str | None) -> tuple[int, dict[str, list[int]], list[str]]:
+    """``(documents with N tokens (up to MAX_SAMPLES), task → the lengths its prompt fits in, notes)``: what can be
+    measured, found before anything is timed."""
     notes: list[str] = []
-    lengths = [window, target_length]
     bos = 1 if getattr(tokenizer, "bos_token_id", None) is not None else 0
-    docs = documents_with(data, tokenizer, target_length - bos, samples)
+    docs = documents_with(data, tokenizer, target_length - bos, MAX_SAMPLES)
     if docs == 0:
         raise RecommendError(f"no document of {data or 'the built-in held-out corpus'} has the {target_length} tokens "
                              "perplexity at the target needs", "pass --data with longer documents")
-    if docs < samples:
-        notes.append(f"perplexity: {docs} documents have {target_length} tokens, so {docs} are measured, not {samples}")
-    ppl = {"lengths": lengths, "samples": min(samples, docs), "score_mode": "same_targets", **({"data": data} if data else {})}
-    out: dict[str, dict[str, Any]] = {"ppl": ppl}
-    for task, options in (("passkey", {"trials": samples}),
-                          ("ruler", {"tasks": [RULER_SINGLE_NEEDLE], "samples": samples})):
-        fitting = []
-        for length in lengths:
+    fitting: dict[str, list[int]] = {}
+    for task in ("passkey", "ruler"):
+        for length in (window, target_length):
             why = _fits(task, tokenizer, length)
             if why is None:
-                fitting.append(length)
+                fitting.setdefault(task, []).append(length)
             else:
                 notes.append(f"{task} is not measured at {length} tokens: {why}")
-        if fitting:
-            out[task] = {"lengths": fitting, **options}
+    return docs, fitting, notes
+
+
+def evaluations(window: int, target_length: int, samples: int, docs: int, fitting: dict[str, list[int]],
+                data: str | None) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """``(the study's evals, notes)``: perplexity (same targets) on ``samples`` documents (at most ``docs``), passkey
+    and RULER single needle with ``samples`` prompts, each at the window and the target where its prompt fits."""
+    notes = []
+    if docs < samples:
+        notes.append(f"perplexity: {docs} documents have {target_length} tokens, so {docs} are measured, not {samples}"
+                     + (f" (fewer than {MIN_PAIRED}: no perplexity difference can be called)" if docs < MIN_PAIRED else ""))
+    out: dict[str, dict[str, Any]] = {"ppl": {"lengths": [window, target_length], "samples": min(samples, docs),
+                                              "score_mode": "same_targets", **({"data": data} if data else {})}}
+    if "passkey" in fitting:
+        out["passkey"] = {"lengths": fitting["passkey"], "trials": samples}
+    if "ruler" in fitting:
+        out["ruler"] = {"lengths": fitting["ruler"], "tasks": [RULER_SINGLE_NEEDLE], "samples": samples}
     return out, notes
 
 
@@ -402,6 +411,9 @@ def make_plan(spec: str, model, target_length: int, engine: str, budget: float, 
     """Candidates and sample counts for ``model`` (loaded from ``spec``); raises one line for bad input."""
     if engine not in ENGINES:
         raise RecommendError(f"unknown engine '{engine}'", f"choose one of {', '.join(ENGINES)}")
+    if tokenizer is None:
+        raise RecommendError(f"'{spec}' has no tokenizer, and the evaluations need one",
+                             "pass a model directory with tokenizer files, a .gguf file, or a built-in name")
     facts = model_facts(spec, model)
     if target_length <= facts.window:
         raise RecommendError(f"--target-length {target_length} is not beyond the model's window ({facts.window} tokens)",
@@ -410,7 +422,7 @@ def make_plan(spec: str, model, target_length: int, engine: str, budget: float, 
     if not chosen:
         raise RecommendError(f"no method applies to this {facts.model_type} model and is served by {engine} at "
                              f"{target_length} tokens", "choose another --engine (transformers serves every method)")
-    notes = []
+    docs, fitting, notes = measurable(tokenizer, facts.window, target_length, data)
     if search:
         searched = search_candidate(facts, target_length, engine)
         if searched is None:
@@ -431,11 +443,8 @@ def make_plan(spec: str, model, target_length: int, engine: str, budget: float, 
     if estimate > budget * 1.05:
         notes.append(f"the budget allows fewer than {MIN_SAMPLES} samples per evaluation; {MIN_SAMPLES} are run "
                      f"(estimated {estimate / 60:.1f} min)")
-    if tokenizer is None:
-        raise RecommendError(f"'{spec}' has no tokenizer, and the evaluations need one",
-                             "pass a model directory with tokenizer files, a .gguf file, or a built-in name")
-    evals, fit_notes = evaluations(tokenizer, facts.window, target_length, samples, data)
-    notes += fit_notes
+    evals, ppl_notes = evaluations(facts.window, target_length, samples, docs, fitting, data)
+    notes += ppl_notes
     return Plan(model=spec, model_type=facts.model_type, window=facts.window, target_length=target_length,
                 engine=engine, budget_seconds=budget, evaluations=evals,
                 seconds_per_forward={str(target_length): forward_n, str(facts.window): forward_w},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -116,10 +117,9 @@ def run_verify(engine: str, directory: Path, report: dict[str, Any]) -> dict[str
         result = verify(directory, name)
     except RopekitError as err:
         return {"ran": True, "passed": False, "why": err.one_line()}
-    data = result.as_dict()
     return {"ran": True, "passed": bool(result.passed), "engine_version": result.engine_version,
             "tokens": result.tokens, "max_abs_diff": result.max_abs_diff, "mean_abs_diff": result.mean_abs_diff,
-            "tolerance": result.tolerance, "details": {k: v for k, v in data.items() if k == "details"}}
+            "tolerance": result.tolerance, "details": result.as_dict().get("details", {})}
 
 
 def verify_line(engine: str, verdict: dict[str, Any] | None) -> str:
@@ -178,8 +178,6 @@ def write_recommendation(plan: Plan, verdict: Verdict, candidates: list[Candidat
                 command = engine_command(plan.engine, target, out, report, plan.target_length)
             except RopekitError as err:
                 passed_over.append({"label": label, "why": err.problem})
-                import shutil
-
                 shutil.rmtree(target)
                 continue
             break
