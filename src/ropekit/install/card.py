@@ -1,5 +1,6 @@
 """The exported directory's model card (``README.md``, written with huggingface_hub's ``ModelCard``) and its
-``ROPEKIT.md``: what the model is, and the same model's settings in each stack people serve or train with.
+``ROPEKIT.md``: what the model is, the evidence it was chosen on when ``ropekit recommend`` chose it
+(:func:`evidence_markdown`), and the same model's settings in each stack people serve or train with.
 
 Every setting printed is derived from the ``config.json`` the export wrote, and only where that stack computes the
 same model from it; otherwise the card says so and names the alternative:
