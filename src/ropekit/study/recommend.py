@@ -25,9 +25,12 @@ static frequencies before length-dependent ones (``Method.length_dependence``), 
 before a generic one (``Method.exports_to``), then fewer parameters (``Method.params``).
 
 **Budget.** One forward pass at ``N`` is timed on the model, and ``W/N`` of it bounds one at ``W`` from above (the
-cost grows at least linearly with the length); every candidate (and the unmodified model) is evaluated on ``s`` samples of each evaluation at both lengths, a generated answer counted as
-:data:`GENERATION_FORWARDS` forwards, and ``s`` is the largest count whose estimate fits the budget (at least
-:data:`MIN_SAMPLES`: fewer cannot call a paired difference, :data:`ropekit.study.stats.MIN_PAIRED`).
+cost grows at least linearly with the length); every candidate (and the unmodified model) is evaluated on ``s``
+samples of each evaluation at both lengths, a generated answer counted as :data:`GENERATION_FORWARDS` forwards, and
+``s`` is the largest count whose estimate fits the budget (at least :data:`MIN_SAMPLES`: fewer cannot call a paired
+difference, :data:`ropekit.study.stats.MIN_PAIRED`; at most :data:`MAX_SAMPLES`). A LongRoPE search costs
+:data:`SEARCH_EVALUATIONS` × :data:`SEARCH_DOCUMENTS` forwards at ``N``, a PoSE fine-tuning :data:`TRAIN_STEPS` ×
+:data:`TRAIN_STEP_FORWARDS` forwards at ``W`` per candidate; both come off the budget first.
 """
 
 from __future__ import annotations
