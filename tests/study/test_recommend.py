@@ -227,8 +227,10 @@ def test_the_rule_on_records_whose_outcome_is_known():
     """window 100, target 400, 12 documents; per document the same offset for every method (paired)."""
     per_doc = [0.05 * ((7 * d) % 12) for d in range(12)]
     jitter = [0.001 * (1 if d % 2 else -1) for d in range(12)]
-    # (in-window NLL, NLL at the target, passkey score at the target)
+    # (in-window NLL, NLL at the target, passkey score at the target); in the window every passkey is found but
+    # by "forgets-inside"
     spec = {"base": (2.0, 5.0, 0.0),
+            "forgets-inside": (2.0, 2.0, 1.0),  # best at the target, but loses in-window retrieval: step 1
             "guard-fails": (2.5, 2.0, 1.0),   # best at the target, but 65 % worse in the window: step 1
             "winner": (2.0, 2.4, 1.0),
             "attention": (2.0, 2.4, 1.0),     # tied with the winner, less simple: step 4
@@ -241,12 +243,16 @@ def test_the_rule_on_records_whose_outcome_is_known():
             records.append(_ppl(label, 100, d, inside + per_doc[d] + wobble))
             records.append(_ppl(label, 400, d, target + per_doc[d] + wobble))
             records.append({"task": "passkey", "method": label, "length": 400, "depth": 0.5, "trial": d, "score": score})
-    candidates = [_candidate("guard-fails", (0, 0, 0, 0, 1)), _candidate("winner", (0, 0, 0, 0, 2)),
+            records.append({"task": "passkey", "method": label, "length": 100, "depth": 0.5, "trial": d,
+                            "score": 0.0 if label == "forgets-inside" else 1.0})
+    candidates = [_candidate("forgets-inside", (0, 0, 0, 0, 0)), _candidate("guard-fails", (0, 0, 0, 0, 1)), _candidate("winner", (0, 0, 0, 0, 2)),
                   _candidate("attention", (0, 1, 0, 0, 2)), _candidate("worse", (0, 0, 0, 0, 1)),
                   _candidate("forgets", (0, 0, 0, 0, 0))]
     verdict = decide(records, candidates, 100, 400)
     assert verdict.winner == "winner"
-    assert verdict.why["guard-fails"].startswith("step 1")
+    assert verdict.why["guard-fails"].startswith("step 1") and "perplexity ratio" in verdict.why["guard-fails"]
+    assert verdict.why["forgets-inside"].startswith("step 1") and "passkey difference -1" in verdict.why["forgets-inside"]
+    assert verdict.tiers["winner"] == 0 and verdict.tiers["guard-fails"] == verdict.tiers["forgets-inside"] == 2
     assert verdict.why["worse"].startswith("step 2")
     assert verdict.why["forgets"].startswith("step 3")
     assert verdict.why["attention"].startswith("step 4")
