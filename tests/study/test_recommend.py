@@ -113,7 +113,8 @@ def vllm_recommendation(tmp_path_factory):
     out = tmp_path_factory.mktemp("vllm") / "rec"
     argv, sys.argv = sys.argv, ["ropekit", "recommend", "tiny", "-t", "128", "-o", str(out), "--engine", "vllm", *FAST]
     stdout, stderr = StringIO(), StringIO()
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the suite's fast tests run (conftest); the function-scoped fixture is not active yet
     try:
         with redirect_stdout(stdout), redirect_stderr(stderr):
             try:
@@ -123,6 +124,7 @@ def vllm_recommendation(tmp_path_factory):
                 code = e.code
     finally:
         sys.argv = argv
+        torch.set_num_threads(threads)
     assert code == 0, stderr.getvalue()
     return out, json.loads((out / "recommendation.json").read_text()), stdout.getvalue(), stderr.getvalue()
 
