@@ -120,7 +120,7 @@ COMMAND_PATHS = _command_paths(typer.main.get_command(cli.app))
 
 def test_the_command_tree():
     top = [p[0] for p in COMMAND_PATHS if len(p) == 1]
-    assert top == ["methods", "inspect", "extend", "search", "export", "verify", "engines", "eval", "train", "pose-coverage", "report", "study",
+    assert top == ["methods", "inspect", "extend", "search", "export", "verify", "recommend", "engines", "eval", "train", "pose-coverage", "report", "study",
                    "pretrain-base", "demo"]
     from ropekit.eval import TASKS
 

@@ -1,7 +1,7 @@
 """The ``ropekit`` command line: the typer app, the registration of its commands, and :func:`main`.
 
 Each command lives in its own module (``ropekit.cli.methods``, ``…inspect``, ``…extend``, ``…eval``,
-``…train``, ``…pose_coverage``, ``…report``, ``…study``, ``…pretrain_base``, ``…demo``); what several share
+``…train``, ``…recommend``, ``…pose_coverage``, ``…report``, ``…study``, ``…pretrain_base``, ``…demo``); what several share
 is in :mod:`ropekit.cli.common`. None of them imports torch, transformers or the heavy ropekit modules at
 module level — each command imports what it needs when it runs — so ``ropekit --help`` answers at once.
 
@@ -28,6 +28,7 @@ from .inspect import inspect_cmd
 from .methods import methods_cmd
 from .pose_coverage import pose_coverage_cmd
 from .pretrain_base import pretrain_base_cmd
+from .recommend import recommend_cmd
 from .report import report_cmd
 from .search import search_cmd
 from .export import export_cmd
@@ -45,6 +46,7 @@ COMMANDS = {
     "search": search_cmd,
     "export": export_cmd,
     "verify": verify_cmd,
+    "recommend": recommend_cmd,
     "engines": engines_app,
     "eval": eval_app,
     "train": train_cmd,

@@ -64,7 +64,7 @@ PLACEMENT_NOTES: list[str] = []
 
 
 #: Commands → the extra that brings everything they use (pyproject.toml).
-COMMAND_EXTRAS = {"study": "study", "report": "study", "demo": "study", "train": "train", "pretrain-base": "train",
+COMMAND_EXTRAS = {"study": "study", "report": "study", "recommend": "study", "demo": "study", "train": "train", "pretrain-base": "train",
                   "eval": "eval", "search": "eval"}
 #: Packages of the extras (pyproject.toml) → the extra that brings each: the core is extend, export, load,
 #: inspect and verify.

@@ -1,5 +1,6 @@
 """The exported directory's model card (``README.md``, written with huggingface_hub's ``ModelCard``) and its
-``ROPEKIT.md``: what the model is, and the same model's settings in each stack people serve or train with.
+``ROPEKIT.md``: what the model is, the evidence it was chosen on when ``ropekit recommend`` chose it
+(:func:`evidence_markdown`), and the same model's settings in each stack people serve or train with.
 
 Every setting printed is derived from the ``config.json`` the export wrote, and only where that stack computes the
 same model from it; otherwise the card says so and names the alternative:
@@ -61,9 +62,9 @@ def _yaml(data: dict[str, Any]) -> str:
 
 def card_body(out: Path, saved: dict[str, Any], *, method: str, params: dict[str, Any], original: int,
               note: str, legacy_why: str, base_model: str | None, source_gguf: str | None,
-              evaluation: dict[str, Any] | None) -> str:
+              evaluation: dict[str, Any] | None, evidence: dict[str, Any] | None = None) -> str:
     """The card's text (Markdown) for the export in ``out`` (the directory being built) whose config.json is
-    ``saved``."""
+    ``saved``; ``evidence`` (:func:`evidence_markdown`) adds the comparison the method was chosen by."""
     rope = saved.get("rope_parameters") or {}
     window = int(saved.get("max_position_embeddings") or 0)
     record = saved.get("ropekit") or {}
@@ -84,6 +85,8 @@ def card_body(out: Path, saved: dict[str, Any], *, method: str, params: dict[str
     if evaluation:
         lines += ["", "## Evaluation", "", "| metric | value |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in evaluation.items()]
+    if evidence:
+        lines += ["", evidence_markdown(evidence)]
     lines += ["", "## How ropekit wrote it", "", note, "", "## The same model in each stack", ""]
     lines += ["**transformers 5.x** — `AutoModelForCausalLM.from_pretrained(DIR)` reads `rope_parameters`:", "",
               "```json", json.dumps({"rope_parameters": rope, "max_position_embeddings": window}, indent=1), "```", ""]
@@ -124,6 +127,51 @@ def card_body(out: Path, saved: dict[str, Any], *, method: str, params: dict[str
     lines += ["**axolotl** — `base_model` is loaded with transformers, which reads the scaling from this directory:",
               "", "```yaml", _yaml({"base_model": "DIR", "sequence_len": window}), "```", ""]
     return "\n".join(lines)
+
+
+#: The evidence section's bounds in the card, so that it can be replaced once more is known (an engine's verdict).
+EVIDENCE_START, EVIDENCE_END = "<!-- ropekit:evidence -->", "<!-- /ropekit:evidence -->"
+
+
+def _cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def evidence_markdown(evidence: dict[str, Any]) -> str:
+    """The card's evidence section: ``title``, ``intro`` (paragraphs), a table (``columns``, ``rows``) and ``notes``
+    (paragraphs), between :data:`EVIDENCE_START` and :data:`EVIDENCE_END`."""
+    lines = [EVIDENCE_START, f"## {evidence.get('title', 'Evidence')}", ""]
+    for paragraph in evidence.get("intro", []):
+        lines += [paragraph, ""]
+    columns = evidence.get("columns") or []
+    if columns:
+        lines += ["| " + " | ".join(_cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in evidence.get("rows", [])]
+        lines.append("")
+    for paragraph in evidence.get("notes", []):
+        lines += [paragraph, ""]
+    lines.append(EVIDENCE_END)
+    return "\n".join(lines)
+
+
+def replace_evidence(out: Path, evidence: dict[str, Any]) -> None:
+    """Rewrite the evidence section of the card in ``out`` (``README.md`` through huggingface_hub's ``ModelCard``,
+    and ``ROPEKIT.md``); the rest of the card stays as :func:`card_body` wrote it."""
+    from huggingface_hub import ModelCard
+
+    section = evidence_markdown(evidence)
+
+    def swap(text: str) -> str:
+        start, end = text.find(EVIDENCE_START), text.find(EVIDENCE_END)
+        if start < 0 or end < 0:
+            raise ValueError(f"the card in '{out}' has no evidence section")
+        return text[:start] + section + text[end + len(EVIDENCE_END):]
+
+    card = ModelCard.load(out / "README.md")
+    card.text = swap(card.text)
+    card.save(out / "README.md")
+    ropekit_md = out / "ROPEKIT.md"
+    ropekit_md.write_text(swap(ropekit_md.read_text()))
 
 
 def write_card(out: Path, body: str, *, method: str, base_model: str | None) -> None:

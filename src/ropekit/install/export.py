@@ -225,7 +225,8 @@ def _export_note(m, rope_format: str, rope: dict[str, Any], freeze_length: int |
 
 def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None, *, rope_format: str = "auto",
                     freeze_length: int | None = None, dtype: str | torch.dtype | None = None,
-                    base_model: str | None = None, evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
+                    base_model: str | None = None, evaluation: dict[str, Any] | None = None,
+                    evidence: dict[str, Any] | None = None) -> dict[str, Any]:
     """Save ``model`` so that plain transformers rebuilds the same model wherever it can.
 
     ``rope_format`` chooses how ``config.json`` writes the RoPE:
@@ -246,8 +247,9 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     file as such: :mod:`.weights`) and any other model as it is. A model whose weights transformers cannot save
     (packed GGUF blocks, another quantizer) is refused in one line before anything is written.
 
-    ``base_model`` (a hub id, or the .gguf file the model came from) and ``evaluation`` (metric → value) go into the
-    model card; the base model defaults to the hub id the model was loaded from, when it was.
+    ``base_model`` (a hub id, or the .gguf file the model came from), ``evaluation`` (metric → value) and ``evidence``
+    (a comparison table, :func:`.card.evidence_markdown`) go into the model card; the base model defaults to the
+    hub id the model was loaded from, when it was.
 
     ``ropekit.load`` restores every method from any of them (the method and its parameters are recorded under
     ``ropekit``). A format that cannot represent the model exactly is refused in one line before anything is
@@ -347,7 +349,7 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
                 "model with no flags."))
         source = base_model or _hub_id(model)
         body = card_body(building, saved, method=m.name, params=json_safe(params), original=int(record["base"]["max_position_embeddings"]),
-                         note=how, legacy_why=legacy_why, evaluation=evaluation,
+                         note=how, legacy_why=legacy_why, evaluation=evaluation, evidence=evidence,
                          base_model=None if source and source.lower().endswith(".gguf") else source,
                          source_gguf=source if source and source.lower().endswith(".gguf") else None)
         write_card(building, body, method=m.name, base_model=source if source and _HUB_ID.match(source) else None)

@@ -13,10 +13,11 @@ from .rope_types import transformers_builds
 from .vllm import dual_chunk_config
 
 
-def _exports(m, info, base_dict, sliding=()) -> list[str]:
+def exports(m, info, base_dict, sliding=(), params=None) -> list[str]:
     """Where the method's export runs without ropekit: its native rope type when transformers has one (and the
-    family accepts it: Phi-3 does not take yarn), else transformers' longrope when the frequencies fit it."""
-    params = m.resolve(info, m.example_params(info))
+    family accepts it: Phi-3 does not take yarn), else transformers' longrope when the frequencies fit it.
+    ``params``: the resolved parameters to judge (default: the method's :meth:`~Method.example_params`)."""
+    params = m.resolve(info, m.example_params(info)) if params is None else params
     native = m.transformers_rope(info, params)
     if native is not None and transformers_builds(base_dict, native):
         return m.exports_to(params)
@@ -41,8 +42,8 @@ def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
     for m in list_methods():
         refusal = why_not(m, info, features) if features is not None else None
         why = refusal.problem if refusal else ("already extended" if features is None else None)
-        exports = _exports(m, info, base_dict, features.sliding_layers) if why is None else []
-        methods.append({"name": m.name, "applies": why is None, "exports_to": exports,
+        exports_list = exports(m, info, base_dict, features.sliding_layers) if why is None else []
+        methods.append({"name": m.name, "applies": why is None, "exports_to": exports_list,
                         "why_not": f"{refusal.problem}; {refusal.fix}" if refusal else (why or ""),
                         "feature": refusal.feature if refusal else ""})
     live = (config.rope_parameters.get(info.layer_type) if info.layer_type else config.rope_parameters).get("rope_type", "default")
