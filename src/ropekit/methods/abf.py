@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..core.rope import base_change_ratio, default_inv_freq, scale_pairs
 from ..errors import InvalidParameterError
-from .base import AttentionSpec, Method, Param, original_window, register
+from .base import AttentionSpec, GGUFKeys, Method, Param, original_window, register
 
 NEW_BASE = Param("rope_theta", float, 500000.0, "the new RoPE base b'", minimum=1.0, exclusive_minimum=True)
 DECLARED_FACTOR = Param(
@@ -47,6 +47,9 @@ class ABF(Method):
 
     def exports_to(self, params=None):
         return ["transformers", "vllm"]
+
+    def gguf_rope(self, info, params):
+        return GGUFKeys("none", float(params["rope_theta"]))  # a new freq_base
 
 
 @register
@@ -96,6 +99,9 @@ class EntropyABF(ABF):
 
     def transformers_rope(self, info, params):
         return None
+
+    def gguf_rope(self, info, params):
+        return None  # the logit scale has no GGUF key (the writer refuses the method for it)
 
     def exports_to(self, params=None):
         return []

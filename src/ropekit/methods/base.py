@@ -6,14 +6,22 @@ the user's parameters it can
 * resolve and validate the parameters (defaults come from the papers or from the model),
 * compute the shared inverse frequencies and attention factor (the transformers rope-init contract),
 * describe attention-side changes (per-head RoPE, logit scaling) as an :class:`AttentionSpec`,
-* say whether plain transformers (and therefore vLLM) has an exactly equivalent ``rope_parameters``.
+* say, format by format, how it is written for a runtime other than ropekit — or why it cannot be, in one line:
+  transformers' own ``rope_parameters`` (:meth:`Method.transformers_rope`), llama.cpp's named GGUF RoPE keys
+  (:meth:`Method.gguf_rope`), the ``config.json`` keys with which vLLM computes it itself (:meth:`Method.vllm_config`,
+  :meth:`Method.vllm_serve`); the ropekit format (rope type ``ropekit_<name>`` and the recorded parameters,
+  :meth:`Method.frozen_params`) holds every method.
 
-Installing a method into a model is :mod:`ropekit.install`'s job; a method only says what to install.
+Installing a method into a model, and writing the formats, is :mod:`ropekit.install`'s job; a method only says what
+to install and what to write. No module outside a method's unit (``methods/<name>.py`` and the helper modules it
+imports, ``methods/<name>_*.py``) and the registry (``methods/__init__.py``) names the method
+(``tests/methods/test_method_units.py``).
 """
 
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -54,6 +62,44 @@ ORIGINAL_WINDOW = Param(
     "original_max_position_embeddings", int, original_window, "pretrained window C the scaling is relative to", minimum=2
 )
 ROPE_THETA = Param("rope_theta", float, model_theta, "RoPE base b the method starts from", minimum=1.0, exclusive_minimum=True)
+
+
+#: llama.cpp's YaRN correction betas for the Llama architecture: its context defaults, which it does not read from a
+#: GGUF (``src/llama-context.cpp``); a method can be written as GGUF ``yarn`` only with these.
+LLAMACPP_YARN_BETAS = (32.0, 1.0)
+
+
+@dataclass(frozen=True)
+class GGUFKeys:
+    """llama.cpp's own RoPE keys for an installation (:meth:`Method.gguf_rope`): ``scaling_type`` ``none``
+    (plain RoPE with ``freq_base``), ``linear`` (``factor``) or ``yarn`` (``factor`` over
+    ``original_context_length``, llama.cpp's betas :data:`LLAMACPP_YARN_BETAS`). The GGUF writer checks the keys
+    numerically against the installed frequencies and writes the exact per-pair ``rope_freqs`` form instead when
+    they differ."""
+
+    scaling_type: str
+    freq_base: float
+    factor: float | None = None
+    original_context_length: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """``config.json`` keys with which an engine (vLLM) computes a method itself rather than through its RoPE, and
+    the model card's sentence about it (:meth:`Method.vllm_config`)."""
+
+    keys: dict[str, Any]
+    note: str
+
+
+@dataclass(frozen=True)
+class EngineServing:
+    """How vLLM serves a directory carrying a method's :attr:`Method.vllm_keys` (:meth:`Method.vllm_serve`):
+    ``hf_overrides``, extra command-line arguments after ``--max-model-len`` and environment variables."""
+
+    hf_overrides: dict[str, Any]
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -223,6 +269,29 @@ class Method(abc.ABC):
     def exports_to(self, params: dict[str, Any] | None = None) -> list[str]:
         """Which runtimes can run the exported model without ropekit (``transformers``, ``vllm``)."""
         return []
+
+    # ---- export hooks, one per format (install/ dispatches to them) ---------------------------------
+    #: ``config.json`` keys through which vLLM computes the method itself (:meth:`vllm_config` writes them); an
+    #: export of any other method drops them (a loaded config must not make vLLM run another method).
+    vllm_keys: ClassVar[tuple[str, ...]] = ()
+
+    def gguf_rope(self, info: RopeInfo, params: dict[str, Any]) -> GGUFKeys | None:
+        """llama.cpp's own RoPE keys that may compute this installation on a model with plain RoPE (checked
+        numerically by the writer), or ``None``: the GGUF then holds the exact per-pair ``rope_freqs`` form.
+        Default ``None``. Attention-side changes and length-dependent frequencies are refused by the writer from
+        :attr:`changes` and :meth:`length_dependence`."""
+        return None
+
+    def vllm_config(self, info: RopeInfo, params: dict[str, Any], *,
+                    sliding_layers: tuple[int, ...] = ()) -> EngineConfig | str | None:
+        """The ``config.json`` keys (:attr:`vllm_keys`) with which vLLM computes the method itself, a one-line reason
+        why it cannot, or ``None`` (default) when vLLM serves the method through its RoPE alone."""
+        return None
+
+    def vllm_serve(self, config: dict[str, Any]) -> EngineServing | str:
+        """How vLLM serves an exported ``config.json`` that carries this method's :attr:`vllm_keys`, or a one-line
+        reason why it would compute something else. Only methods with :attr:`vllm_keys` are asked."""
+        return f"vLLM does not compute {self.name} itself"
 
     def not_applicable(self, info: RopeInfo) -> str | None:
         """Why this method cannot be installed into a model with ``info``, or ``None`` when it can."""

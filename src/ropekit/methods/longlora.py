@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..attention.s2_attn import make_s2_attn
-from .base import FACTOR, ROPE_THETA, AttentionSpec, Method, Param, register
+from .base import FACTOR, ROPE_THETA, AttentionSpec, GGUFKeys, Method, Param, register
 from ..core.rope import default_inv_freq, pi_inv_freq
 
 #: LongLoRA's fine-tuning recipe (Chen et al. 2024 §3–4; docs/methods-reference.md §6), for the training code to use.
@@ -86,3 +86,9 @@ class LongLoRA(Method):
 
     def exports_to(self, params=None):
         return ["transformers", "vllm"]
+
+    def gguf_rope(self, info, params):
+        # llama.cpp's `linear` divides every frequency by the factor: PI's rule
+        if params.get("factor", 1.0) > 1.0:
+            return GGUFKeys("linear", float(params["rope_theta"]), factor=float(params["factor"]))
+        return None

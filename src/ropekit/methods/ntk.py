@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import FACTOR, ROPE_THETA, Method, register
+from .base import FACTOR, ROPE_THETA, GGUFKeys, Method, register
 from ..core.rope import default_inv_freq, ntk_base, ntk_ratio, scale_pairs
 
 
@@ -44,3 +44,6 @@ class NTKAware(Method):
 
     def exports_to(self, params=None):
         return ["transformers", "vllm"]
+
+    def gguf_rope(self, info, params):
+        return GGUFKeys("none", float(self.new_base(info, params)))  # a new freq_base

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import FACTOR, ROPE_THETA, Method, register
+from .base import FACTOR, ROPE_THETA, GGUFKeys, Method, register
 from ..core.rope import default_inv_freq, pi_inv_freq
 
 
@@ -40,3 +40,9 @@ class PositionInterpolation(Method):
 
     def exports_to(self, params=None):
         return ["transformers", "vllm"]
+
+    def gguf_rope(self, info, params):
+        # llama.cpp's `linear` divides every frequency by the factor: PI's rule
+        if params.get("factor", 1.0) > 1.0:
+            return GGUFKeys("linear", float(params["rope_theta"]), factor=float(params["factor"]))
+        return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..core.rope import yarn_mscale
-from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Param, register
+from .base import FACTOR, LLAMACPP_YARN_BETAS, ORIGINAL_WINDOW, ROPE_THETA, GGUFKeys, Param, register
 from .ntk_by_parts import BETA_FAST, BETA_SLOW, BLEND, TRUNCATE, _ByParts, ramp_param
 
 
@@ -85,3 +85,12 @@ class YaRN(_ByParts):
         if abs(params["attention_factor"] - yarn_mscale(params["factor"])) < 1e-12 and params["truncate"]:
             out.append("vllm")
         return out
+
+    def gguf_rope(self, info, params):
+        # llama.cpp's `yarn` is the dim ramp with frequency blending and truncated ends, with its own betas
+        if (params.get("factor", 1.0) > 1.0 and params.get("ramp") == "dim" and params.get("blend") == "frequency"
+                and params.get("truncate")
+                and (params.get("beta_fast"), params.get("beta_slow")) == LLAMACPP_YARN_BETAS):
+            return GGUFKeys("yarn", float(params["rope_theta"]), factor=float(params["factor"]),
+                            original_context_length=int(params["original_max_position_embeddings"]))
+        return None
