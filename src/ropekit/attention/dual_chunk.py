@@ -100,7 +100,7 @@ class DualChunkAttention:
         memo = forward_memo(attention_mask, kwargs.get("position_ids"), q_len, k_len)
         mask = memoized(memo, ("mask", query.shape[0], query.shape[1], kwargs.get("sliding_window")),
                         lambda: AttentionMask.for_call(attention_mask, query, key, kwargs))
-        plain, blocks = memoized(memo, ("dual_chunk", self.chunk_len, self.chunk),
+        plain, blocks = memoized(memo, ("chunk layout", self.chunk_len, self.chunk),
                                  lambda: self._layout(mask, q_pos, k_pos, q_len, k_len))
         if plain:  # every pair intra-chunk: the plain model, exactly
             return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)

@@ -155,7 +155,7 @@ class SelfExtendAttention:
                 return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
             out = self._attend_decode(query, key, value, mask, q_pos, k_pos, scaling)
             return out.transpose(1, 2).contiguous(), None
-        degenerate, consecutive = memoized(memo, ("self_extend", self.window_size),
+        degenerate, consecutive = memoized(memo, ("grouped layout", self.window_size),
                                            lambda: self._layout(mask, q_pos, k_pos, q_len, k_len, device))
         # Degenerate case (LCEG Eq. 13 with every allowed pair closer than W): plain attention, exactly.
         if degenerate:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..core.rope import base_change_ratio, default_inv_freq, scale_pairs
+from ..core.rope import base_change_ratio, default_inv_freq, ntk_base, scale_pairs
 from ..errors import InvalidParameterError
-from .base import AttentionSpec, GGUFKeys, Method, Param, original_window, register
+from .base import AttentionSpec, GGUFKeys, Method, Param, original_window, register, short_number, two_digits
 
 NEW_BASE = Param("rope_theta", float, 500000.0, "the new RoPE base b'", minimum=1.0, exclusive_minimum=True)
 DECLARED_FACTOR = Param(
@@ -30,6 +30,18 @@ class ABF(Method):
     needs_training = True
     uses_factor = False
     composition = "θ'_i = θ^eff_i · (b/b')^(2i/d) (the base change as a per-pair ratio); the model's attention factor kept"
+
+
+    family = "NTK & base frequency"
+
+    def demo_params(self, info, factor):
+        """Base ``b' ≈ 4 ×`` the NTK-aware base for ``factor``, two significant digits (the papers' 500,000 is meant
+        for 4k-token Llama-2 models and would be far too large for the 64-token demo model)."""
+        ntk = ntk_base(info.rope_theta, info.rotary_dim, factor) if factor > 1 else info.rope_theta
+        return {"rope_theta": two_digits(4 * ntk) if factor > 1 else info.rope_theta, "factor": factor}
+
+    def settings_line(self, info, params, requested=None):
+        return f"b'={short_number(params['rope_theta'])}"
 
     def inv_freq(self, info, params, seq_len=None, device=None):
         if info.is_scaled:
@@ -77,6 +89,13 @@ class EntropyABF(ABF):
     )
     changes = ("frequencies", "logit_scale_per_position")
     composition = ABF.composition + "; logit scale with c = the effective window"
+
+
+    def settings_line(self, info, params, requested=None):
+        skip = set(params.get("skip_layers") or ())
+        scaled = [i for i in range(info.num_layers) if i not in skip]
+        where = f"layers {scaled[0]}–{scaled[-1]}" if len(scaled) > 1 else (f"layer {scaled[0]}" if scaled else "no layer")
+        return f"b'={short_number(params['rope_theta'])}, logit×max(log_{params['scale_context']} i, 1) on {where}"
 
     def resolve(self, info, given):
         params = super().resolve(info, given)

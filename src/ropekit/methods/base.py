@@ -46,6 +46,17 @@ CHANGES = {
 }
 
 
+def two_digits(x: float) -> float:
+    """``x`` to two significant digits (settings shown in a table read better round)."""
+    digits = 1 - int(math.floor(math.log10(abs(x))))
+    return float(round(x, digits))
+
+
+def short_number(x: float) -> str:
+    """A number as a settings line shows it: thousands separated, no decimals, from 100 up."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:g}"
+
+
 def original_window(info: RopeInfo) -> int:
     """the model's window (max_position_embeddings)"""
     return info.window
@@ -324,6 +335,21 @@ class Method(abc.ABC):
     def example_params(self, info: RopeInfo) -> dict[str, Any]:
         """Parameters that install the method at 2× the window (``inspect`` builds its export check from them)."""
         return {"factor": 2.0} if any(p.name == "factor" for p in self.params) else {}
+
+    # ---- how ropekit's own reports show it ------------------------------------------------------
+    #: The study report's method family: its figures draw one panel of small multiples per family.
+    family: ClassVar[str] = "Other"
+
+    def demo_params(self, info: RopeInfo, factor: float) -> dict[str, Any]:
+        """Parameters for ``ropekit demo`` on the built-in 64-token model at scale ``factor``: ``factor`` and the
+        method's defaults. A method whose papers' defaults are meant for 4k-token models scales them here."""
+        return {"factor": factor}
+
+    def settings_line(self, info: RopeInfo, params: dict[str, Any], requested: dict[str, Any] | None = None) -> str:
+        """The resolved ``params`` that matter, in a few words (the demo table's settings column); ``requested``
+        are the parameters as given. Default: every parameter set, ``name=value``."""
+        shown = {k: v for k, v in params.items() if v is not None}
+        return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready description (what ``ropekit methods --json`` prints)."""

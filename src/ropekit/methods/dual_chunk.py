@@ -86,6 +86,13 @@ class DualChunk(Method):
     uses_factor = False
     composition = "frequencies kept (the model's scaled ones, which the attention rotates with); window = the effective window"
 
+
+    family = "Attention-side"
+
+    def settings_line(self, info, params, requested=None):
+        size, local = params["chunk_size"], params["local_size"]
+        return f"chunk_size={size}, local_size={local} (chunks of {size - local}); distances ≤ {size}"
+
     def check(self, info, params):
         size, local = params["chunk_size"], params["local_size"]
         if size > info.window:

@@ -52,6 +52,13 @@ class DynamicNTK(Method):
     schedules_itself = True
     composition = "θ'_i(L) = θ^eff_i(L) · α(L)^(−2i/(d−2)), α(L) from the effective window"
 
+
+    family = "NTK & base frequency"
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"s={s:g}, base grows past {params['trained_length']} tokens" if s > 1 else f"s={s:g}"
+
     def check(self, info, params):
         if params["trained_length"] < params["original_max_position_embeddings"]:
             raise InvalidParameterError(

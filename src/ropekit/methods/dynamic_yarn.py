@@ -46,6 +46,18 @@ class DynamicYaRN(_ByParts):
     params = (FACTOR, ORIGINAL_WINDOW, BETA_FAST, BETA_SLOW, BLEND, ramp_param("dim"), TRUNCATE, ROPE_THETA)
     changes = ("frequencies", "attention_factor", "length_dependent")
 
+
+    family = "YaRN & LongRoPE"
+
+    def demo_params(self, info, factor):
+        """NTK-by-parts' demo ramp (β = 4, α = 1: the papers' β = 32 would interpolate every pair of a 64-token
+        model)."""
+        return {"factor": factor, "beta_fast": 4.0, "beta_slow": 1.0}
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"s=min(L/{params['original_max_position_embeddings']}, {s:g}), β={params['beta_fast']:g}, α={params['beta_slow']:g}"
+
     def length_dependence(self, info, params):
         own = ("per_input", params["original_max_position_embeddings"]) if params["factor"] > 1.0 else ("static", None)
         return combine_length_dependence(super().length_dependence(info, params), own)

@@ -92,6 +92,17 @@ class Landmark(Method):
     needs_training = True
     uses_factor = False
 
+
+    family = "Attention-side"
+
+    def demo_params(self, info, factor):
+        """A landmark every ``C/8 − 1`` tokens (8 blocks per window: the paper's 50-token blocks would leave one
+        block in a 64-token window), top-2 retrieval."""
+        return {"mem_freq": max(2, info.window // 8 - 1), "top_k": 2, "factor": factor}
+
+    def settings_line(self, info, params, requested=None):
+        return f"landmark every {params['mem_freq']} tokens, top-{params['top_k']} blocks + {params['local_blocks']} local (untrained)"
+
     def resolve(self, info: RopeInfo, given: dict[str, Any]) -> dict[str, Any]:
         params = super().resolve(info, given)
         if params["local_blocks"] is None:

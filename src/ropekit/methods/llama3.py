@@ -37,6 +37,13 @@ class Llama3(Method):
     needs_training = False
     composition = "the llama3 rule on the effective wavelengths λ^eff = 2π/θ^eff, L = the effective window"
 
+
+    family = "NTK & base frequency"
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"s={s:g}, low/high frequency factors {params['low_freq_factor']:g}/{params['high_freq_factor']:g}"
+
     def check(self, info, params):
         if params["high_freq_factor"] <= params["low_freq_factor"]:
             raise InvalidParameterError(

@@ -46,6 +46,12 @@ class LMInfinite(Method):
     composition = "frequencies kept (the model's scaled ones, which the attention rotates with); window = the effective window"
     uses_factor = False
 
+
+    family = "Attention-side"
+
+    def settings_line(self, info, params, requested=None):
+        return f"{params['global_tokens']} global tokens + local window {params['local_window']}"
+
     def inv_freq(self, info, params, seq_len=None, device=None):
         """The model's own frequencies: LM-Infinite changes only attention."""
         return self.base(info, seq_len, device)

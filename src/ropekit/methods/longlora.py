@@ -63,6 +63,13 @@ class LongLoRA(Method):
 
     composition = "PI's rule: θ'_i = θ^eff_i / s; the model's attention factor kept"
 
+
+    family = "PI & LongLoRA"
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"s={s:g}; S²-Attn (groups of {params['group_size_ratio']:g}·n) in training only, so = PI here"
+
     @property
     def frequencies_only(self) -> bool:
         return True  # S²-Attn runs in training only: at inference LongLoRA is its frequencies

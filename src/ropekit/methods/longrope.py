@@ -92,6 +92,18 @@ class LongRoPE(Method):
     needs_training = False
     composition = "θ'_i = θ^eff_i / λ_i (short set up to the original window, long beyond); attention factors multiply"
 
+
+    family = "YaRN & LongRoPE"
+
+    def demo_params(self, info, factor):
+        """NTK's per-pair factors ``λ_i = s^(2i/(d−2))``, where LongRoPE's search starts."""
+        d = info.rotary_dim
+        return {"long_factor": [factor ** (2 * i / (d - 2)) for i in range(d // 2)], "factor": factor}
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"λ_i = {s:g}^(2i/(d−2)) (NTK's factors per pair), attn×{params['attention_factor']:.3f}"
+
     def resolve(self, info, given):
         params = super().resolve(info, given)
         pairs = info.rotary_dim // 2

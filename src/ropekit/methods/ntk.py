@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import FACTOR, ROPE_THETA, GGUFKeys, Method, register
+from .base import FACTOR, ROPE_THETA, GGUFKeys, Method, register, short_number
 from ..core.rope import default_inv_freq, ntk_base, ntk_ratio, scale_pairs
 
 
@@ -23,6 +23,13 @@ class NTKAware(Method):
     reference = "bloc97 2023 (reddit r/LocalLLaMA); LCEG (Lu et al. 2024, arXiv 2409.12181) Eq. 9; PoSE (Zhu et al. 2024, arXiv 2309.10400) §3.1"
     params = (FACTOR, ROPE_THETA)
     composition = "θ'_i = θ^eff_i · s^(−2i/(d−2)) (the base change as a per-pair ratio); the model's attention factor kept"
+
+
+    family = "NTK & base frequency"
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"s={s:g} (b'={short_number(self.new_base(info, params))})"
 
     def new_base(self, info, params) -> float:
         if params["factor"] == 1.0:

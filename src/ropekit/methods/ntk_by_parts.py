@@ -107,6 +107,20 @@ class NTKByParts(_ByParts):
     reference = "bloc97 2023; YaRN paper (Peng et al. 2023) §3.2 Eq. 17–18"
     params = (FACTOR, ORIGINAL_WINDOW, BETA_FAST, BETA_SLOW, ramp_param("ratio"), BLEND, TRUNCATE, ROPE_THETA)
 
+
+    family = "NTK & base frequency"
+
+    def demo_params(self, info, factor):
+        """Ramp ends β = 4, α = 1 rotations per window: the papers' β = 32 is meant for 4k windows; in a 64-token
+        window even the fastest pair rotates only C/2π ≈ 10 times, so β = 32 would interpolate every pair (almost
+        PI). β = 4 keeps the pairs whose wavelength is at most a quarter of the window and still fully interpolates
+        those longer than the window (α = 1)."""
+        return {"factor": factor, "beta_fast": 4.0, "beta_slow": 1.0}
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"s={s:g}, β={params['beta_fast']:g}, α={params['beta_slow']:g} ({params['ramp']} ramp)"
+
     def inv_freq(self, info, params, seq_len=None, device=None):
         return self.scaled_inv_freq(info, params, seq_len, device)
 

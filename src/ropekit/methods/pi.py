@@ -25,6 +25,12 @@ class PositionInterpolation(Method):
     needs_training = True
     composition = "θ'_i = θ^eff_i / s; the model's attention factor kept"
 
+
+    family = "PI & LongLoRA"
+
+    def settings_line(self, info, params, requested=None):
+        return f"s={params.get('factor', 1.0):g}"
+
     def inv_freq(self, info, params, seq_len=None, device=None):
         if info.is_scaled:
             base, attention_factor = self.base(info, seq_len, device)

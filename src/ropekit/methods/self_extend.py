@@ -63,6 +63,13 @@ class SelfExtend(Method):
     needs_training = False
     composition = "frequencies kept (the model's scaled ones, which the attention rotates with); window = the effective window"
 
+
+    family = "Attention-side"
+
+    def settings_line(self, info, params, requested=None):
+        reach = (info.window - params["window_size"]) * params["group_size"] + params["window_size"]
+        return f"G={params['group_size']}, W={params['window_size']} (reach {reach})"
+
     def resolve(self, info, given):
         params = super().resolve(info, given)
         window, w = info.window, params["window_size"]

@@ -55,6 +55,21 @@ class YaRN(_ByParts):
     )
     changes = ("frequencies", "attention_factor")
 
+
+    family = "YaRN & LongRoPE"
+
+    def demo_params(self, info, factor):
+        """NTK-by-parts' demo ramp (β = 4, α = 1: the papers' β = 32 would interpolate every pair of a 64-token
+        model)."""
+        return {"factor": factor, "beta_fast": 4.0, "beta_slow": 1.0}
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return (
+            f"s={s:g}, β={params['beta_fast']:g}, α={params['beta_slow']:g} ({params['ramp']} ramp), "
+            f"attn×{params['attention_factor']:.3f}"
+        )
+
     def resolve(self, info, given):
         params = super().resolve(info, given)
         if params["attention_factor"] is None:
