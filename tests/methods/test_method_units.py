@@ -13,7 +13,9 @@ the registry ``methods/__init__.py``):
   ``record["method"] == "yarn"``).
 
 Data files (study presets, ``cli/methods.json``, docs) and tests are not checked: they are the registry's output or
-its users. Module paths are not checked either (``attention/self_extend.py`` is the kernel a unit references).
+its users. Module paths are not checked: a unit is ``methods/<name>.py`` with its helpers ``methods/<name>_*.py`` (its kernel
+``<name>_attention.py``, its search ``<name>_search.py``), and modules that import a unit (``from ..methods.longrope
+import LongRoPE``) name it through the unit's own ``name``.
 A method's knowledge that install, eval, study or the CLI need is a hook on
 :class:`ropekit.methods.base.Method` that the unit implements.
 """

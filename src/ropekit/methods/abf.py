@@ -31,7 +31,6 @@ class ABF(Method):
     uses_factor = False
     composition = "θ'_i = θ^eff_i · (b/b')^(2i/d) (the base change as a per-pair ratio); the model's attention factor kept"
 
-
     family = "NTK & base frequency"
 
     def demo_params(self, info, factor):
@@ -89,7 +88,6 @@ class EntropyABF(ABF):
     )
     changes = ("frequencies", "logit_scale_per_position")
     composition = ABF.composition + "; logit scale with c = the effective window"
-
 
     def settings_line(self, info, params, requested=None):
         skip = set(params.get("skip_layers") or ())

@@ -74,7 +74,6 @@ class CLEX(Method):
     schedules_itself = True
     replaces_rotary_output = True
 
-
     def settings_line(self, info, params, requested=None):
         return f"ODE-evolved frequencies, t ≤ {params['max_factor']:g} (untrained ODE = NTK with α = 2t − 1)"
 

@@ -28,7 +28,7 @@
 
 from __future__ import annotations
 
-from ..attention.dual_chunk import make_dual_chunk
+from .dual_chunk_attention import make_dual_chunk
 from ..errors import InvalidParameterError
 from .abf import DECLARED_FACTOR
 from .base import AttentionSpec, EngineConfig, EngineServing, Method, Param, original_window, register
@@ -60,7 +60,7 @@ class DualChunk(Method):
     ``[0, chunk_size]``, inside the pretrained window, at any length. The paper's ceiling ``c − 1`` is
     ``chunk_size = C − 1``; vLLM's ``dual_chunk_attention_config`` (Qwen2.5-1M: chunk 262,144, local 8,192) takes
     ``chunk_size`` itself. Frequencies stay the model's own; ``factor`` / ``target_length`` only declare the
-    extended window. The attention is :mod:`ropekit.attention.dual_chunk` (three restricted softmaxes merged by
+    extended window. The attention is :mod:`ropekit.methods.dual_chunk_attention` (three restricted softmaxes merged by
     log-sum-exp, no n × n matrix); plain transformers has no such pattern, so the export is ropekit-only for
     transformers. vLLM computes the same positions itself on Qwen2/Qwen3 models with plain RoPE: the export then also
     writes vLLM's ``dual_chunk_attention_config`` (:meth:`vllm_config`; the module doc states what vLLM reads and
@@ -85,7 +85,6 @@ class DualChunk(Method):
     needs_training = False
     uses_factor = False
     composition = "frequencies kept (the model's scaled ones, which the attention rotates with); window = the effective window"
-
 
     family = "Attention-side"
 

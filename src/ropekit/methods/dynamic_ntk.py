@@ -52,7 +52,6 @@ class DynamicNTK(Method):
     schedules_itself = True
     composition = "θ'_i(L) = θ^eff_i(L) · α(L)^(−2i/(d−2)), α(L) from the effective window"
 
-
     family = "NTK & base frequency"
 
     def settings_line(self, info, params, requested=None):

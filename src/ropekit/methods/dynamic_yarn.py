@@ -46,7 +46,6 @@ class DynamicYaRN(_ByParts):
     params = (FACTOR, ORIGINAL_WINDOW, BETA_FAST, BETA_SLOW, BLEND, ramp_param("dim"), TRUNCATE, ROPE_THETA)
     changes = ("frequencies", "attention_factor", "length_dependent")
 
-
     family = "YaRN & LongRoPE"
 
     def demo_params(self, info, factor):

@@ -56,7 +56,6 @@ class HARPE(Method):
     composition = ("none: refused on an already-scaled RoPE (per-head bases replace plain RoPE's b^(−2i/d)); "
                    "use a frequency method, which applies to θ^eff")
 
-
     family = "NTK & base frequency"
 
     def demo_params(self, info, factor):

@@ -37,7 +37,6 @@ class Llama3(Method):
     needs_training = False
     composition = "the llama3 rule on the effective wavelengths λ^eff = 2π/θ^eff, L = the effective window"
 
-
     family = "NTK & base frequency"
 
     def settings_line(self, info, params, requested=None):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..attention.s2_attn import make_s2_attn
+from .longlora_attention import make_s2_attn
 from .base import FACTOR, ROPE_THETA, AttentionSpec, GGUFKeys, Method, Param, register
 from ..core.rope import default_inv_freq, pi_inv_freq
 
@@ -35,7 +35,7 @@ class LongLoRA(Method):
       ``s = factor = target / C`` as in the recipe (the reference rounds it up, ``⌈L'/C⌉``).
     * Attention during training: S²-Attn with group size ``g = ⌈n·group_size_ratio⌉`` (paper: n/4); half
       the query heads attend within groups ``[0, g), [g, 2g), …``, the other half within groups shifted by
-      ``g/2`` — without the eager reference's roll wrap-around (:mod:`ropekit.attention.s2_attn`).
+      ``g/2`` — without the eager reference's roll wrap-around (:mod:`ropekit.methods.longlora_attention`).
     * Attention at inference (eval mode, or any cached step): full attention. S²-Attn is a training-time
       pattern only, so the exported model is a plain PI model: ``rope_type='linear'`` in transformers and
       vLLM; ``ropekit.load`` restores S²-Attn for further training.
@@ -62,7 +62,6 @@ class LongLoRA(Method):
     needs_training = True
 
     composition = "PI's rule: θ'_i = θ^eff_i / s; the model's attention factor kept"
-
 
     family = "PI & LongLoRA"
 

@@ -92,7 +92,6 @@ class LongRoPE(Method):
     needs_training = False
     composition = "θ'_i = θ^eff_i / λ_i (short set up to the original window, long beyond); attention factors multiply"
 
-
     family = "YaRN & LongRoPE"
 
     def demo_params(self, info, factor):

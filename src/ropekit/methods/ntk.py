@@ -24,7 +24,6 @@ class NTKAware(Method):
     params = (FACTOR, ROPE_THETA)
     composition = "θ'_i = θ^eff_i · s^(−2i/(d−2)) (the base change as a per-pair ratio); the model's attention factor kept"
 
-
     family = "NTK & base frequency"
 
     def settings_line(self, info, params, requested=None):

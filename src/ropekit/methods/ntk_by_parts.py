@@ -107,7 +107,6 @@ class NTKByParts(_ByParts):
     reference = "bloc97 2023; YaRN paper (Peng et al. 2023) §3.2 Eq. 17–18"
     params = (FACTOR, ORIGINAL_WINDOW, BETA_FAST, BETA_SLOW, ramp_param("ratio"), BLEND, TRUNCATE, ROPE_THETA)
 
-
     family = "NTK & base frequency"
 
     def demo_params(self, info, factor):

@@ -25,7 +25,6 @@ class PositionInterpolation(Method):
     needs_training = True
     composition = "θ'_i = θ^eff_i / s; the model's attention factor kept"
 
-
     family = "PI & LongLoRA"
 
     def settings_line(self, info, params, requested=None):

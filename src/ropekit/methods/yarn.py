@@ -55,7 +55,6 @@ class YaRN(_ByParts):
     )
     changes = ("frequencies", "attention_factor")
 
-
     family = "YaRN & LongRoPE"
 
     def demo_params(self, info, factor):

@@ -37,8 +37,8 @@ from collections.abc import Callable
 import torch
 
 from ..errors import UnsupportedModelError
-from .interface import PairLogits
-from .kernels import (
+from ..attention.interface import PairLogits
+from ..attention.kernels import (
     attention_with_lse,
     forward_memo,
     memoized,
@@ -46,7 +46,7 @@ from .kernels import (
     pair_scores,
     rotate_by,
 )
-from .masks import AttentionMask, key_positions
+from ..attention.masks import AttentionMask, key_positions
 
 #: Largest number of queries processed together; a chunk costs chunk × (chunk + L_local + globals) logits.
 DEFAULT_CHUNK = 512

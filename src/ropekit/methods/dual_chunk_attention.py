@@ -32,8 +32,8 @@ from collections.abc import Callable
 import torch
 
 from ..core.rope_info import RopeInfo
-from .interface import PairLogits
-from .kernels import (
+from ..attention.interface import PairLogits
+from ..attention.kernels import (
     attention_with_lse,
     forward_memo,
     memoized,
@@ -41,7 +41,7 @@ from .kernels import (
     pair_scores,
     rotate_by,
 )
-from .masks import AttentionMask, query_key_positions
+from ..attention.masks import AttentionMask, query_key_positions
 
 #: Query rows per block: memory O(QUERY_CHUNK × keys) per head.
 QUERY_CHUNK = 256

@@ -34,8 +34,8 @@ from collections.abc import Callable
 import torch
 
 from ..core.rope_info import RopeInfo
-from .interface import PairLogits
-from .kernels import (
+from ..attention.interface import PairLogits
+from ..attention.kernels import (
     attention_with_lse,
     forward_memo,
     memoized,
@@ -45,7 +45,7 @@ from .kernels import (
     rotate_by,
     rotate_from_table,
 )
-from .masks import AttentionMask, query_key_positions
+from ..attention.masks import AttentionMask, query_key_positions
 
 #: Query rows per chunk: memory is O(QUERY_CHUNK × keys) per head, masked work O(n × QUERY_CHUNK). 256 was the
 #: fastest of 128–1024 for SmolLM2-like heads at 8k tokens on CPU.
