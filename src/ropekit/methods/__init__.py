@@ -12,6 +12,7 @@ from .base import AttentionSpec, Method, Param, RopeInfo, registered
 
 # Registration happens on import, in the order ``ropekit methods`` lists them.
 from . import pi, ntk, dynamic_ntk, ntk_by_parts, yarn, dynamic_yarn, llama3, longrope, abf, harpe, self_extend, lm_infinite, dual_chunk, longlora, clex, landmark  # noqa: F401,E401
+from . import resonance  # noqa: F401
 
 
 def list_methods() -> list[Method]:
