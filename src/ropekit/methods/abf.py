@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-from ..core.rope import base_change_ratio, default_inv_freq, ntk_base, scale_pairs
+import math
+
+import torch
+
+from ..core.rope import default_inv_freq, pair_exponents, scale_pairs
+from .ntk import ntk_base
 from ..errors import InvalidParameterError
 from .base import AttentionSpec, GGUFKeys, Method, Param, original_window, register, short_number, two_digits
+
+
+def base_change_ratio(dim: int, old_base: float, new_base: float, device=None) -> torch.Tensor:
+    """``θ'_i/θ_i = (b/b')^(2i/d)``: replacing the base ``b`` by ``b'`` (ABF) as a per-pair ratio."""
+    return torch.exp(pair_exponents(dim, device) * (math.log(old_base) - math.log(new_base)))
+
 
 NEW_BASE = Param("rope_theta", float, 500000.0, "the new RoPE base b'", minimum=1.0, exclusive_minimum=True)
 DECLARED_FACTOR = Param(

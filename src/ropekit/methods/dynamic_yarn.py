@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..core.rope import yarn_mscale
+from .yarn import yarn_mscale
 from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, combine_length_dependence, register
 from .ntk_by_parts import BETA_FAST, BETA_SLOW, BLEND, TRUNCATE, _ByParts, ramp_param
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import InvalidParameterError
-from ..core.rope import ntk_base
+from .ntk import ntk_base
 from .base import AttentionSpec, Method, Param, register, short_number, two_digits
 import torch
 

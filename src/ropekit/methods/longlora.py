@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .longlora_attention import make_s2_attn
 from .base import FACTOR, ROPE_THETA, AttentionSpec, GGUFKeys, Method, Param, register
-from ..core.rope import default_inv_freq, pi_inv_freq
+from ..core.rope import default_inv_freq
+from .pi import pi_inv_freq
 
 #: LongLoRA's fine-tuning recipe (Chen et al. 2024 §3–4; docs/methods-reference.md §6), for the training code to use.
 LORA_RANK = 8

@@ -2,8 +2,30 @@
 
 from __future__ import annotations
 
+import math
+
+import torch
+
 from .base import FACTOR, ROPE_THETA, GGUFKeys, Method, register, short_number
-from ..core.rope import default_inv_freq, ntk_base, ntk_ratio, scale_pairs
+from ..core.rope import default_inv_freq, pair_exponents, scale_pairs
+
+
+def ntk_exponent(dim: int) -> float:
+    """The NTK-aware exponent ``d/(d−2)``: it scales the lowest frequency exactly like PI (LCEG Eq. 9)."""
+    if dim <= 2:
+        raise ValueError("NTK-aware scaling needs a rotary dimension above 2")
+    return dim / (dim - 2)
+
+
+def ntk_base(base: float, dim: int, alpha: float) -> float:
+    """NTK-aware base: ``b' = b·α^(d/(d−2))`` (LCEG Eq. 9 with κ = t^(d/(d−2)); PoSE §3.1 λ = α^(d/(d−2)))."""
+    return base * alpha ** ntk_exponent(dim)
+
+
+def ntk_ratio(dim: int, factor: float, device=None) -> torch.Tensor:
+    """``θ'_i/θ_i = s^(−2i/(d−2))`` of NTK-aware scaling: the base change ``b → b·s^(d/(d−2))`` as a per-pair
+    ratio (LCEG Eq. 9), so that it applies to any frequencies."""
+    return torch.exp(-pair_exponents(dim, device) * ntk_exponent(dim) * math.log(factor))
 
 
 @register

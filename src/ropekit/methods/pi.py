@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import torch
+
 from .base import FACTOR, ROPE_THETA, GGUFKeys, Method, register
-from ..core.rope import default_inv_freq, pi_inv_freq
+from ..core.rope import default_inv_freq
+
+
+def pi_inv_freq(base: float, dim: int, factor: float, device=None) -> torch.Tensor:
+    """Linear position interpolation: positions ``m → m/s``, i.e. ``θ_i/s`` (LCEG Eq. 8, α_j = 1/t)."""
+    return default_inv_freq(base, dim, device) / factor
 
 
 @register

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import math
 
-from ..core.rope import yarn_mscale
 from .base import FACTOR, LLAMACPP_YARN_BETAS, ORIGINAL_WINDOW, ROPE_THETA, GGUFKeys, Param, register
 from .ntk_by_parts import BETA_FAST, BETA_SLOW, BLEND, TRUNCATE, _ByParts, ramp_param
+
+
+def yarn_mscale(factor: float) -> float:
+    """YaRN's attention factor ``√(1/t) = 0.1·ln s + 1`` (YaRN Eq. 22; 1 when s ≤ 1).
+
+    It multiplies cos and sin, so the attention logits are scaled by its square.
+    """
+    if factor <= 1:
+        return 1.0
+    return 0.1 * math.log(factor) + 1.0
 
 
 def deepseek_mscale(factor: float, mscale: float) -> float:
