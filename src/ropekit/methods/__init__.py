@@ -1,6 +1,7 @@
 """The method registry: every context-extension method ropekit knows, by name.
 
-Importing this package registers all methods. Use :func:`get_method` / :func:`list_methods`.
+Importing this package registers all methods. Use :func:`get_method` / :func:`list_methods`. Adding a method is one
+unit, ``methods/<name>.py`` (a :class:`Method` subclass with its hooks, :mod:`.base`), and one import line below.
 """
 
 from __future__ import annotations

@@ -13,9 +13,11 @@ the user's parameters it can
   :meth:`Method.frozen_params`) holds every method.
 
 Installing a method into a model, and writing the formats, is :mod:`ropekit.install`'s job; a method only says what
-to install and what to write. No module outside a method's unit (``methods/<name>.py`` and the helper modules it
-imports, ``methods/<name>_*.py``) and the registry (``methods/__init__.py``) names the method
-(``tests/methods/test_method_units.py``).
+to install and what to write. A method is one unit — ``methods/<name>.py`` and its helper modules
+``methods/<name>_*.py`` (its kernel ``_attention``, its search ``_search``) — plus one line in the registry
+(``methods/__init__.py``). No module outside the methods package names a method (``tests/methods/
+test_method_units.py``); inside it a unit may build on another (YaRN on NTK-by-parts, LongRoPE's search on the PI,
+NTK and YaRN closed forms).
 """
 
 from __future__ import annotations
