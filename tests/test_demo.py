@@ -16,7 +16,7 @@ from ropekit.data import local_text
 from ropekit.data.local_text import ByteTokenizer, corpus_digest, split_of, stdlib_documents, stdlib_files
 from ropekit.errors import InvalidParameterError, UnknownMethodError
 from ropekit.methods import list_methods
-from ropekit.core.rope import ntk_base
+from ropekit.methods.ntk import ntk_base
 from ropekit.models.tiny import TINY_WINDOW, build_tiny_model
 
 #: A model small enough to train in seconds but long enough (300 steps) to use its context. One thread:

@@ -23,7 +23,6 @@ nothing in the library imports it (the ``ropekit demo`` command is its front end
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -33,9 +32,9 @@ import torch.nn.functional as F
 
 from ropekit import extend, get_method, installed, list_methods, rope_info
 from ropekit.core.jsonsafe import json_safe
-from ropekit.core.rope import ntk_base
 from ropekit.data.local_text import stdlib_documents
 from ropekit.methods import Method, RopeInfo
+from ropekit.methods.base import short_number
 from ropekit.models.tiny import TINY_WINDOW
 from ropekit.runtime import deterministic, progress as progress_display
 from ropekit.train.pretrain import pretrain_tiny
@@ -77,106 +76,22 @@ def mean_loss(model, batch: torch.Tensor, length: int, chunk: int = 16) -> float
 
 
 # ---- methods and the table --------------------------------------------------------------------------
-def _round2(x: float) -> float:
-    """``x`` to two significant digits (settings are shown in the table; round numbers read better)."""
-    digits = 1 - int(math.floor(math.log10(abs(x))))
-    return float(round(x, digits))
-
-
 def demo_settings(info: RopeInfo, factor: float = 4.0) -> dict[str, dict[str, Any]]:
-    """Parameters of each registered method for the demo: ``factor`` where the method uses it, else scaled.
-
-    * factor-driven methods (PI, NTK, Dynamic NTK): ``factor`` and their defaults;
-    * NTK-by-parts / YaRN: ``factor`` with ramp ends β = 4, α = 1 rotations per window. The papers' β = 32
-      is meant for 4k windows; in a 64-token window even the fastest pair rotates only C/2π ≈ 10 times,
-      so β = 32 would interpolate every pair (almost PI). β = 4 keeps the pairs whose wavelength is at
-      most a quarter of the window and still fully interpolates those longer than the window (α = 1);
-    * ABF / Entropy-ABF: base ``b' ≈ 4 ×`` the NTK-aware base for ``factor``, rounded to two digits (the
-      papers' 500,000 is meant for 4k-token Llama-2 models and would be far too large here);
-    * HARPE: ``uniform`` bases from the model's base ``b`` to the NTK-aware base for ``factor``, one per
-      KV group (the paper's 1e6–5e6 is meant for 4k→128k);
-    * Landmark: a landmark every ``C/8 − 1`` tokens (8 blocks per window; the paper's 50 is for 512-token
-      training), top-2 retrieval.
-
-    Methods without an entry here get ``factor`` if they use it and their defaults otherwise.
-    """
-    ntk = ntk_base(info.rope_theta, info.rotary_dim, factor) if factor > 1 else info.rope_theta
-    out: dict[str, dict[str, Any]] = {}
-    for m in list_methods():
-        if m.name in ("abf", "entropy_abf"):
-            out[m.name] = {"rope_theta": _round2(4 * ntk) if factor > 1 else info.rope_theta, "factor": factor}
-        elif m.name == "harpe":
-            out[m.name] = {"strategy": "uniform", "b_min": info.rope_theta, "b_max": _round2(ntk), "factor": factor}
-        elif m.name in ("ntk_by_parts", "yarn", "dynamic_yarn"):
-            out[m.name] = {"factor": factor, "beta_fast": 4.0, "beta_slow": 1.0}
-        elif m.name == "longrope":  # NTK's per-pair factors λ_i = s^(2i/(d−2)), where LongRoPE's search starts
-            d = info.rotary_dim
-            out[m.name] = {"long_factor": [factor ** (2 * i / (d - 2)) for i in range(d // 2)], "factor": factor}
-        elif m.name == "landmark":  # the paper's 50-token blocks would leave one block in a 64-token window
-            out[m.name] = {"mem_freq": max(2, info.window // 8 - 1), "top_k": 2, "factor": factor}
-        else:
-            out[m.name] = {"factor": factor}
-    return out
-
-
-def _num(x: float) -> str:
-    return f"{x:,.0f}" if x >= 100 else f"{x:g}"
+    """Parameters of each registered method for the demo: ``factor`` where the method uses it, else scaled to the
+    64-token model — each method's :meth:`~ropekit.methods.base.Method.demo_params` (NTK-by-parts / YaRN: ramp ends
+    β = 4, α = 1; ABF / Entropy-ABF: a base ≈ 4 × the NTK-aware one; HARPE: uniform bases up to the NTK-aware base;
+    Landmark: 8 blocks per window)."""
+    return {m.name: m.demo_params(info, factor) for m in list_methods()}
 
 
 def describe_settings(
     name: str, params: dict[str, Any], info: RopeInfo, requested: dict[str, Any] | None = None
 ) -> str:
-    """The settings column: the parameters that matter for ``name`` (resolved ``params``), in a few words."""
-    s = params.get("factor", 1.0)
+    """The settings column: the parameters that matter for ``name`` (resolved ``params``), in a few words — the
+    method's :meth:`~ropekit.methods.base.Method.settings_line`; ``base`` is the model as it is."""
     if name == "base":
-        return f"plain RoPE, b={_num(info.rope_theta)}, window {info.window}"
-    if name == "pi":
-        return f"s={s:g}"
-    if name == "ntk":
-        b = ntk_base(params["rope_theta"], info.rotary_dim, s) if s > 1 else params["rope_theta"]
-        return f"s={s:g} (b'={_num(b)})"
-    if name == "dynamic_ntk":
-        return f"s={s:g}, base grows past {params['trained_length']} tokens" if s > 1 else f"s={s:g}"
-    if name == "ntk_by_parts":
-        return f"s={s:g}, β={params['beta_fast']:g}, α={params['beta_slow']:g} ({params['ramp']} ramp)"
-    if name == "yarn":
-        return (
-            f"s={s:g}, β={params['beta_fast']:g}, α={params['beta_slow']:g} ({params['ramp']} ramp), "
-            f"attn×{params['attention_factor']:.3f}"
-        )
-    if name == "llama3":
-        return f"s={s:g}, low/high frequency factors {params['low_freq_factor']:g}/{params['high_freq_factor']:g}"
-    if name == "dual_chunk":
-        size, local = params["chunk_size"], params["local_size"]
-        return f"chunk_size={size}, local_size={local} (chunks of {size - local}); distances ≤ {size}"
-    if name == "longrope":
-        return f"λ_i = {s:g}^(2i/(d−2)) (NTK's factors per pair), attn×{params['attention_factor']:.3f}"
-    if name == "dynamic_yarn":
-        return f"s=min(L/{params['original_max_position_embeddings']}, {s:g}), β={params['beta_fast']:g}, α={params['beta_slow']:g}"
-    if name == "abf":
-        return f"b'={_num(params['rope_theta'])}"
-    if name == "entropy_abf":
-        skip = set(params.get("skip_layers") or ())
-        scaled = [i for i in range(info.num_layers) if i not in skip]
-        where = f"layers {scaled[0]}–{scaled[-1]}" if len(scaled) > 1 else (f"layer {scaled[0]}" if scaled else "no layer")
-        return f"b'={_num(params['rope_theta'])}, logit×max(log_{params['scale_context']} i, 1) on {where}"
-    if name == "harpe":
-        bases = " / ".join(_num(b) for b in params.get("bases") or ())
-        how = (requested or params).get("strategy")
-        return f"per-head bases {bases}" + (f" ({how})" if how and how != "explicit" else "")
-    if name == "self_extend":
-        reach = (info.window - params["window_size"]) * params["group_size"] + params["window_size"]
-        return f"G={params['group_size']}, W={params['window_size']} (reach {reach})"
-    if name == "lm_infinite":
-        return f"{params['global_tokens']} global tokens + local window {params['local_window']}"
-    if name == "clex":
-        return f"ODE-evolved frequencies, t ≤ {params['max_factor']:g} (untrained ODE = NTK with α = 2t − 1)"
-    if name == "landmark":
-        return f"landmark every {params['mem_freq']} tokens, top-{params['top_k']} blocks + {params['local_blocks']} local (untrained)"
-    if name == "longlora":
-        return f"s={s:g}; S²-Attn (groups of {params['group_size_ratio']:g}·n) in training only, so = PI here"
-    shown = {k: v for k, v in params.items() if v is not None}
-    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
+        return f"plain RoPE, b={short_number(info.rope_theta)}, window {info.window}"
+    return get_method(name).settings_line(info, params, requested)
 
 
 def _method_specs(methods, info: RopeInfo, factor: float) -> list[tuple[Method, dict[str, Any]]]:

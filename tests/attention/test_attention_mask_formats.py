@@ -11,15 +11,15 @@ import torch
 from kernel_masks import FORMATS, kernel_mask
 from pair_reference import rule_attention
 
-from ropekit.attention.dual_chunk import DualChunkAttention
-from ropekit.attention.landmark import (
+from ropekit.methods.dual_chunk_attention import DualChunkAttention
+from ropekit.methods.landmark_attention import (
     LANDMARKS_KWARG,
     LandmarkAttention,
     LandmarkInputs,
 )
-from ropekit.attention.lm_infinite import LambdaAttention
-from ropekit.attention.s2_attn import ShiftedSparseAttention
-from ropekit.attention.self_extend import SelfExtendAttention
+from ropekit.methods.lm_infinite_attention import LambdaAttention
+from ropekit.methods.longlora_attention import ShiftedSparseAttention
+from ropekit.methods.self_extend_attention import SelfExtendAttention
 from ropekit.core.rope import default_inv_freq
 
 BATCH, HEADS, KV_HEADS, DIM, LENGTH = 2, 4, 2, 16, 72

@@ -68,7 +68,7 @@ def test_bf16_path_is_within_one_bf16_ulp_of_the_float64_rule(method):
 def test_a_rope_offset_rounded_to_bf16_trips_the_bound():
     """The deliberate error: Self-Extend's extra rotations with their position offsets rounded to bf16 (exact up to
     256 only), as a path that kept positions in the activations' dtype would."""
-    from ropekit.attention import self_extend
+    from ropekit.methods import self_extend_attention as self_extend
 
     real = self_extend.rotate_by
 

@@ -159,7 +159,7 @@ def test_in_order_positions_visit_each_part_only_over_its_own_keys():
     """Without padding or packing each part attends over the contiguous keys of its chunk relation (so a key is
     visited by about one part, not three): every block's ranges are exactly the span of the keys some row of the
     block relates to that way, by brute force over every (row, key) pair."""
-    from ropekit.attention.dual_chunk import DualChunkAttention
+    from ropekit.methods.dual_chunk_attention import DualChunkAttention
     from ropekit.attention.masks import AttentionMask
 
     attend = DualChunkAttention(lambda: torch.ones(4), chunk_size=48, local_size=8, chunk=16)
@@ -185,7 +185,7 @@ def test_in_order_positions_visit_each_part_only_over_its_own_keys():
 def test_successive_chunk_keeps_true_distances_for_the_first_local_size_plus_one_tokens(chunk_size, local_size):
     """The docstrings' count, against brute force: for each query offset ``i mod L`` in a chunk, does every key of
     the previous chunk get its true distance ``i − j``? Exactly the offsets ``0 … local_size`` do."""
-    from ropekit.attention.dual_chunk import chunk_key_position, successive_query_position
+    from ropekit.methods.dual_chunk_attention import chunk_key_position, successive_query_position
 
     L = chunk_size - local_size
     keep_true = []

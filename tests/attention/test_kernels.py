@@ -142,12 +142,12 @@ def _every_attention_call(device: str):
     paths (eager — the forward's shared decisions given, as the first layer would have read them — and traced),
     Landmark's grouped and retrieval attention, and S²-Attn."""
     from ropekit.attention import kernels
-    from ropekit.attention.dual_chunk import DualChunkAttention
-    from ropekit.attention.landmark import grouped_attention, retrieval_attention
-    from ropekit.attention.lm_infinite import LambdaAttention, _causal_lse
+    from ropekit.methods.dual_chunk_attention import DualChunkAttention
+    from ropekit.methods.landmark_attention import grouped_attention, retrieval_attention
+    from ropekit.methods.lm_infinite_attention import LambdaAttention, _causal_lse
     from ropekit.attention.masks import AttentionMask
-    from ropekit.attention.s2_attn import ShiftedSparseAttention
-    from ropekit.attention.self_extend import SelfExtendAttention
+    from ropekit.methods.longlora_attention import ShiftedSparseAttention
+    from ropekit.methods.self_extend_attention import SelfExtendAttention
 
     n, dim = 40, 16
     q = torch.randn(2, 4, n, dim, device=device)
@@ -182,7 +182,10 @@ def test_no_cpu_only_kernel_reaches_other_devices(monkeypatch):
     """On a non-CPU device (``meta`` here: every op runs on shapes alone, so nothing can be read back either) no
     ropekit attention function calls the CPU-only fused kernel; on the CPU the same calls do use it (the recorder
     sees it)."""
-    from ropekit.attention import dual_chunk, kernels, lm_infinite, self_extend
+    from ropekit.attention import kernels
+    from ropekit.methods import dual_chunk_attention as dual_chunk
+    from ropekit.methods import lm_infinite_attention as lm_infinite
+    from ropekit.methods import self_extend_attention as self_extend
 
     # the eager paths' per-forward decisions (host reads made once by the first layer) are given, as that layer
     # would have read them for a plain causal prefill / decoding step: consecutive positions, past every window

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ropekit.attention.landmark import (
+from ropekit.methods.landmark_attention import (
     aligned_layout,
     grouped_attention,
     retrieval_attention,

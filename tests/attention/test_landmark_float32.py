@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ropekit.attention.landmark import retrieval_attention
+from ropekit.methods.landmark_attention import retrieval_attention
 from ropekit.core.rope import default_inv_freq
 from test_landmark_attention import mask_of, naive_retrieval, random_inputs
 

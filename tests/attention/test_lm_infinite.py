@@ -376,7 +376,7 @@ def _turn(x: list[float], p: float, theta: list[float]) -> list[float]:
 def test_rule_is_the_lambda_rule_pair_by_pair():
     """``pair_logits`` against the Λ rule written out with Python ints: ⟨R_i q, R_j k⟩ when i − j < L, else
     ⟨R_L q, k⟩ (the distance clamped to L) when j < G, else not kept; a left-padded row included."""
-    from ropekit.attention.lm_infinite import LambdaAttention
+    from ropekit.methods.lm_infinite_attention import LambdaAttention
 
     L, n_global, D, n, scale = 7, 3, 8, 30, 0.45
     theta = [10000.0 ** (-2 * f / D) for f in range(D // 2)]

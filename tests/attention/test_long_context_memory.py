@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from ropekit.attention import kernels
-from ropekit.attention.lm_infinite import LambdaAttention
-from ropekit.attention.self_extend import SelfExtendAttention
+from ropekit.methods.lm_infinite_attention import LambdaAttention
+from ropekit.methods.self_extend_attention import SelfExtendAttention
 
 DIM = 16
 INV_FREQ = 1.0 / (10000.0 ** (torch.arange(0, DIM, 2, dtype=torch.float64) / DIM))
@@ -205,7 +205,7 @@ def test_decoding_rotates_each_key_to_its_group_once(monkeypatch):
         rotated.append((x.shape[1], x.shape[2]))
         return real_rotate_by(x, offsets, inv_freq)
 
-    import ropekit.attention.self_extend as se
+    import ropekit.methods.self_extend_attention as se
 
     monkeypatch.setattr(se, "rotate_by", counting)
     for seed in (0, 1):
@@ -242,7 +242,7 @@ def test_s2_attn_never_copies_keys_per_query_head(monkeypatch, heads, kv_heads):
     head on both sides of the shifted/unshifted split) and equals the naive definition: per query head, causal
     attention within ``⌊t/g⌋`` (first half of the heads) or ``⌊(t + g − ⌊g/2⌋)/g⌋`` (second half), over keys
     repeated per head."""
-    from ropekit.attention.s2_attn import ShiftedSparseAttention
+    from ropekit.methods.longlora_attention import ShiftedSparseAttention
 
     n, ratio = 22, 0.25
     q, k, v = _inputs(batch=2, heads=heads, kv_heads=kv_heads, q_len=n, k_len=n, seed=4)
@@ -268,7 +268,7 @@ def test_landmark_never_copies_keys_per_query_head(monkeypatch):
     tests' own, computed with keys repeated per head before the copies are forbidden)."""
     from test_landmark_attention import aligned, mask_of, naive_grouped, naive_retrieval, random_inputs, rope
 
-    from ropekit.attention.landmark import grouped_attention, retrieval_attention
+    from ropekit.methods.landmark_attention import grouped_attention, retrieval_attention
     from ropekit.core.rope import default_inv_freq
 
     q, k, v, gen = random_inputs(0, heads=8, kv_heads=2, q_len=23, k_len=23)

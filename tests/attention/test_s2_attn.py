@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 import ropekit
 import ropekit.methods.longlora
 from ropekit import RopekitError
-from ropekit.attention.s2_attn import ShiftedSparseAttention, group_size
+from ropekit.methods.longlora_attention import ShiftedSparseAttention, group_size
 from ropekit.models.tiny import build_tiny_model
 from ropekit.install import register_rope_types
 

@@ -344,7 +344,7 @@ def test_rope_is_plain():
 
 def test_position_jumps_take_the_general_path_and_match_naive(monkeypatch):
     """Positions that are not consecutive (a PoSE-style jump) are decided pair by pair from positions."""
-    from ropekit.attention.self_extend import SelfExtendAttention
+    from ropekit.methods.self_extend_attention import SelfExtendAttention
 
     G, W = 5, 16  # reach (64 − 16)·5 + 16 = 256 covers position 249
     model = _extended("llama", group_size=G, window_size=W)
@@ -364,7 +364,7 @@ def test_position_jumps_take_the_general_path_and_match_naive(monkeypatch):
 
 
 def test_padding_and_cache_take_the_banded_path(monkeypatch):
-    from ropekit.attention.self_extend import SelfExtendAttention
+    from ropekit.methods.self_extend_attention import SelfExtendAttention
 
     def fail(*args, **kwargs):
         raise AssertionError("general path used")
@@ -384,7 +384,7 @@ def test_single_token_decoding_takes_the_folded_decode_path(monkeypatch):
     per-layer table — and its tokens equal the uncached loop (checked above); here: it is really used,
     and the table gives the same rotations as computing them afresh."""
     from ropekit.attention.kernels import rotate_by
-    from ropekit.attention.self_extend import SelfExtendAttention, group_key_position
+    from ropekit.methods.self_extend_attention import SelfExtendAttention, group_key_position
 
     calls = []
     decode = SelfExtendAttention._attend_decode
@@ -419,7 +419,7 @@ def _turn(x: list[float], p: float, theta: list[float]) -> list[float]:
 def test_rule_is_lceg_eq13_pair_by_pair():
     """``pair_logits`` against the paper written out with Python ints: the pair (i, j) is seen at (i, j) when
     i − j < W, else at (⌊i/G⌋ + W − ⌊W/G⌋, ⌊j/G⌋); G = 3 ∤ W = 5, a left-padded row and a position jump."""
-    from ropekit.attention.self_extend import SelfExtendAttention
+    from ropekit.methods.self_extend_attention import SelfExtendAttention
 
     G, W, D, n, scale = 3, 5, 8, 40, 0.4
     theta = [10000.0 ** (-2 * f / D) for f in range(D // 2)]

@@ -13,7 +13,7 @@ import torch
 
 import ropekit
 from ropekit import RopekitError
-from ropekit.attention.dual_chunk import chunk_key_position, successive_query_position
+from ropekit.methods.dual_chunk_attention import chunk_key_position, successive_query_position
 from ropekit.engines import ENGINES, engine_python
 from ropekit.install.vllm import vllm_serving
 from ropekit.models.byte_tokenizer import byte_tokenizer

@@ -22,7 +22,7 @@ import ropekit
 from ropekit.eval.perplexity import score_windows
 from ropekit.models.loading import load_model
 from ropekit.search import SearchSettings, run_search
-from ropekit.search.evolution import PAPER_START_TOKENS, closed_forms, initial_population, next_generation, snap
+from ropekit.methods.longrope_search import PAPER_START_TOKENS, closed_forms, initial_population, next_generation, snap
 from ropekit.search.longrope import search_documents
 
 

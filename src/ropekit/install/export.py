@@ -24,12 +24,13 @@ from ..core.rope import pair_exponents
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..runtime.atomic import atomic_dir
 from ..methods import get_method
+from ..methods.base import EngineConfig
 from .capabilities import model_features
 from .card import card_body, write_card
 from .legacy import legacy_keys, with_engine_keys
 from .model_rope import base_info, rotary_modules, text_config
 from .rope_types import transformers_builds
-from .vllm import dual_chunk_config
+from .vllm import engine_keys
 from .weights import cast_state, plan_weights, quantizer_set_aside
 
 def _with_base_rope(config, record):
@@ -165,14 +166,16 @@ def _without_rotary_weights(model) -> dict[str, torch.Tensor] | None:
     return kept if len(kept) < len(state) else None
 
 
-def _vllm_config(model, m, info, params) -> tuple[dict[str, Any], str]:
-    """``(config.json keys, "")`` with which vLLM computes the method itself — Dual Chunk Attention's
-    ``dual_chunk_attention_config`` (:func:`.vllm.dual_chunk_config`) — or ``({}, why not)``; ``({}, "")`` for the
-    methods vLLM can only serve through their RoPE."""
-    if m.name != "dual_chunk":
-        return {}, ""
-    dca, why = dual_chunk_config(info.model_type, info, params, model_features(model).sliding_layers)
-    return ({"dual_chunk_attention_config": dca}, "") if dca is not None else ({}, why)
+def _vllm_config(model, m, info, params) -> tuple[EngineConfig | None, str]:
+    """``(keys, "")`` with which vLLM computes the method itself (the method's ``vllm_config``: Dual Chunk
+    Attention's ``dual_chunk_attention_config``), or ``(None, why not)``; ``(None, "")`` for the methods vLLM can only
+    serve through their RoPE."""
+    if not m.vllm_keys:
+        return None, ""
+    engine = m.vllm_config(info, params, sliding_layers=model_features(model).sliding_layers)
+    if isinstance(engine, EngineConfig):
+        return engine, ""
+    return None, engine or ""
 
 
 def _encode(model, m, record, data: dict[str, Any], rope_format: str, freeze_length: int | None):
@@ -321,8 +324,10 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
             saved["rope_parameters"] = json_safe(dict(config.rope_parameters))
             saved["max_position_embeddings"] = config.max_position_embeddings
         # a loaded Qwen2.5-1M-style config (or an earlier DCA export) must not make vLLM run DCA on another method
-        saved.pop("dual_chunk_attention_config", None)
-        saved.update(engine)
+        for key in engine_keys():
+            saved.pop(key, None)
+        if engine is not None:
+            saved.update(engine.keys)
         saved["rope_parameters"] = with_engine_keys(saved["rope_parameters"])  # vLLM's own names, beside transformers'
         if rope is not None:
             rope = saved["rope_parameters"]
@@ -339,9 +344,8 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
             saved["dtype"] = _dtype_name(weights, model)
         config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
         how = _export_note(m, chosen, rope or {}, freeze_length)
-        if engine:
-            how += ("\n\nvLLM computes this model itself with its Dual Chunk Attention (`dual_chunk_attention_config` in "
-                    "config.json; V0 engine, CUDA): `ropekit export DIR --format vllm` prints the command.")
+        if engine is not None:
+            how += "\n\n" + engine.note
         elif engine_why:
             how += f"\n\nvLLM: not the same model ({engine_why})."
         how += ("\n\ntransformers 4.x: " + (f"not the same model — {legacy_why}." if legacy_why else
@@ -353,7 +357,7 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
                          base_model=None if source and source.lower().endswith(".gguf") else source,
                          source_gguf=source if source and source.lower().endswith(".gguf") else None)
         write_card(building, body, method=m.name, base_model=source if source and _HUB_ID.match(source) else None)
-    if engine:
+    if engine is not None:
         vllm = True
     elif chosen == "native":
         vllm = "vllm" in m.exports_to(params)

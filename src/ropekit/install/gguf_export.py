@@ -49,7 +49,7 @@ from ..core.base_rope import base_frequencies, length_dependence
 from ..core.rope import pair_exponents
 from ..errors import InvalidParameterError, RopekitError, UnsupportedModelError
 from ..methods import get_method
-from ..methods.base import CHANGES
+from ..methods.base import CHANGES, LLAMACPP_YARN_BETAS
 from ..runtime.atomic import atomic_file, check_target
 from .gguf_vocab import GGUFVocab, gguf_vocabulary
 from .model_rope import base_info, installed, rotary_modules, text_config
@@ -63,7 +63,7 @@ OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 ARCHITECTURES = ("llama", "mistral")
 
 #: llama.cpp's YaRN correction betas for the Llama architecture (context defaults; not read from the file).
-LLAMACPP_BETA_FAST, LLAMACPP_BETA_SLOW = 32.0, 1.0
+LLAMACPP_BETA_FAST, LLAMACPP_BETA_SLOW = LLAMACPP_YARN_BETAS
 
 #: Relative agreement a named RoPE form must reach with the installed frequencies (float32 frequencies carry
 #: about 6e-8 relative rounding); otherwise the exact per-pair form is written.
@@ -257,7 +257,7 @@ def gguf_rope(model, freeze_length: int | None = None) -> GGUFRope:
             f"this Llama model rotates {info.rotary_dim} of {info.head_dim} channels per head; llama.cpp's Llama "
             "architecture rotates whole heads", "export a model with full rotary heads")
     window = int(config.max_position_embeddings)
-    method, params = None, {}
+    method, params, m = None, {}, None
     if record:
         m = get_method(record["method"])
         _refuse_attention_side(m)
@@ -276,7 +276,7 @@ def gguf_rope(model, freeze_length: int | None = None) -> GGUFRope:
     common = {"rotary_dim": info.rotary_dim, "context_length": int(context), "inv_freq": theta,
               "attention_factor": attention_factor, "frozen_at": frozen, "method": method, "params": params}
 
-    for candidate in _named_forms(info, method, params, attention_factor, frozen, common):
+    for candidate in _named_forms(info, m, params, attention_factor, frozen, common):
         if _reproduces(candidate):
             return candidate
     base = float(_f32(info.rope_theta))  # the divisors are relative to the base as the file stores it
@@ -289,10 +289,11 @@ def gguf_rope(model, freeze_length: int | None = None) -> GGUFRope:
     return exact
 
 
-def _named_forms(info, method: str | None, params: dict[str, Any], attention_factor: float, frozen, common):
-    """llama.cpp's own RoPE keys for the installation, when they may be the same math (checked by the caller)."""
+def _named_forms(info, m, params: dict[str, Any], attention_factor: float, frozen, common):
+    """llama.cpp's own RoPE keys for the installation, when they may be the same math (checked by the caller): the
+    base model's by its transformers rope type, an installed method's from its ``gguf_rope`` hook."""
     plain = not info.is_scaled
-    if method is None:
+    if m is None:
         rope = info.rope_parameters or {}
         if plain:
             yield GGUFRope(form="none", scaling_type="none", freq_base=info.rope_theta,
@@ -307,21 +308,14 @@ def _named_forms(info, method: str | None, params: dict[str, Any], attention_fac
         return
     if not plain:
         return  # compositions on a pre-scaled base: the per-pair form
-    if method in ("pi", "longlora") and params.get("factor", 1.0) > 1.0:
-        yield GGUFRope(form="linear", scaling_type="linear", freq_base=float(params["rope_theta"]),
-                       factor=float(params["factor"]), attn_factor=attention_factor, **common)
-    elif method == "ntk":
-        m = get_method("ntk")
-        yield GGUFRope(form="none", scaling_type="none", freq_base=float(m.new_base(info, params)),
-                       attn_factor=attention_factor, **common)
-    elif method == "abf":
-        yield GGUFRope(form="none", scaling_type="none", freq_base=float(params["rope_theta"]),
-                       attn_factor=attention_factor, **common)
-    elif (method == "yarn" and params.get("factor", 1.0) > 1.0 and params.get("ramp") == "dim"
-          and params.get("blend") == "frequency" and params.get("truncate")
-          and params.get("beta_fast") == LLAMACPP_BETA_FAST and params.get("beta_slow") == LLAMACPP_BETA_SLOW):
-        yield _yarn_form(float(params["rope_theta"]), float(params["factor"]),
-                         int(params["original_max_position_embeddings"]), attention_factor, common)
+    keys = m.gguf_rope(info, params)
+    if keys is None:
+        return
+    if keys.scaling_type == "yarn":
+        yield _yarn_form(keys.freq_base, keys.factor, keys.original_context_length, attention_factor, common)
+    else:
+        yield GGUFRope(form=keys.scaling_type, scaling_type=keys.scaling_type, freq_base=keys.freq_base,
+                       factor=keys.factor, attn_factor=attention_factor, **common)
 
 
 def _yarn_form(base: float, factor: float, original: int, attention_factor: float, common) -> GGUFRope:

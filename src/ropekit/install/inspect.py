@@ -7,10 +7,10 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from ..methods import get_method, list_methods
+from ..methods.base import EngineConfig
 from .capabilities import model_features, why_not
 from .model_rope import base_info, rope_info, text_config
 from .rope_types import transformers_builds
-from .vllm import dual_chunk_config
 
 
 def exports(m, info, base_dict, sliding=(), params=None) -> list[str]:
@@ -21,9 +21,9 @@ def exports(m, info, base_dict, sliding=(), params=None) -> list[str]:
     native = m.transformers_rope(info, params)
     if native is not None and transformers_builds(base_dict, native):
         return m.exports_to(params)
-    if m.name == "dual_chunk":  # vLLM's own Dual Chunk Attention, where it computes the same positions
-        dca, _ = dual_chunk_config(info.model_type, info, params, sliding)
-        return m.exports_to(params) if dca is not None else []
+    if m.vllm_keys:  # vLLM computes the method itself (Dual Chunk Attention), where its config says it is the same
+        engine = m.vllm_config(info, params, sliding_layers=sliding)
+        return m.exports_to(params) if isinstance(engine, EngineConfig) else []
     kind = m.length_dependence(info, params)[0]
     if m.frequencies_only and kind in ("static", "switch"):
         return ["transformers (longrope)"] + (["vllm (longrope)"] if kind == "static" else [])

@@ -1,6 +1,7 @@
 """The method registry: every context-extension method ropekit knows, by name.
 
-Importing this package registers all methods. Use :func:`get_method` / :func:`list_methods`.
+Importing this package registers all methods. Use :func:`get_method` / :func:`list_methods`. Adding a method is one
+unit, ``methods/<name>.py`` (a :class:`Method` subclass with its hooks, :mod:`.base`), and one import line below.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from .base import AttentionSpec, Method, Param, RopeInfo, registered
 
 # Registration happens on import, in the order ``ropekit methods`` lists them.
 from . import pi, ntk, dynamic_ntk, ntk_by_parts, yarn, dynamic_yarn, llama3, longrope, abf, harpe, self_extend, lm_infinite, dual_chunk, longlora, clex, landmark  # noqa: F401,E401
+from . import resonance  # noqa: F401
 
 
 def list_methods() -> list[Method]:

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-from ..core.rope import base_change_ratio, default_inv_freq, scale_pairs
+import math
+
+import torch
+
+from ..core.rope import default_inv_freq, pair_exponents, scale_pairs
+from .ntk import ntk_base
 from ..errors import InvalidParameterError
-from .base import AttentionSpec, Method, Param, original_window, register
+from .base import AttentionSpec, GGUFKeys, Method, Param, original_window, register, short_number, two_digits
+
+
+def base_change_ratio(dim: int, old_base: float, new_base: float, device=None) -> torch.Tensor:
+    """``θ'_i/θ_i = (b/b')^(2i/d)``: replacing the base ``b`` by ``b'`` (ABF) as a per-pair ratio."""
+    return torch.exp(pair_exponents(dim, device) * (math.log(old_base) - math.log(new_base)))
+
 
 NEW_BASE = Param("rope_theta", float, 500000.0, "the new RoPE base b'", minimum=1.0, exclusive_minimum=True)
 DECLARED_FACTOR = Param(
@@ -31,6 +42,17 @@ class ABF(Method):
     uses_factor = False
     composition = "θ'_i = θ^eff_i · (b/b')^(2i/d) (the base change as a per-pair ratio); the model's attention factor kept"
 
+    family = "NTK & base frequency"
+
+    def demo_params(self, info, factor):
+        """Base ``b' ≈ 4 ×`` the NTK-aware base for ``factor``, two significant digits (the papers' 500,000 is meant
+        for 4k-token Llama-2 models and would be far too large for the 64-token demo model)."""
+        ntk = ntk_base(info.rope_theta, info.rotary_dim, factor) if factor > 1 else info.rope_theta
+        return {"rope_theta": two_digits(4 * ntk) if factor > 1 else info.rope_theta, "factor": factor}
+
+    def settings_line(self, info, params, requested=None):
+        return f"b'={short_number(params['rope_theta'])}"
+
     def inv_freq(self, info, params, seq_len=None, device=None):
         if info.is_scaled:
             base, attention_factor = self.base(info, seq_len, device)
@@ -47,6 +69,9 @@ class ABF(Method):
 
     def exports_to(self, params=None):
         return ["transformers", "vllm"]
+
+    def gguf_rope(self, info, params):
+        return GGUFKeys("none", float(params["rope_theta"]))  # a new freq_base
 
 
 @register
@@ -75,6 +100,12 @@ class EntropyABF(ABF):
     changes = ("frequencies", "logit_scale_per_position")
     composition = ABF.composition + "; logit scale with c = the effective window"
 
+    def settings_line(self, info, params, requested=None):
+        skip = set(params.get("skip_layers") or ())
+        scaled = [i for i in range(info.num_layers) if i not in skip]
+        where = f"layers {scaled[0]}–{scaled[-1]}" if len(scaled) > 1 else (f"layer {scaled[0]}" if scaled else "no layer")
+        return f"b'={short_number(params['rope_theta'])}, logit×max(log_{params['scale_context']} i, 1) on {where}"
+
     def resolve(self, info, given):
         params = super().resolve(info, given)
         if given.get("skip_layers") is None:  # the paper's default, on models with fewer layers too
@@ -96,6 +127,9 @@ class EntropyABF(ABF):
 
     def transformers_rope(self, info, params):
         return None
+
+    def gguf_rope(self, info, params):
+        return None  # the logit scale has no GGUF key (the writer refuses the method for it)
 
     def exports_to(self, params=None):
         return []

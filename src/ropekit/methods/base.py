@@ -6,14 +6,24 @@ the user's parameters it can
 * resolve and validate the parameters (defaults come from the papers or from the model),
 * compute the shared inverse frequencies and attention factor (the transformers rope-init contract),
 * describe attention-side changes (per-head RoPE, logit scaling) as an :class:`AttentionSpec`,
-* say whether plain transformers (and therefore vLLM) has an exactly equivalent ``rope_parameters``.
+* say, format by format, how it is written for a runtime other than ropekit — or why it cannot be, in one line:
+  transformers' own ``rope_parameters`` (:meth:`Method.transformers_rope`), llama.cpp's named GGUF RoPE keys
+  (:meth:`Method.gguf_rope`), the ``config.json`` keys with which vLLM computes it itself (:meth:`Method.vllm_config`,
+  :meth:`Method.vllm_serve`); the ropekit format (rope type ``ropekit_<name>`` and the recorded parameters,
+  :meth:`Method.frozen_params`) holds every method.
 
-Installing a method into a model is :mod:`ropekit.install`'s job; a method only says what to install.
+Installing a method into a model, and writing the formats, is :mod:`ropekit.install`'s job; a method only says what
+to install and what to write. A method is one unit — ``methods/<name>.py`` and its helper modules
+``methods/<name>_*.py`` (its kernel ``_attention``, its search ``_search``) — plus one line in the registry
+(``methods/__init__.py``). No module outside the methods package names a method (``tests/methods/
+test_method_units.py``); inside it a unit may build on another (YaRN on NTK-by-parts, LongRoPE's search on the PI,
+NTK and YaRN closed forms).
 """
 
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -38,6 +48,17 @@ CHANGES = {
 }
 
 
+def two_digits(x: float) -> float:
+    """``x`` to two significant digits (settings shown in a table read better round)."""
+    digits = 1 - int(math.floor(math.log10(abs(x))))
+    return float(round(x, digits))
+
+
+def short_number(x: float) -> str:
+    """A number as a settings line shows it: thousands separated, no decimals, from 100 up."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:g}"
+
+
 def original_window(info: RopeInfo) -> int:
     """the model's window (max_position_embeddings)"""
     return info.window
@@ -54,6 +75,44 @@ ORIGINAL_WINDOW = Param(
     "original_max_position_embeddings", int, original_window, "pretrained window C the scaling is relative to", minimum=2
 )
 ROPE_THETA = Param("rope_theta", float, model_theta, "RoPE base b the method starts from", minimum=1.0, exclusive_minimum=True)
+
+
+#: llama.cpp's YaRN correction betas for the Llama architecture: its context defaults, which it does not read from a
+#: GGUF (``src/llama-context.cpp``); a method can be written as GGUF ``yarn`` only with these.
+LLAMACPP_YARN_BETAS = (32.0, 1.0)
+
+
+@dataclass(frozen=True)
+class GGUFKeys:
+    """llama.cpp's own RoPE keys for an installation (:meth:`Method.gguf_rope`): ``scaling_type`` ``none``
+    (plain RoPE with ``freq_base``), ``linear`` (``factor``) or ``yarn`` (``factor`` over
+    ``original_context_length``, llama.cpp's betas :data:`LLAMACPP_YARN_BETAS`). The GGUF writer checks the keys
+    numerically against the installed frequencies and writes the exact per-pair ``rope_freqs`` form instead when
+    they differ."""
+
+    scaling_type: str
+    freq_base: float
+    factor: float | None = None
+    original_context_length: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """``config.json`` keys with which an engine (vLLM) computes a method itself rather than through its RoPE, and
+    the model card's sentence about it (:meth:`Method.vllm_config`)."""
+
+    keys: dict[str, Any]
+    note: str
+
+
+@dataclass(frozen=True)
+class EngineServing:
+    """How vLLM serves a directory carrying a method's :attr:`Method.vllm_keys` (:meth:`Method.vllm_serve`):
+    ``hf_overrides``, extra command-line arguments after ``--max-model-len`` and environment variables."""
+
+    hf_overrides: dict[str, Any]
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -224,6 +283,29 @@ class Method(abc.ABC):
         """Which runtimes can run the exported model without ropekit (``transformers``, ``vllm``)."""
         return []
 
+    # ---- export hooks, one per format (install/ dispatches to them) ---------------------------------
+    #: ``config.json`` keys through which vLLM computes the method itself (:meth:`vllm_config` writes them); an
+    #: export of any other method drops them (a loaded config must not make vLLM run another method).
+    vllm_keys: ClassVar[tuple[str, ...]] = ()
+
+    def gguf_rope(self, info: RopeInfo, params: dict[str, Any]) -> GGUFKeys | None:
+        """llama.cpp's own RoPE keys that may compute this installation on a model with plain RoPE (checked
+        numerically by the writer), or ``None``: the GGUF then holds the exact per-pair ``rope_freqs`` form.
+        Default ``None``. Attention-side changes and length-dependent frequencies are refused by the writer from
+        :attr:`changes` and :meth:`length_dependence`."""
+        return None
+
+    def vllm_config(self, info: RopeInfo, params: dict[str, Any], *,
+                    sliding_layers: tuple[int, ...] = ()) -> EngineConfig | str | None:
+        """The ``config.json`` keys (:attr:`vllm_keys`) with which vLLM computes the method itself, a one-line reason
+        why it cannot, or ``None`` (default) when vLLM serves the method through its RoPE alone."""
+        return None
+
+    def vllm_serve(self, config: dict[str, Any]) -> EngineServing | str:
+        """How vLLM serves an exported ``config.json`` that carries this method's :attr:`vllm_keys`, or a one-line
+        reason why it would compute something else. Only methods with :attr:`vllm_keys` are asked."""
+        return f"vLLM does not compute {self.name} itself"
+
     def not_applicable(self, info: RopeInfo) -> str | None:
         """Why this method cannot be installed into a model with ``info``, or ``None`` when it can."""
         if self.uses_factor and "frequencies" in self.changes and info.rotary_dim <= 2:
@@ -255,6 +337,21 @@ class Method(abc.ABC):
     def example_params(self, info: RopeInfo) -> dict[str, Any]:
         """Parameters that install the method at 2× the window (``inspect`` builds its export check from them)."""
         return {"factor": 2.0} if any(p.name == "factor" for p in self.params) else {}
+
+    # ---- how ropekit's own reports show it ------------------------------------------------------
+    #: The study report's method family: its figures draw one panel of small multiples per family.
+    family: ClassVar[str] = "Other"
+
+    def demo_params(self, info: RopeInfo, factor: float) -> dict[str, Any]:
+        """Parameters for ``ropekit demo`` on the built-in 64-token model at scale ``factor``: ``factor`` and the
+        method's defaults. A method whose papers' defaults are meant for 4k-token models scales them here."""
+        return {"factor": factor}
+
+    def settings_line(self, info: RopeInfo, params: dict[str, Any], requested: dict[str, Any] | None = None) -> str:
+        """The resolved ``params`` that matter, in a few words (the demo table's settings column); ``requested``
+        are the parameters as given. Default: every parameter set, ``name=value``."""
+        shown = {k: v for k, v in params.items() if v is not None}
+        return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready description (what ``ropekit methods --json`` prints)."""

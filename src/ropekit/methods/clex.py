@@ -74,6 +74,9 @@ class CLEX(Method):
     schedules_itself = True
     replaces_rotary_output = True
 
+    def settings_line(self, info, params, requested=None):
+        return f"ODE-evolved frequencies, t ≤ {params['max_factor']:g} (untrained ODE = NTK with α = 2t − 1)"
+
     def resolve(self, info, given):
         params = super().resolve(info, given)
         factor, max_factor = params["factor"], params["max_factor"]

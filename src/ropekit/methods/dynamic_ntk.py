@@ -3,8 +3,29 @@
 from __future__ import annotations
 
 from ..errors import InvalidParameterError
-from ..core.rope import default_inv_freq, dynamic_ntk_alpha, dynamic_ntk_base, ntk_ratio, scale_pairs
+from ..core.rope import default_inv_freq, scale_pairs
+from .ntk import ntk_base, ntk_ratio
 from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Method, Param, combine_length_dependence, register
+
+
+def dynamic_ntk_alpha(factor: float, seq_len: float, original: int, trained_length: int | None = None) -> float:
+    """The effective NTK ratio of Dynamic NTK.
+
+    ``t = s·max(C', C_test)/C − (s − 1)`` (LCEG §7.8.1, after Fu et al. 2024). ``C_test`` is the longest
+    length seen so far (``seq_len``), ``C'`` the trained length. With ``C' = C`` this is transformers'
+    ``dynamic`` rule, ``s·max(L, C)/C − (s−1)``: the base stays at ``b`` inside the pretrained window.
+    With ``C' > C`` the base is *frozen* at its ``C'`` value for every shorter input (the NTK-32k/64k
+    models of LCEG Tables 13–14: s=4, C=4096, C'=32768 gives t = 29, b' ≈ 305,922 for Llama-2).
+    """
+    floor = original if trained_length is None else trained_length
+    return factor * max(float(seq_len), float(floor)) / original - (factor - 1.0)
+
+
+def dynamic_ntk_base(
+    base: float, dim: int, factor: float, seq_len: float, original: int, trained_length: int | None = None
+) -> float:
+    """Dynamic NTK base ``b·t^(d/(d−2))`` with ``t`` from :func:`dynamic_ntk_alpha`."""
+    return ntk_base(base, dim, dynamic_ntk_alpha(factor, seq_len, original, trained_length))
 
 
 def _trained_default(info):
@@ -17,7 +38,7 @@ class DynamicNTK(Method):
     """Dynamic NTK (emozilla 2023; Fu et al. 2024 as used by LCEG §7.8).
 
     ``b' = b·(s·max(C', C_test)/C − (s − 1))^(d/(d−2))`` where ``C_test`` is the longest length seen so far
-    (:func:`ropekit.core.rope.dynamic_ntk_alpha`).
+    (:func:`dynamic_ntk_alpha`).
 
     * ``trained_length`` = ``C`` (default): transformers' ``dynamic`` rule — plain RoPE inside the window,
       growing base beyond it. Exports to transformers' ``dynamic`` type.
@@ -51,6 +72,12 @@ class DynamicNTK(Method):
     changes = ("frequencies", "length_dependent")
     schedules_itself = True
     composition = "θ'_i(L) = θ^eff_i(L) · α(L)^(−2i/(d−2)), α(L) from the effective window"
+
+    family = "NTK & base frequency"
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"s={s:g}, base grows past {params['trained_length']} tokens" if s > 1 else f"s={s:g}"
 
     def check(self, info, params):
         if params["trained_length"] < params["original_max_position_embeddings"]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..core.rope import yarn_mscale
+from .yarn import yarn_mscale
 from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, combine_length_dependence, register
 from .ntk_by_parts import BETA_FAST, BETA_SLOW, BLEND, TRUNCATE, _ByParts, ramp_param
 
@@ -45,6 +45,17 @@ class DynamicYaRN(_ByParts):
     reference = "Peng et al. 2023, arXiv 2309.00071, §3.4 with Eq. 17–18 and 22 at s = L/C; vLLM #18728"
     params = (FACTOR, ORIGINAL_WINDOW, BETA_FAST, BETA_SLOW, BLEND, ramp_param("dim"), TRUNCATE, ROPE_THETA)
     changes = ("frequencies", "attention_factor", "length_dependent")
+
+    family = "YaRN & LongRoPE"
+
+    def demo_params(self, info, factor):
+        """NTK-by-parts' demo ramp (β = 4, α = 1: the papers' β = 32 would interpolate every pair of a 64-token
+        model)."""
+        return {"factor": factor, "beta_fast": 4.0, "beta_slow": 1.0}
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"s=min(L/{params['original_max_position_embeddings']}, {s:g}), β={params['beta_fast']:g}, α={params['beta_slow']:g}"
 
     def length_dependence(self, info, params):
         own = ("per_input", params["original_max_position_embeddings"]) if params["factor"] > 1.0 else ("static", None)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..errors import InvalidParameterError
-from .base import AttentionSpec, Method, Param, register
+from .ntk import ntk_base
+from .base import AttentionSpec, Method, Param, register, short_number, two_digits
 import torch
 
 from .abf import DECLARED_FACTOR
@@ -54,6 +55,19 @@ class HARPE(Method):
     uses_factor = False
     composition = ("none: refused on an already-scaled RoPE (per-head bases replace plain RoPE's b^(−2i/d)); "
                    "use a frequency method, which applies to θ^eff")
+
+    family = "NTK & base frequency"
+
+    def demo_params(self, info, factor):
+        """``uniform`` bases from the model's base ``b`` to the NTK-aware base for ``factor``, one per KV group (the
+        paper's 1e6–5e6 is meant for 4k→128k)."""
+        ntk = ntk_base(info.rope_theta, info.rotary_dim, factor) if factor > 1 else info.rope_theta
+        return {"strategy": "uniform", "b_min": info.rope_theta, "b_max": two_digits(ntk), "factor": factor}
+
+    def settings_line(self, info, params, requested=None):
+        bases = " / ".join(short_number(b) for b in params.get("bases") or ())
+        how = (requested or params).get("strategy")
+        return f"per-head bases {bases}" + (f" ({how})" if how and how != "explicit" else "")
 
     def resolve(self, info, given):
         given = dict(given)

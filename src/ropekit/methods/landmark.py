@@ -5,7 +5,7 @@ The input is cut into blocks of ``mem_freq`` tokens and a special *landmark* tok
 attention, a query sees the tokens of its own block directly and every earlier block only through that
 block's landmark: the landmark's softmax weight (among the query's own block and all landmarks) is shared
 out over the block's tokens by a second softmax inside the block — the *grouped softmax* of the paper's
-§3.1 (:mod:`ropekit.attention.landmark`). At inference each query keeps only the ``top_k`` blocks whose
+§3.1 (:mod:`ropekit.methods.landmark_attention`). At inference each query keeps only the ``top_k`` blocks whose
 landmarks score highest (per head), plus a local window of recent blocks, so the attention span stays
 inside the trained window at any input length.
 
@@ -13,7 +13,7 @@ This module holds the method (parameters, defaults, what installing and removing
 layout — inserting landmark tokens into ids, positions, masks and training batches — is
 :mod:`.landmark_layout`; what happens inside a model (the new embedding row, landmarks inserted into plain
 ids inside ``forward``/``generate``, the outputs mapped back) is :mod:`.landmark_stream`; the attention
-itself is :mod:`ropekit.attention.landmark`.
+itself is :mod:`ropekit.methods.landmark_attention`.
 
 Conventions: :mod:`.landmark_layout`.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..attention.landmark import make_landmark
+from .landmark_attention import make_landmark
 from .abf import DECLARED_FACTOR
 from .base import AttentionSpec, Method, Param, RopeInfo, register
 from .landmark_layout import (  # noqa: F401  (the layout's names are part of this method's API)
@@ -91,6 +91,16 @@ class Landmark(Method):
     composition = "frequencies kept (the model's scaled ones); blocks sized from the effective window"
     needs_training = True
     uses_factor = False
+
+    family = "Attention-side"
+
+    def demo_params(self, info, factor):
+        """A landmark every ``C/8 − 1`` tokens (8 blocks per window: the paper's 50-token blocks would leave one
+        block in a 64-token window), top-2 retrieval."""
+        return {"mem_freq": max(2, info.window // 8 - 1), "top_k": 2, "factor": factor}
+
+    def settings_line(self, info, params, requested=None):
+        return f"landmark every {params['mem_freq']} tokens, top-{params['top_k']} blocks + {params['local_blocks']} local (untrained)"
 
     def resolve(self, info: RopeInfo, given: dict[str, Any]) -> dict[str, Any]:
         params = super().resolve(info, given)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention.landmark import LANDMARKS_KWARG, LandmarkInputs
+from .landmark_attention import LANDMARKS_KWARG, LandmarkInputs
 from ..core.hf_compat import cache_argument
 from ..errors import InvalidParameterError, RopekitError
 from .landmark_layout import LANDMARK_TOKEN, landmark_layout, landmark_positions

@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
-from ..core.rope import default_inv_freq, llama3_inv_freq
+import math
+
+import torch
+
+from ..core.rope import default_inv_freq
 from ..errors import InvalidParameterError
 from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Method, Param, register
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                    original: int) -> torch.Tensor:
+    """Llama 3.1's frequency scaling (Meta's ``apply_scaling``; transformers' ``llama3`` rope type).
+
+    With ``λ_i = 2π/θ_i`` and ``L = original``: pairs with ``λ < L/high`` keep ``θ_i``; pairs with ``λ > L/low``
+    get ``θ_i/s``; in between ``θ' = (1 − κ)·θ/s + κ·θ`` with ``κ = (L/λ − low)/(high − low)``. Given any
+    frequencies (a pre-scaled model's θ^eff), the same rule applies to their wavelengths.
+    """
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen, high_wavelen = original / low_freq_factor, original / high_freq_factor
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 @register
@@ -36,6 +57,12 @@ class Llama3(Method):
     )
     needs_training = False
     composition = "the llama3 rule on the effective wavelengths λ^eff = 2π/θ^eff, L = the effective window"
+
+    family = "NTK & base frequency"
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"s={s:g}, low/high frequency factors {params['low_freq_factor']:g}/{params['high_freq_factor']:g}"
 
     def check(self, info, params):
         if params["high_freq_factor"] <= params["low_freq_factor"]:

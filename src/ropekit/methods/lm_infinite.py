@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..attention.lm_infinite import make_lm_infinite
+from .lm_infinite_attention import make_lm_infinite
 from .abf import DECLARED_FACTOR
 from .base import AttentionSpec, Method, Param, original_window, register
 
@@ -23,7 +23,7 @@ class LMInfinite(Method):
     local 4096, global 10, distance clamp 4096; docs/methods-reference.md §1 and §5). Frequencies stay the model's own RoPE; no
     training. ``factor`` / ``target_length`` only declare the extended window (``max_position_embeddings``).
     The attention runs in ropekit's attention function in O(n·(L + G)) time and memory
-    (:mod:`ropekit.attention.lm_infinite`); plain transformers has no such pattern, so the export is
+    (:mod:`ropekit.methods.lm_infinite_attention`); plain transformers has no such pattern, so the export is
     ropekit-only.
 
     Composition: the frequencies are the model's own scaled ones ``θ^eff`` (and its attention factor), and the
@@ -45,6 +45,11 @@ class LMInfinite(Method):
     needs_training = False
     composition = "frequencies kept (the model's scaled ones, which the attention rotates with); window = the effective window"
     uses_factor = False
+
+    family = "Attention-side"
+
+    def settings_line(self, info, params, requested=None):
+        return f"{params['global_tokens']} global tokens + local window {params['local_window']}"
 
     def inv_freq(self, info, params, seq_len=None, device=None):
         """The model's own frequencies: LM-Infinite changes only attention."""

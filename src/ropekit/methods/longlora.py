@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from ..attention.s2_attn import make_s2_attn
-from .base import FACTOR, ROPE_THETA, AttentionSpec, Method, Param, register
-from ..core.rope import default_inv_freq, pi_inv_freq
+from .longlora_attention import make_s2_attn
+from .base import FACTOR, ROPE_THETA, AttentionSpec, GGUFKeys, Method, Param, register
+from ..core.rope import default_inv_freq
+from .pi import pi_inv_freq
 
 #: LongLoRA's fine-tuning recipe (Chen et al. 2024 §3–4; docs/methods-reference.md §6), for the training code to use.
 LORA_RANK = 8
@@ -35,7 +36,7 @@ class LongLoRA(Method):
       ``s = factor = target / C`` as in the recipe (the reference rounds it up, ``⌈L'/C⌉``).
     * Attention during training: S²-Attn with group size ``g = ⌈n·group_size_ratio⌉`` (paper: n/4); half
       the query heads attend within groups ``[0, g), [g, 2g), …``, the other half within groups shifted by
-      ``g/2`` — without the eager reference's roll wrap-around (:mod:`ropekit.attention.s2_attn`).
+      ``g/2`` — without the eager reference's roll wrap-around (:mod:`ropekit.methods.longlora_attention`).
     * Attention at inference (eval mode, or any cached step): full attention. S²-Attn is a training-time
       pattern only, so the exported model is a plain PI model: ``rope_type='linear'`` in transformers and
       vLLM; ``ropekit.load`` restores S²-Attn for further training.
@@ -63,6 +64,12 @@ class LongLoRA(Method):
 
     composition = "PI's rule: θ'_i = θ^eff_i / s; the model's attention factor kept"
 
+    family = "PI & LongLoRA"
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"s={s:g}; S²-Attn (groups of {params['group_size_ratio']:g}·n) in training only, so = PI here"
+
     @property
     def frequencies_only(self) -> bool:
         return True  # S²-Attn runs in training only: at inference LongLoRA is its frequencies
@@ -86,3 +93,9 @@ class LongLoRA(Method):
 
     def exports_to(self, params=None):
         return ["transformers", "vllm"]
+
+    def gguf_rope(self, info, params):
+        # llama.cpp's `linear` divides every frequency by the factor: PI's rule
+        if params.get("factor", 1.0) > 1.0:
+            return GGUFKeys("linear", float(params["rope_theta"]), factor=float(params["factor"]))
+        return None

@@ -3,15 +3,31 @@ paper's un-interpolated start tokens."""
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import torch
 
 from ..core.base_rope import base_frequencies, length_dependence
-from ..core.rope import longrope_attention_factor, longrope_inv_freq
 from ..core.rope_info import RopeInfo
 from ..errors import InvalidParameterError
 from .base import ORIGINAL_WINDOW, ROPE_THETA, Method, Param, combine_length_dependence, register
+
+
+def longrope_inv_freq(base: float, dim: int, rescale: list[float], device=None) -> torch.Tensor:
+    """LongRoPE (Ding et al. 2024, arXiv 2402.13753): ``θ'_i = 1/(λ_i·b^(2i/d))`` — one rescale factor
+    ``λ_i`` per rotary pair (``short_factor`` or ``long_factor``)."""
+    factors = torch.tensor(rescale, dtype=torch.float32, device=device)
+    shape = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
+    return 1.0 / (factors * base**shape)
+
+
+def longrope_attention_factor(factor: float, original: int) -> float:
+    """LongRoPE's default attention factor ``√(1 + ln s / ln C)`` (1 when s ≤ 1)."""
+    if factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(original))
 
 
 class StartTokenRotary:
@@ -91,6 +107,17 @@ class LongRoPE(Method):
     changes = ("frequencies", "length_dependent", "attention_factor")
     needs_training = False
     composition = "θ'_i = θ^eff_i / λ_i (short set up to the original window, long beyond); attention factors multiply"
+
+    family = "YaRN & LongRoPE"
+
+    def demo_params(self, info, factor):
+        """NTK's per-pair factors ``λ_i = s^(2i/(d−2))``, where LongRoPE's search starts."""
+        d = info.rotary_dim
+        return {"long_factor": [factor ** (2 * i / (d - 2)) for i in range(d // 2)], "factor": factor}
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"λ_i = {s:g}^(2i/(d−2)) (NTK's factors per pair), attn×{params['attention_factor']:.3f}"
 
     def resolve(self, info, given):
         params = super().resolve(info, given)

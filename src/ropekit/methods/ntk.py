@@ -2,8 +2,30 @@
 
 from __future__ import annotations
 
-from .base import FACTOR, ROPE_THETA, Method, register
-from ..core.rope import default_inv_freq, ntk_base, ntk_ratio, scale_pairs
+import math
+
+import torch
+
+from .base import FACTOR, ROPE_THETA, GGUFKeys, Method, register, short_number
+from ..core.rope import default_inv_freq, pair_exponents, scale_pairs
+
+
+def ntk_exponent(dim: int) -> float:
+    """The NTK-aware exponent ``d/(d−2)``: it scales the lowest frequency exactly like PI (LCEG Eq. 9)."""
+    if dim <= 2:
+        raise ValueError("NTK-aware scaling needs a rotary dimension above 2")
+    return dim / (dim - 2)
+
+
+def ntk_base(base: float, dim: int, alpha: float) -> float:
+    """NTK-aware base: ``b' = b·α^(d/(d−2))`` (LCEG Eq. 9 with κ = t^(d/(d−2)); PoSE §3.1 λ = α^(d/(d−2)))."""
+    return base * alpha ** ntk_exponent(dim)
+
+
+def ntk_ratio(dim: int, factor: float, device=None) -> torch.Tensor:
+    """``θ'_i/θ_i = s^(−2i/(d−2))`` of NTK-aware scaling: the base change ``b → b·s^(d/(d−2))`` as a per-pair
+    ratio (LCEG Eq. 9), so that it applies to any frequencies."""
+    return torch.exp(-pair_exponents(dim, device) * ntk_exponent(dim) * math.log(factor))
 
 
 @register
@@ -23,6 +45,12 @@ class NTKAware(Method):
     reference = "bloc97 2023 (reddit r/LocalLLaMA); LCEG (Lu et al. 2024, arXiv 2409.12181) Eq. 9; PoSE (Zhu et al. 2024, arXiv 2309.10400) §3.1"
     params = (FACTOR, ROPE_THETA)
     composition = "θ'_i = θ^eff_i · s^(−2i/(d−2)) (the base change as a per-pair ratio); the model's attention factor kept"
+
+    family = "NTK & base frequency"
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"s={s:g} (b'={short_number(self.new_base(info, params))})"
 
     def new_base(self, info, params) -> float:
         if params["factor"] == 1.0:
@@ -44,3 +72,6 @@ class NTKAware(Method):
 
     def exports_to(self, params=None):
         return ["transformers", "vllm"]
+
+    def gguf_rope(self, info, params):
+        return GGUFKeys("none", float(self.new_base(info, params)))  # a new freq_base

@@ -2,10 +2,140 @@
 
 from __future__ import annotations
 
+import math
+from typing import Literal
+
+import torch
+
 from ..core.base_rope import wavelengths
-from ..core.rope import blend_inv_freq, default_inv_freq, keep_fraction, keep_fraction_from_ratios
+from ..core.rope import default_inv_freq
 from ..errors import InvalidParameterError
 from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Method, Param, register
+
+Ramp = Literal["dim", "ratio"]
+Blend = Literal["frequency", "wavelength"]
+
+
+def yarn_correction_dim(num_rotations: float, dim: int, base: float, original: int) -> float:
+    """The (fractional) pair index whose wavelength fits ``num_rotations`` times into ``C``.
+
+    Solves ``C/λ_i = r`` for ``i``: ``i = d·ln(C/(2π r)) / (2 ln b)`` (YaRN §3.2, the boundary of the
+    ratio ``r(i) = C/λ_i``).
+    """
+    return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+
+def yarn_correction_range(
+    beta_fast: float, beta_slow: float, dim: int, base: float, original: int, truncate: bool = True
+) -> tuple[float, float]:
+    """Pair indices ``[low, high]`` between which YaRN's ramp runs (``low`` from β_fast, ``high`` from β_slow).
+
+    ``truncate`` floors ``low`` and ceils ``high`` as the reference code and transformers do; the result is
+    clipped to ``[0, d−1]`` like theirs.
+    """
+    low = yarn_correction_dim(beta_fast, dim, base, original)
+    high = yarn_correction_dim(beta_slow, dim, base, original)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
+
+
+def keep_fraction(
+    base: float,
+    dim: int,
+    original: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    ramp: Ramp = "dim",
+    truncate: bool = True,
+    device=None,
+) -> torch.Tensor:
+    """γ_i ∈ [0, 1]: how much of pair ``i`` keeps its original frequency in NTK-by-parts / YaRN.
+
+    γ = 1 for high frequencies (many rotations inside ``C``: ``r(i) = C/λ_i > β_fast``), 0 for low ones
+    (``r(i) < β_slow``), and a ramp in between.
+
+    * ``ramp="ratio"`` — the YaRN paper's definition of NTK-by-parts: ``γ(r) = (r − β_slow)/(β_fast − β_slow)``
+      clamped to [0, 1], linear in ``r = C/λ_i`` (YaRN Eq. 17–18, α = β_slow, β = β_fast).
+    * ``ramp="dim"`` — the reference code's and transformers' form: linear in the pair index between
+      :func:`yarn_correction_range` (``1 − clamp((i − low)/(high − low), 0, 1)``).
+    """
+    half = dim // 2
+    if ramp == "ratio":
+        inv_freq = default_inv_freq(base, dim, device).to(torch.float64)
+        ratio = original * inv_freq / (2 * math.pi)
+        gamma = ((ratio - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)
+        return gamma.to(torch.float32)
+    if ramp != "dim":
+        raise ValueError(f"unknown ramp '{ramp}'")
+    low, high = yarn_correction_range(beta_fast, beta_slow, dim, base, original, truncate)
+    if low == high:
+        high += 0.001  # a zero-width ramp would divide by zero; same guard as the reference code
+    linear = (torch.arange(half, dtype=torch.float32) - low) / (high - low)
+    return (1.0 - linear.clamp(0.0, 1.0)).to(device=device)
+
+
+def blend_inv_freq(
+    inv_freq: torch.Tensor, factor: float, gamma: torch.Tensor, blend: Blend = "frequency"
+) -> torch.Tensor:
+    """Mix interpolated (``θ/s``) and original (``θ``) frequencies with keep-fraction γ.
+
+    * ``"frequency"``: ``θ'_i = (1 − γ_i)·θ_i/s + γ_i·θ_i`` — YaRN's Eq. (LCEG Eq. 10 without the
+      temperature), used by the reference code and transformers.
+    * ``"wavelength"`` ("harmonic"): ``θ'_i = θ_i / ((1 − γ_i)·s + γ_i)``, i.e. the *wavelengths* are
+      mixed linearly — the revision the PoSE authors use (jquesnelle/yarn#24).
+    Both agree wherever γ ∈ {0, 1}.
+    """
+    if blend == "frequency":
+        return (inv_freq / factor) * (1 - gamma) + inv_freq * gamma
+    if blend == "wavelength":
+        return inv_freq / ((1 - gamma) * factor + gamma)
+    raise ValueError(f"unknown blend '{blend}'")
+
+
+def _crossing_index(log_ratio: torch.Tensor, target: float) -> float:
+    """The fractional pair index where ``log r_i`` (decreasing in ``i``) equals ``log target``, linear in ``i``
+    between neighbouring pairs and along the end segments outside them. For plain RoPE ``log r_i`` is linear in
+    ``i``, so this is exactly YaRN's closed-form correction dimension."""
+    values = log_ratio.tolist()
+    goal = math.log(target)
+    n = len(values)
+    if n == 1:
+        return 0.0
+    k = 0
+    while k < n - 2 and values[k + 1] >= goal:
+        k += 1
+    left, right = values[k], values[k + 1]
+    if left == right:
+        return float(k)
+    return k + (left - goal) / (left - right)
+
+
+def keep_fraction_from_ratios(
+    ratios: torch.Tensor, beta_fast: float, beta_slow: float, ramp: Ramp = "dim", truncate: bool = True
+) -> torch.Tensor:
+    """γ_i for NTK-by-parts / YaRN on any frequencies, from ``r_i = C/λ_i`` (float64, decreasing in ``i``).
+
+    * ``ramp="ratio"``: ``γ(r) = clamp((r − β_slow)/(β_fast − β_slow), 0, 1)`` (YaRN Eq. 17–18).
+    * ``ramp="dim"``: linear in the pair index between the (fractional) pairs where ``r`` crosses β_fast and
+      β_slow, floored/ceiled with ``truncate`` and clipped to ``[0, d−1]`` like :func:`yarn_correction_range` —
+      which it equals on plain RoPE, where ``log r_i`` is linear in ``i``.
+    """
+    if ramp == "ratio":
+        return ((ratios - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0).to(torch.float32)
+    if ramp != "dim":
+        raise ValueError(f"unknown ramp '{ramp}'")
+    half = ratios.numel()
+    log_ratio = torch.log(ratios)
+    low, high = _crossing_index(log_ratio, beta_fast), _crossing_index(log_ratio, beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, 2 * half - 1)
+    if low == high:
+        high += 0.001  # the same guard as the plain ramp
+    linear = (torch.arange(half, dtype=torch.float32) - low) / (high - low)
+    return (1.0 - linear.clamp(0.0, 1.0)).to(device=ratios.device)
+
 
 BETA_FAST = Param("beta_fast", float, 32.0, "β: pairs rotating more than β times in C keep their frequency", minimum=0, exclusive_minimum=True)
 BETA_SLOW = Param("beta_slow", float, 1.0, "α: pairs rotating fewer than α times in C are fully interpolated", minimum=0, exclusive_minimum=True)
@@ -106,6 +236,19 @@ class NTKByParts(_ByParts):
     summary = "Interpolate wavelengths longer than C, keep short ones, linear ramp between (no temperature)."
     reference = "bloc97 2023; YaRN paper (Peng et al. 2023) §3.2 Eq. 17–18"
     params = (FACTOR, ORIGINAL_WINDOW, BETA_FAST, BETA_SLOW, ramp_param("ratio"), BLEND, TRUNCATE, ROPE_THETA)
+
+    family = "NTK & base frequency"
+
+    def demo_params(self, info, factor):
+        """Ramp ends β = 4, α = 1 rotations per window: the papers' β = 32 is meant for 4k windows; in a 64-token
+        window even the fastest pair rotates only C/2π ≈ 10 times, so β = 32 would interpolate every pair (almost
+        PI). β = 4 keeps the pairs whose wavelength is at most a quarter of the window and still fully interpolates
+        those longer than the window (α = 1)."""
+        return {"factor": factor, "beta_fast": 4.0, "beta_slow": 1.0}
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return f"s={s:g}, β={params['beta_fast']:g}, α={params['beta_slow']:g} ({params['ramp']} ramp)"
 
     def inv_freq(self, info, params, seq_len=None, device=None):
         return self.scaled_inv_freq(info, params, seq_len, device)

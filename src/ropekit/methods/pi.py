@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from .base import FACTOR, ROPE_THETA, Method, register
-from ..core.rope import default_inv_freq, pi_inv_freq
+import torch
+
+from .base import FACTOR, ROPE_THETA, GGUFKeys, Method, register
+from ..core.rope import default_inv_freq
+
+
+def pi_inv_freq(base: float, dim: int, factor: float, device=None) -> torch.Tensor:
+    """Linear position interpolation: positions ``m → m/s``, i.e. ``θ_i/s`` (LCEG Eq. 8, α_j = 1/t)."""
+    return default_inv_freq(base, dim, device) / factor
 
 
 @register
@@ -25,6 +32,11 @@ class PositionInterpolation(Method):
     needs_training = True
     composition = "θ'_i = θ^eff_i / s; the model's attention factor kept"
 
+    family = "PI & LongLoRA"
+
+    def settings_line(self, info, params, requested=None):
+        return f"s={params.get('factor', 1.0):g}"
+
     def inv_freq(self, info, params, seq_len=None, device=None):
         if info.is_scaled:
             base, attention_factor = self.base(info, seq_len, device)
@@ -40,3 +52,9 @@ class PositionInterpolation(Method):
 
     def exports_to(self, params=None):
         return ["transformers", "vllm"]
+
+    def gguf_rope(self, info, params):
+        # llama.cpp's `linear` divides every frequency by the factor: PI's rule
+        if params.get("factor", 1.0) > 1.0:
+            return GGUFKeys("linear", float(params["rope_theta"]), factor=float(params["factor"]))
+        return None

@@ -1,6 +1,6 @@
 """Self-Extend (Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning").
 
-The rope stays plain; attention changes (:mod:`ropekit.attention.self_extend`): neighbours closer than
+The rope stays plain; attention changes (:mod:`ropekit.methods.self_extend_attention`): neighbours closer than
 ``W`` keep their true relative positions, older keys are seen at grouped positions (floor division by
 ``G``), so every relative position stays inside the pretrained window up to the reach ``(C − W)·G + W``.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..attention.self_extend import make_self_extend
+from .self_extend_attention import make_self_extend
 from ..errors import InvalidParameterError
 from .base import AttentionSpec, Method, Param, RopeInfo, register
 
@@ -62,6 +62,12 @@ class SelfExtend(Method):
     attention_access = ("rotates", "logits")
     needs_training = False
     composition = "frequencies kept (the model's scaled ones, which the attention rotates with); window = the effective window"
+
+    family = "Attention-side"
+
+    def settings_line(self, info, params, requested=None):
+        reach = (info.window - params["window_size"]) * params["group_size"] + params["window_size"]
+        return f"G={params['group_size']}, W={params['window_size']} (reach {reach})"
 
     def resolve(self, info, given):
         params = super().resolve(info, given)

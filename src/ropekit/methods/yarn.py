@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import math
 
-from ..core.rope import yarn_mscale
-from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, Param, register
+from .base import FACTOR, LLAMACPP_YARN_BETAS, ORIGINAL_WINDOW, ROPE_THETA, GGUFKeys, Param, register
 from .ntk_by_parts import BETA_FAST, BETA_SLOW, BLEND, TRUNCATE, _ByParts, ramp_param
+
+
+def yarn_mscale(factor: float) -> float:
+    """YaRN's attention factor ``√(1/t) = 0.1·ln s + 1`` (YaRN Eq. 22; 1 when s ≤ 1).
+
+    It multiplies cos and sin, so the attention logits are scaled by its square.
+    """
+    if factor <= 1:
+        return 1.0
+    return 0.1 * math.log(factor) + 1.0
 
 
 def deepseek_mscale(factor: float, mscale: float) -> float:
@@ -55,6 +64,20 @@ class YaRN(_ByParts):
     )
     changes = ("frequencies", "attention_factor")
 
+    family = "YaRN & LongRoPE"
+
+    def demo_params(self, info, factor):
+        """NTK-by-parts' demo ramp (β = 4, α = 1: the papers' β = 32 would interpolate every pair of a 64-token
+        model)."""
+        return {"factor": factor, "beta_fast": 4.0, "beta_slow": 1.0}
+
+    def settings_line(self, info, params, requested=None):
+        s = params.get("factor", 1.0)
+        return (
+            f"s={s:g}, β={params['beta_fast']:g}, α={params['beta_slow']:g} ({params['ramp']} ramp), "
+            f"attn×{params['attention_factor']:.3f}"
+        )
+
     def resolve(self, info, given):
         params = super().resolve(info, given)
         if params["attention_factor"] is None:
@@ -85,3 +108,12 @@ class YaRN(_ByParts):
         if abs(params["attention_factor"] - yarn_mscale(params["factor"])) < 1e-12 and params["truncate"]:
             out.append("vllm")
         return out
+
+    def gguf_rope(self, info, params):
+        # llama.cpp's `yarn` is the dim ramp with frequency blending and truncated ends, with its own betas
+        if (params.get("factor", 1.0) > 1.0 and params.get("ramp") == "dim" and params.get("blend") == "frequency"
+                and params.get("truncate")
+                and (params.get("beta_fast"), params.get("beta_slow")) == LLAMACPP_YARN_BETAS):
+            return GGUFKeys("yarn", float(params["rope_theta"]), factor=float(params["factor"]),
+                            original_context_length=int(params["original_max_position_embeddings"]))
+        return None

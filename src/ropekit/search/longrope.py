@@ -8,7 +8,7 @@ own RoPE inside it, attention factor ``√(1 + ln s/ln C)``) and removed again a
 
 With ``start_tokens`` the first n̂ positions keep the model's own RoPE (LongRoPE §3.2, the method's
 ``start_tokens``): one fixed n̂ for every candidate, or several, searched jointly with the factors
-(:mod:`.evolution`). A best candidate with n̂ > 0 cannot be written as transformers' ``longrope`` (one frequency
+(:mod:`ropekit.methods.longrope_search`). A best candidate with n̂ > 0 cannot be written as transformers' ``longrope`` (one frequency
 per pair for every position): it is exported as rope type ``ropekit_longrope``, which ``ropekit.load`` restores.
 
 Every evaluated candidate is written to ``DIR/search.sqlite`` as it finishes (one transaction each, WAL,
@@ -35,15 +35,14 @@ from typing import Any
 import torch
 
 from .. import runtime
-from ..core.base_rope import base_frequencies
 from ..data.corpora import is_builtin, iter_documents
 from ..data.local_text import stdlib_documents
 from ..errors import InvalidParameterError, RopekitError
 from ..eval.perplexity import score_windows
 from ..install import extend, rope_info, save_pretrained, uninstall
-from ..methods import get_method
-from .evolution import (PAPER_START_TOKENS, Candidate, closed_forms, initial_population, next_generation, seed_candidate,
-                        split)
+from ..methods.longrope import LongRoPE
+from ..methods.longrope_search import (PAPER_START_TOKENS, Candidate, initial_population, next_generation,
+                                      seed_candidate, seed_factors, split)
 
 #: The training split read for default search documents (bytes of cleaned standard-library text).
 TRAIN_BYTES = 1_500_000
@@ -136,7 +135,7 @@ def search_documents(tokenizer, settings: SearchSettings) -> list[list[int]]:
 
 def parse_start_tokens(text: str, target_length: int) -> tuple[int, ...]:
     """``--start-tokens``: ``N`` (fixed), ``a,b,c`` (searched among), or ``paper`` (the paper's set
-    :data:`~.evolution.PAPER_START_TOKENS`, the values below the target length)."""
+    :data:`~ropekit.methods.longrope_search.PAPER_START_TOKENS`, the values below the target length)."""
     if text.strip().lower() == "paper":
         return tuple(n for n in PAPER_START_TOKENS if n < target_length)
     try:
@@ -150,7 +149,7 @@ def parse_start_tokens(text: str, target_length: int) -> tuple[int, ...]:
 def objective(model, documents: list[list[int]], factors: Candidate, factor: float, start_tokens: int = 0) -> float:
     """Perplexity of ``model`` with long factors ``factors`` (and the first ``start_tokens`` positions
     un-interpolated) over ``documents`` (every predicted token)."""
-    extend(model, "longrope", long_factor=list(factors), factor=factor, start_tokens=start_tokens)
+    extend(model, LongRoPE.name, long_factor=list(factors), factor=factor, start_tokens=start_tokens)
     try:
         nll, count = 0.0, 0
         for doc in documents:
@@ -162,18 +161,6 @@ def objective(model, documents: list[list[int]], factors: Candidate, factor: flo
     finally:
         uninstall(model)
     return math.exp(nll / count)
-
-
-def seed_factors(model, factor: float, target_length: int) -> dict[str, list[float]]:
-    """PI, NTK and YaRN (NTK-by-parts, the dim ramp) as rescale factors ``θ^eff_i/θ'_i`` of this model."""
-    info = rope_info(model)
-    base, _ = base_frequencies(info, target_length)
-    yarn = get_method("ntk_by_parts")
-    params = yarn.resolve(info, {"factor": factor, "ramp": "dim"})
-    by_parts, _ = yarn.inv_freq(info, params, seq_len=target_length)
-    forms = closed_forms(info.rotary_dim // 2, factor)
-    forms["yarn"] = (base.double() / by_parts.double()).tolist()
-    return forms
 
 
 class SearchStore:
@@ -247,7 +234,7 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
         rng = random.Random(settings.seed)
         scored: dict[Candidate, float] = {}
         generation, evaluated_here = 0, 0
-        batch = initial_population(seed_factors(model, factor, settings.target_length), population, rng, factor,
+        batch = initial_population(seed_factors(info, factor, settings.target_length), population, rng, factor,
                                    settings.fixed_pairs, settings.mutation_probability, starts)
         with runtime.progress("LongRoPE search", total=settings.evaluations, enabled=progress) as bar:
             while batch:
@@ -275,11 +262,11 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
         store.close()
     best = min(scored, key=lambda c: (scored[c], c))
     best_factors, best_start = candidate_args(best, settings)
-    extend(model, "longrope", long_factor=list(best_factors), factor=factor, start_tokens=best_start)
+    extend(model, LongRoPE.name, long_factor=list(best_factors), factor=factor, start_tokens=best_start)
     with runtime.quiet_transformers():  # n̂ > 0 has no per-pair form: rope type ropekit_longrope
         report = save_pretrained(model, out / "model", tokenizer, rope_format="native" if best_start == 0 else "ropekit")
     uninstall(model)
-    seeds = seed_factors(model, factor, settings.target_length)  # which closed forms the search started from
+    seeds = seed_factors(info, factor, settings.target_length)  # which closed forms the search started from
     result = {
         "settings": {**asdict(settings), "start_tokens": list(settings.start_tokens)},
         "window": info.window,

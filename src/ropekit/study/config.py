@@ -279,14 +279,16 @@ class _Variant(StrictModel):
     @model_validator(mode="after")
     def _method_and_params(self) -> _Variant:
         if self.search is not None:
-            if self.method not in (None, "longrope"):
+            from ..methods.longrope import LongRoPE  # not at the top: the methods import torch
+
+            if self.method not in (None, LongRoPE.name):
                 raise _problem(f"searches LongRoPE factors, but the variant's method is {self.method!r}",
-                               "drop `method:` (or write method: longrope)", key="search")
+                               f"drop `method:` (or write method: {LongRoPE.name})", key="search")
             if self.params:
                 raise _problem("given with search: the search finds the factors", "drop params", key="params")
             if self.finetune is not None:
                 raise _problem("and finetune in one variant", "search in one variant, fine-tune in another", key="search")
-            self.method = "longrope"
+            self.method = LongRoPE.name
         elif self.method is not None:
             from ..train.config import (
                 check_method_params,  # not at the top: ropekit.train imports torch

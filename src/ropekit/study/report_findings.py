@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..methods import list_methods
 from . import stats
 from .config import ROLES
 from .report_format import TASK_TITLES, fmt_ci, fmt_duration, fmt_value, length_label
@@ -50,14 +51,11 @@ PAPERS = (
      "arxiv": "2309.10400"},
 )
 
-#: Method families: the report's small multiples draw one panel per family.
-FAMILIES = (
-    ("PI & LongLoRA", ("pi", "longlora")),
-    ("NTK & base frequency", ("ntk", "dynamic_ntk", "ntk_by_parts", "abf", "entropy_abf", "harpe", "llama3")),
-    ("YaRN & LongRoPE", ("yarn", "dynamic_yarn", "longrope")),
-    ("Attention-side", ("self_extend", "lm_infinite", "dual_chunk", "landmark")),
-    ("Other", ()),
-)
+#: Method families in the order the report's small multiples draw them (one panel per family); each method names
+#: its own (:attr:`ropekit.methods.base.Method.family`), and a family not listed here is drawn under the last.
+FAMILY_ORDER = ("PI & LongLoRA", "NTK & base frequency", "YaRN & LongRoPE", "Attention-side", "Other")
+#: ``(family, method names)`` in :data:`FAMILY_ORDER`.
+FAMILIES = tuple((family, tuple(m.name for m in list_methods() if m.family == family)) for family in FAMILY_ORDER)
 
 # ---- variants ---------------------------------------------------------------------------------------------
 @dataclass

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from ..data.pose import attention_mask_for, item_generator, pose_sample
 from ..errors import RopekitError
 from ..install import rope_info
+from ..methods.yarn import YaRN
 from ..models.loading import load_model
 from ..runtime import default_threads, deterministic
 from .config import MethodConfig
@@ -121,7 +122,7 @@ def _pose_vs_full(model_name, multiples, steps, batch_size, seed, device) -> lis
     modes = [{"multiple": 1, "target": window, "mode": "window", "method": plain, "inputs": batch(window, arange)}]
     for m in multiples:
         target = m * window
-        method = MethodConfig(name="yarn", params={"factor": float(m)})
+        method = MethodConfig(name=YaRN.name, params={"factor": float(m)})
         pose_positions = torch.stack([pose_sample(window, target, generator=item_generator(seed, 0, i)).position_ids
                                       for i in range(batch_size)])
         modes.append({"multiple": m, "target": target, "mode": "pose", "method": method,

@@ -37,8 +37,8 @@ from collections.abc import Callable
 import torch
 
 from ..errors import UnsupportedModelError
-from .interface import PairLogits
-from .kernels import (
+from ..attention.interface import PairLogits
+from ..attention.kernels import (
     attention_with_lse,
     forward_memo,
     memoized,
@@ -46,7 +46,7 @@ from .kernels import (
     pair_scores,
     rotate_by,
 )
-from .masks import AttentionMask, key_positions
+from ..attention.masks import AttentionMask, key_positions
 
 #: Largest number of queries processed together; a chunk costs chunk × (chunk + L_local + globals) logits.
 DEFAULT_CHUNK = 512
@@ -90,7 +90,7 @@ class LambdaAttention:
         # Eager: what needs a host read of the positions or the mask is decided once per forward by the first layer
         # and shared by the others (forward_memo) — no host sync per layer.
         memo = forward_memo(attention_mask, kwargs.get("position_ids"), q_len, k_len)
-        layout = memoized(memo, ("lm_infinite", self.local_window, self.global_tokens, self.chunk_size),
+        layout = memoized(memo, ("band layout", self.local_window, self.global_tokens, self.chunk_size),
                           lambda: self._layout(position_ids, attention_mask, query, key, kwargs))
         lo_pos, hi_pos, consecutive, n_global, chunk_hits, unpadded_hits = layout
         # Every real key has a position ≥ 0, so a query below the window cannot have a pair outside the band.

@@ -32,8 +32,8 @@ from collections.abc import Callable
 import torch
 
 from ..core.rope_info import RopeInfo
-from .interface import PairLogits
-from .kernels import (
+from ..attention.interface import PairLogits
+from ..attention.kernels import (
     attention_with_lse,
     forward_memo,
     memoized,
@@ -41,7 +41,7 @@ from .kernels import (
     pair_scores,
     rotate_by,
 )
-from .masks import AttentionMask, query_key_positions
+from ..attention.masks import AttentionMask, query_key_positions
 
 #: Query rows per block: memory O(QUERY_CHUNK × keys) per head.
 QUERY_CHUNK = 256
@@ -100,7 +100,7 @@ class DualChunkAttention:
         memo = forward_memo(attention_mask, kwargs.get("position_ids"), q_len, k_len)
         mask = memoized(memo, ("mask", query.shape[0], query.shape[1], kwargs.get("sliding_window")),
                         lambda: AttentionMask.for_call(attention_mask, query, key, kwargs))
-        plain, blocks = memoized(memo, ("dual_chunk", self.chunk_len, self.chunk),
+        plain, blocks = memoized(memo, ("chunk layout", self.chunk_len, self.chunk),
                                  lambda: self._layout(mask, q_pos, k_pos, q_len, k_len))
         if plain:  # every pair intra-chunk: the plain model, exactly
             return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)

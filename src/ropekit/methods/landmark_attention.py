@@ -56,9 +56,9 @@ import torch
 from ..core.rope import rotate
 from ..core.rope_info import RopeInfo
 from ..errors import RopekitError
-from .interface import PairLogits, plain_pair_logits
-from .kernels import pair_scores, pair_values
-from .masks import AttentionMask, query_key_positions
+from ..attention.interface import PairLogits, plain_pair_logits
+from ..attention.kernels import pair_scores, pair_values
+from ..attention.masks import AttentionMask, query_key_positions
 
 #: Keyword argument through which the model-side hooks hand each layer the landmark layout of its keys.
 LANDMARKS_KWARG = "ropekit_landmarks"

@@ -38,9 +38,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .interface import PairLogits, plain_pair_logits
-from .kernels import pair_scores
-from .masks import AttentionMask
+from ..attention.interface import PairLogits, plain_pair_logits
+from ..attention.kernels import pair_scores
+from ..attention.masks import AttentionMask
 
 
 def group_size(length: int, ratio: float) -> int:

@@ -34,8 +34,8 @@ from collections.abc import Callable
 import torch
 
 from ..core.rope_info import RopeInfo
-from .interface import PairLogits
-from .kernels import (
+from ..attention.interface import PairLogits
+from ..attention.kernels import (
     attention_with_lse,
     forward_memo,
     memoized,
@@ -45,7 +45,7 @@ from .kernels import (
     rotate_by,
     rotate_from_table,
 )
-from .masks import AttentionMask, query_key_positions
+from ..attention.masks import AttentionMask, query_key_positions
 
 #: Query rows per chunk: memory is O(QUERY_CHUNK × keys) per head, masked work O(n × QUERY_CHUNK). 256 was the
 #: fastest of 128–1024 for SmolLM2-like heads at 8k tokens on CPU.
@@ -155,7 +155,7 @@ class SelfExtendAttention:
                 return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
             out = self._attend_decode(query, key, value, mask, q_pos, k_pos, scaling)
             return out.transpose(1, 2).contiguous(), None
-        degenerate, consecutive = memoized(memo, ("self_extend", self.window_size),
+        degenerate, consecutive = memoized(memo, ("grouped layout", self.window_size),
                                            lambda: self._layout(mask, q_pos, k_pos, q_len, k_len, device))
         # Degenerate case (LCEG Eq. 13 with every allowed pair closer than W): plain attention, exactly.
         if degenerate:

@@ -20,8 +20,10 @@ critical pair kept at 1 (LongRoPE2's "critical dimension"; the reference code's 
   factor. The closed-form seeds start at the smallest ``n̂`` of the set. Without ``starts`` a candidate is the
   factors alone and the random stream is the one of a search without start tokens.
 
-The functions here only propose candidates; evaluating them (perplexity at the target length) and keeping
-them across crashes is :mod:`ropekit.search.longrope`'s job.
+The functions here only propose candidates (and compute the closed-form seeds of a model, :func:`seed_factors`);
+evaluating them (perplexity at the target length, which needs a model and data) and keeping them across crashes is
+:mod:`ropekit.search.longrope`'s job. HARPE's search is :mod:`ropekit.methods.harpe_search` by the same pattern: a
+method's search algorithm is ``methods/<method>_search.py``, beside its unit.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
+
+from ..core.base_rope import base_frequencies
+from ..core.rope_info import RopeInfo
+from .base import registered
 
 #: The search grid of the factors (the reference code's step).
 STEP = 0.01
@@ -144,3 +150,15 @@ def next_generation(scored: dict[Candidate, float], rng: random.Random, *, paren
             seen.add(child)
             children.append(child)
     return children
+
+
+def seed_factors(info: RopeInfo, factor: float, target_length: int) -> dict[str, list[float]]:
+    """PI, NTK and YaRN (NTK-by-parts, the dim ramp) as rescale factors ``θ^eff_i/θ'_i`` of a model with RoPE
+    ``info``: the initial population's closed forms (Algorithm 1, line 1) on the model's effective frequencies."""
+    base, _ = base_frequencies(info, target_length)
+    by_parts_method = registered()["ntk_by_parts"]
+    params = by_parts_method.resolve(info, {"factor": factor, "ramp": "dim"})
+    by_parts, _ = by_parts_method.inv_freq(info, params, seq_len=target_length)
+    forms = closed_forms(info.rotary_dim // 2, factor)
+    forms["yarn"] = (base.double() / by_parts.double()).tolist()
+    return forms
