@@ -18,7 +18,6 @@ import inspect
 import os
 import subprocess
 import sys
-import weakref
 from pathlib import Path
 
 import pytest
@@ -249,7 +248,7 @@ def test_kernels_are_the_ones_the_model_calls(make_ids):
     model = build_tiny_model("llama", num_layers=1, attn_implementation="eager")
     module = model.model.layers[0].self_attn
     assert hf.attention_kernel(module, "eager") is modeling_llama.eager_attention_forward
-    assert "eager" not in ALL_ATTENTION_FUNCTIONS.valid_keys() or ALL_ATTENTION_FUNCTIONS["eager"] is not None
+    assert "eager" not in ALL_ATTENTION_FUNCTIONS.valid_keys()  # why ropekit asks the model file for it
     assert hf.attention_kernel(module, "sdpa") is ALL_ATTENTION_FUNCTIONS["sdpa"]
     assert hf.has_attention_kernel("eager") and hf.has_attention_kernel("sdpa")
     assert hf.has_attention_kernel("flash_attention_2") == ("flash_attention_2" in ALL_ATTENTION_FUNCTIONS.valid_keys())
@@ -426,7 +425,6 @@ def test_unset_deepspeed_config_lifts_zero3():
         assert not hf_deepspeed.is_deepspeed_zero3_enabled()
     finally:
         hf_deepspeed.unset_hf_deepspeed_config()
-    assert isinstance(weakref.ref(holder), weakref.ref)
 
 
 # ---------------------------------------------------------------- explicit, idempotent registration
