@@ -62,6 +62,18 @@ def test_extend_writes_a_model_plain_transformers_and_ropekit_load(run_cli, tmp_
         assert torch.equal(ropekit.load(out_dir)(x).logits, want)
 
 
+def test_param_factor_is_the_factor_option(run_cli, tmp_path):
+    """``--param factor=4`` (docs/walkthrough.md) writes the model ``--factor 4`` writes."""
+    written = {}
+    for name, args in (("option", ["--factor", "4"]), ("param", ["--param", "factor=4"])):
+        code, _, err = run_cli("extend", "tiny", "--method", "yarn", *args, "--out", str(tmp_path / name))
+        assert code == 0, err
+        written[name] = json.loads((tmp_path / name / "config.json").read_text())
+    assert written["param"]["rope_parameters"] == written["option"]["rope_parameters"]
+    assert written["param"]["rope_parameters"]["factor"] == 4.0
+    assert written["param"]["ropekit"]["params"] == written["option"]["ropekit"]["params"]
+
+
 def _gpt2_dir(tmp_path):
     path = tmp_path / "gpt2"
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64)).save_pretrained(path)
@@ -72,6 +84,7 @@ BAD_INPUTS = {
     "model without RoPE": (lambda tmp: ["extend", str(_gpt2_dir(tmp)), "--method", "pi", "--factor", "2"], "no rotary position embedding"),
     "factor below 1": (lambda tmp: ["extend", "tiny", "--method", "pi", "--factor", "0.5"], "factor"),
     "target not above the window": (lambda tmp: ["extend", "tiny", "--method", "yarn", "--target-length", str(TINY_WINDOW)], "not longer than the model's window"),
+    "factor given twice": (lambda tmp: ["extend", "tiny", "--method", "yarn", "--factor", "2", "--param", "factor=2"], "factor given twice"),
     "both factor and target": (lambda tmp: ["extend", "tiny", "--method", "yarn", "--factor", "2", "--target-length", "256"], "both factor and target_length"),
     "unknown method": (lambda tmp: ["extend", "tiny", "--method", "rope-magic", "--factor", "2"], "unknown method 'rope-magic'"),
     "unknown parameter": (lambda tmp: ["extend", "tiny", "--method", "yarn", "--factor", "2", "--param", "beta_fats=3"], "unknown parameter 'beta_fats'"),

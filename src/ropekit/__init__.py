@@ -5,9 +5,11 @@
 >>> ropekit.save_pretrained(model, "out/")                   # plain transformers loads it where it can
 >>> model = ropekit.load("out/")                             # every method restored
 >>> loaded = ropekit.load_model("smollm2")                   # built-ins, directories, .gguf files, hub ids
+>>> ropekit.register()        # before AutoModelForCausalLM.from_pretrained("out/") of a ropekit-only export
 
 The public names are imported on first use, so ``import ropekit`` (and ``ropekit --help``) does not load
-torch or transformers until something needs them.
+torch or transformers until something needs them. Nothing is registered with transformers on import:
+``ropekit.register()`` does (``extend`` and ``load`` call it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ _PUBLIC = {
     "installed": "ropekit.install",
     "load": "ropekit.install",
     "load_model": "ropekit.models.loading",
+    "register": "ropekit.install",
     "rope_info": "ropekit.install",
     "save_pretrained": "ropekit.install",
 }

@@ -16,12 +16,9 @@ from ropekit.core.hf_compat import cache_argument
 from transformers import DynamicCache
 
 import ropekit
-import ropekit.methods.lm_infinite
 from ropekit import RopekitError
 from ropekit.models.tiny import build_tiny_model
-from ropekit.install import register_rope_types, resolve_params
-
-register_rope_types()  # the rope type `ropekit_lm_infinite` (a no-op once the registry imports the method)
+from ropekit.install import resolve_params
 
 L_LOCAL, G = 24, 3
 ATOL = 2e-5

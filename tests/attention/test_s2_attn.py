@@ -14,13 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import ropekit
-import ropekit.methods.longlora
 from ropekit import RopekitError
 from ropekit.methods.longlora_attention import ShiftedSparseAttention, group_size
 from ropekit.models.tiny import build_tiny_model
-from ropekit.install import register_rope_types
-
-register_rope_types()  # the rope type `ropekit_longlora` (a no-op once the registry imports the method)
 
 FACTOR = 2.0
 ATOL = 2e-5

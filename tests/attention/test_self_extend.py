@@ -21,19 +21,12 @@ import torch
 from layer_records import record_layers
 from layer_records import sharpen as sharpen_qk
 from transformers import DynamicCache
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import ropekit
-import ropekit.methods.self_extend  # registers the method
 from ropekit.attention.interface import attention_modules
 from ropekit.core.hf_compat import cache_argument
 from ropekit.errors import RopekitError
 from ropekit.models.tiny import build_tiny_model
-
-if "ropekit_self_extend" not in ROPE_INIT_FUNCTIONS:  # until ropekit.methods imports the module itself
-    from ropekit.install import register_rope_types
-
-    register_rope_types()
 
 ATOL = 1e-5
 TEETH = 1e-3  # a wrong position rule must miss the layer output by far more than the tolerance

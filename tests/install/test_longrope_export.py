@@ -7,6 +7,9 @@ extended model's, inside the window and past it; and ``ropekit.load`` must still
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -170,13 +173,14 @@ def test_ropekit_format_still_refuses_loudly_in_plain_transformers(tmp_path):
     ropekit.extend(model, "ntk_by_parts", factor=2.0)
     report = ropekit.save_pretrained(model, tmp_path / "out", rope_format="ropekit")
     assert report["format"] == "ropekit" and not report["transformers"]
-    with pytest.raises(KeyError, match="ropekit_ntk_by_parts"):
-        import ropekit.install.rope_types as types
-        saved = types.ROPE_INIT_FUNCTIONS.pop("ropekit_ntk_by_parts")  # what a process without ropekit sees
-        try:
-            _plain(tmp_path / "out")
-        finally:
-            types.ROPE_INIT_FUNCTIONS["ropekit_ntk_by_parts"] = saved
+    # a process without ropekit: transformers alone, in a fresh interpreter
+    script = ("import sys\nfrom transformers import AutoModelForCausalLM\n"
+              "AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+              "assert 'ropekit' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0
+    assert "KeyError: 'ropekit_ntk_by_parts'" in done.stderr
 
 
 def test_bad_format_arguments_are_one_line(tmp_path):

@@ -3,19 +3,19 @@
 For every kernel transformers knows (sdpa, eager, flash_attention_2/3/4, flex_attention) ropekit
 registers ``ropekit_<kernel>`` in ``AttentionInterface`` *and* the kernel's own mask builder in
 ``AttentionMaskInterface`` — without the latter transformers silently passes no mask at all
-(transformers PR #45811; docs/methods-reference.md §9).
+(transformers PR #45811; docs/methods-reference.md §9). Nothing is registered on import:
+:func:`register_attention_functions` does it (through :mod:`ropekit.adapters.transformers`), called by
+:func:`install_transforms` and by ``ropekit.register()``.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..adapters import transformers as hf
+from ..adapters.transformers import attention_modules
 from .kernels import pair_scores
 from .masks import AttentionMask
 
@@ -75,13 +75,6 @@ class QueryKeyTransform(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-def _kernel_function(module: torch.nn.Module, kernel: str) -> Callable:
-    if kernel == "eager":
-        # "eager" is each model file's own function, not part of the global registry.
-        return sys.modules[type(module).__module__].eager_attention_forward
-    return ALL_ATTENTION_FUNCTIONS[kernel]
-
-
 def _make_attention(kernel: str) -> Callable:
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         transforms = getattr(module, "ropekit_transforms", ())
@@ -89,7 +82,7 @@ def _make_attention(kernel: str) -> Callable:
             position_ids = kwargs.get("position_ids")
             for transform in transforms:
                 query, key = transform(module, query, key, position_ids)
-        kernel_fn = _kernel_function(module, kernel)
+        kernel_fn = hf.attention_kernel(module, kernel)
         attend = getattr(module, "ropekit_attend", None)
         if attend is not None:  # a method that replaces the attention computation itself
             return attend(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
@@ -101,17 +94,23 @@ def _make_attention(kernel: str) -> Callable:
     return attention
 
 
-def _register() -> None:
+#: attention implementation name → the function ropekit registered under it in this process.
+_REGISTERED: dict[str, Callable] = {}
+
+
+def register_attention_functions() -> tuple[str, ...]:
+    """Register ``ropekit_<kernel>`` (with the kernel's mask builder) for every kernel this transformers has, and
+    return the names ropekit has registered. Idempotent: a name whose function is still registered is left alone."""
     for kernel in KERNELS:
-        if kernel != "eager" and kernel not in ALL_ATTENTION_FUNCTIONS:
+        name = PREFIX + kernel
+        if not hf.has_attention_kernel(kernel):
             continue
-        AttentionInterface.register(PREFIX + kernel, _make_attention(kernel))
-        mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(kernel)
-        if mask_fn is not None:
-            AttentionMaskInterface.register(PREFIX + kernel, mask_fn)
-
-
-_register()
+        known = _REGISTERED.get(name)
+        if known is not None and hf.registered_attention(name) is known:
+            continue
+        _REGISTERED[name] = _make_attention(kernel)
+        hf.register_attention(name, _REGISTERED[name], mask_like=kernel)
+    return tuple(_REGISTERED)
 
 
 def kernel_of(implementation: str | None) -> str:
@@ -124,15 +123,6 @@ def attention_implementation_for(kernel: str) -> str:
     return PREFIX + kernel_of(kernel)
 
 
-def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The self-attention module of every decoder layer (anything with an integer ``layer_idx`` and projections)."""
-    found = []
-    for module in model.modules():
-        if isinstance(getattr(module, "layer_idx", None), int) and type(module).__name__.endswith("Attention"):
-            found.append(module)
-    return found
-
-
 def install_transforms(
     model: torch.nn.Module,
     make: Callable[[int], tuple[QueryKeyTransform, ...]],
@@ -143,10 +133,11 @@ def install_transforms(
 
     Returns the number of attention modules changed. The current kernel (sdpa, eager, flash…) is kept.
     """
+    register_attention_functions()
     modules = attention_modules(model)
     for module in modules:
         module.ropekit_transforms = tuple(make(module.layer_idx))
         module.ropekit_attend = make_attend(module.layer_idx) if make_attend is not None else None
-    current = getattr(model.config, "_attn_implementation", None)
+    current = hf.attn_implementation(model.config)
     model.set_attn_implementation(attention_implementation_for(current))
     return len(modules)

@@ -91,6 +91,10 @@ def extend_cmd(
 
     params = parse_params(param)
     check_method(method, params)  # a typo is one line, before torch and the model load
+    if "factor" in params:  # `--param factor=S` names the method's own parameter: the same as `--factor S`
+        if factor is not None:
+            raise RopekitError("factor given twice (--factor and --param factor)", "pass only one of them")
+        factor = params.pop("factor")  # still a string: the method's Param converts it like any --param
     from ..install import ROPE_FORMATS, extend, save_pretrained
 
     if rope_format not in ROPE_FORMATS:

@@ -2,7 +2,7 @@
 
 Most checkpoints people bring are already scaled (Llama 3.1's ``llama3``, Phi-3.5's ``longrope``, Qwen with
 ``yarn``). ropekit extends them from what they really compute, so these frequencies come from transformers'
-own implementation of the model's rope type (``ROPE_INIT_FUNCTIONS``), fed the same fields the model's
+own implementation of the model's rope type (its rope-init registry, :mod:`ropekit.adapters.transformers`), fed the same fields the model's
 rotary-embedding module feeds it — bit-identical to the model.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from ..adapters.transformers import rope_init_function
 from ..errors import UnsupportedModelError
 from .rope import default_inv_freq
 from .rope_info import RopeInfo
@@ -43,7 +43,7 @@ def base_frequencies(info: RopeInfo, seq_len: int | None = None, device=None) ->
     """
     if not info.is_scaled:
         return default_inv_freq(info.rope_theta, info.rotary_dim, device), 1.0
-    compute = ROPE_INIT_FUNCTIONS.get(info.rope_type)
+    compute = rope_init_function(info.rope_type)
     if compute is None:
         raise UnsupportedModelError(
             f"model type '{info.model_type}' uses rope_type '{info.rope_type}', which transformers does not compute",

@@ -60,10 +60,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..adapters import transformers as hf
 from ..attention.interface import PREFIX, PairLogits, PairRule, attention_modules, plain_pair_logits
 from ..attention.masks import AttentionMask
 from ..errors import RopekitError
@@ -204,11 +202,7 @@ class _Probe:
 
 
 def _delegate(module, implementation: str) -> Callable:
-    if implementation == "eager":  # each model file's own function, not in the global registry
-        import sys
-
-        return sys.modules[type(module).__module__].eager_attention_forward
-    return ALL_ATTENTION_FUNCTIONS[implementation]
+    return hf.attention_kernel(module, implementation)
 
 
 def _probe_attention(implementation: str) -> Callable:
@@ -228,22 +222,20 @@ def _probe_attention(implementation: str) -> Callable:
 def _register_probe(implementation: str) -> str:
     """Register (once) the probing attention wrapping ``implementation``, with that implementation's mask."""
     name = PROBE_PREFIX + implementation
-    if name not in ALL_ATTENTION_FUNCTIONS.valid_keys():
-        if implementation != "eager" and implementation not in ALL_ATTENTION_FUNCTIONS.valid_keys():
+    if hf.registered_attention(name) is None:
+        if not hf.has_attention_kernel(implementation):
             raise RopekitError(
                 f"attention entropy cannot wrap the attention implementation '{implementation}'",
                 "load the model with the sdpa or eager attention implementation",
             )
-        AttentionInterface.register(name, _probe_attention(implementation))
-        mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(implementation)
-        if mask_fn is not None:  # without it transformers would pass no mask at all (interface.py)
-            AttentionMaskInterface.register(name, mask_fn)
+        # with the wrapped implementation's mask builder: without one transformers would pass no mask at all
+        hf.register_attention(name, _probe_attention(implementation), mask_like=implementation)
     return name
 
 
 @contextmanager
 def _probing(model, rows: list[int], chunk: int | None) -> Iterator[_Probe]:
-    implementation = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    implementation = hf.attn_implementation(model.config) or "sdpa"
     if implementation.startswith(PROBE_PREFIX):
         raise RuntimeError("attention entropy is already being measured on this model")
     modules = attention_modules(model)

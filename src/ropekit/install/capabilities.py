@@ -9,12 +9,12 @@ refusal is one line naming the family, the feature and what to use instead.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from ..adapters.transformers import model_file_global, rotary_attention_factor
 from ..core.base_rope import length_dependence
 from ..core.rope_info import RopeInfo, layer_rope_types
 from ..errors import RopekitError
@@ -59,8 +59,7 @@ class ModelFeatures:
 
 def _rotary_layout(model) -> str:
     """Ask the model file's own ``rotate_half`` (the function its attention applies) which channels pair up."""
-    module = sys.modules.get(type(model).__module__)
-    rotate = getattr(module, "rotate_half", None)
+    rotate = model_file_global(model, "rotate_half")
     if rotate is None:
         return "half"
     probe = rotate(torch.arange(4.0))
@@ -82,7 +81,7 @@ def _rotary_output(model) -> str:
         return "other"
     angles = positions[..., None].float() * inv_freq
     emb = torch.cat((angles, angles), dim=-1)
-    scale = getattr(rotary, "attention_scaling", 1.0)
+    scale = rotary_attention_factor(rotary)
     standard = torch.allclose(out[0].float(), emb.cos() * scale, atol=1e-6) and torch.allclose(
         out[1].float(), emb.sin() * scale, atol=1e-6
     )

@@ -6,6 +6,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
+from ..adapters.transformers import attn_implementation
 from ..methods import get_method, list_methods
 from ..methods.base import EngineConfig
 from .capabilities import model_features, why_not
@@ -69,7 +70,7 @@ def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
         "num_heads": info.num_heads,
         "num_kv_heads": info.num_kv_heads,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "attn_implementation": attn_implementation(config),
         "extended_with": record and {
             "method": record["method"],
             "params": record["params"],

@@ -25,9 +25,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
 from .._version import __version__
+from ..adapters import transformers as hf
 from ..attention import PerHeadRotation, QueryLogitScale, install_transforms
 from ..attention.interface import attention_modules, kernel_of
 from ..core.rope_info import RopeInfo, layer_rope_types, primary_layer_type
@@ -35,6 +34,7 @@ from ..errors import InvalidParameterError, UnsupportedModelError
 from ..methods import AttentionSpec, Method, get_method
 from .capabilities import model_features, why_not
 from .model_rope import rebuild_rotary, rope_info, rotary_inv_freq, rotary_modules, text_config
+from .registration import register
 from .rope_types import rope_type
 
 _MISSING = object()
@@ -91,7 +91,7 @@ class _Snapshot:
         self.config = config = text_config(model)
         self.fields = {name: copy.deepcopy(getattr(config, name)) if hasattr(config, name) else _MISSING
                        for name in ("rope_parameters", "max_position_embeddings", "vocab_size", "ropekit")}
-        self.attn_implementation = getattr(model.config, "_attn_implementation", None)
+        self.attn_implementation = hf.attn_implementation(model.config)
         self.rotary = [(parent, attr, module) for parent, attr, module in rotary_modules(model)]
         self.embeddings = (model.get_input_embeddings(), model.get_output_embeddings())
         # resizing may swap a Parameter's data in place (transformers keeps the module for hooks and sharding)
@@ -128,7 +128,7 @@ class _Snapshot:
                         delattr(module, attr)
                 else:
                     setattr(module, attr, value)
-        if self.attn_implementation and getattr(model.config, "_attn_implementation", None) != self.attn_implementation:
+        if self.attn_implementation and hf.attn_implementation(model.config) != self.attn_implementation:
             model.set_attn_implementation(self.attn_implementation)
 
 
@@ -187,7 +187,9 @@ def _chosen_layer_types(config, layer_types) -> tuple[str | None, ...]:
 
 def install_resolved(model: PreTrainedModel, m: Method, given: dict[str | None, dict[str, Any]]) -> PreTrainedModel:
     """Install ``m`` with parameters ``given[layer_type]`` for each layer type to extend (``None``: the model has
-    one RoPE). :func:`extend` and ``ropekit.load`` (with the recorded parameters) both come through here."""
+    one RoPE). :func:`extend` and ``ropekit.load`` (with the recorded parameters) both come through here, so this
+    is where ropekit's rope types and attention functions are registered with transformers (``ropekit.register``)."""
+    register()
     config = text_config(model)
     types = tuple(given)
     resolved = {}
@@ -252,13 +254,8 @@ class LengthSchedule:
 
     @staticmethod
     def _load(module, seq_len: int | None) -> None:
-        # A fresh buffer, never an in-place copy: transformers' own dynamic update (rope types named 'dynamic')
-        # resets by registering ``original_inv_freq`` itself as ``inv_freq``, so the two may share memory, and
-        # writing into ``inv_freq`` would overwrite the original frequencies every later reset restores.
-        current = module.inv_freq
-        inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[module.rope_type](module.config, current.device, seq_len)
-        module.register_buffer("inv_freq", inv_freq.to(device=current.device, dtype=current.dtype), persistent=False)
-        module.attention_scaling = attention_factor
+        inv_freq, attention_factor = hf.rotary_frequencies(module, seq_len, device=module.inv_freq.device)
+        hf.set_rotary_frequencies(module, inv_freq, attention_factor)
 
 
 def _rope_dict(m: Method, info: RopeInfo, resolved: dict[str, Any], base_rope: dict[str, Any]) -> dict[str, Any]:
@@ -363,7 +360,7 @@ def uninstall(model: PreTrainedModel) -> PreTrainedModel:
         for module in attention_modules(model):
             module.ropekit_transforms = ()
             module.ropekit_attend = None
-        current = getattr(model.config, "_attn_implementation", None)
+        current = hf.attn_implementation(model.config)
         if current and kernel_of(current) != current:
             model.set_attn_implementation(kernel_of(current))
     except BaseException:

@@ -11,11 +11,12 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+from ..adapters import transformers as hf
 from ..errors import ModelLoadError
 from ..methods import get_method
 from .installer import install_resolved
+from .registration import register
 
 def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_implementation: str | None = None):
     """Load a model saved by :func:`save_pretrained` (or any transformers directory) with its method restored.
@@ -25,6 +26,7 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
     length (``freeze_length``), which is loaded as the static model its config describes. ``attn_implementation``
     defaults to sdpa where the family supports it, else eager.
     """
+    register()  # a frozen export's config may name a ropekit_<name> rope type
     path = Path(path)
     config_path = path / "config.json"
     if not config_path.is_file():
@@ -83,8 +85,8 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
 
 def _default_attention(config) -> str:
     """``sdpa`` where the family's model class supports it, else ``eager`` (Gemma 2, gpt-oss)."""
-    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
-    return "sdpa" if cls is None or getattr(cls, "_supports_sdpa", False) else "eager"
+    cls = hf.causal_lm_class(config)
+    return "sdpa" if cls is None or hf.supports_sdpa(cls) else "eager"
 
 
 #: Checkpoint keys of modules a method attaches to a rotary embedding (CLEX's ODE): the base model that
@@ -96,20 +98,12 @@ _ROTARY_CHILD_WEIGHTS = r"rotary_emb\.[^.]+\."
 def _expecting_rotary_weights(config):
     """While loading the base model, tell transformers that rotary-module weights in the checkpoint are expected
     (its ``_keys_to_ignore_on_load_unexpected``), so that its load report does not call them unexpected."""
-    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    cls = hf.causal_lm_class(config)
     if cls is None:
         yield
         return
-    had = "_keys_to_ignore_on_load_unexpected" in cls.__dict__
-    saved = cls.__dict__.get("_keys_to_ignore_on_load_unexpected")
-    cls._keys_to_ignore_on_load_unexpected = list(saved or []) + [_ROTARY_CHILD_WEIGHTS]
-    try:
+    with hf.expecting_unexpected_keys(cls, [_ROTARY_CHILD_WEIGHTS]):
         yield
-    finally:
-        if had:
-            cls._keys_to_ignore_on_load_unexpected = saved
-        else:
-            del cls._keys_to_ignore_on_load_unexpected
 
 
 def _restore_added_weights(model, path: Path, keys: list[str]) -> None:

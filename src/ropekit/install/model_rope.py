@@ -1,4 +1,8 @@
-"""Reading a model: its text config, its rotary-embedding modules, its RoPE facts and ropekit's record on it."""
+"""Reading a model: its text config, its rotary-embedding modules, its RoPE facts and ropekit's record on it.
+
+The rotary-embedding modules themselves (finding, reading, rebuilding them) are a contact with transformers'
+model files: :mod:`ropekit.adapters.transformers` owns it, and this module re-exports its functions.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,9 @@ from typing import Any
 
 import torch
 
+from ..adapters.transformers import rebuild_rotary as rebuild_rotary
+from ..adapters.transformers import rotary_inv_freq as rotary_inv_freq
+from ..adapters.transformers import rotary_modules as rotary_modules
 from ..core.rope_info import RopeInfo
 from ..errors import UnsupportedModelError
 
@@ -16,38 +23,6 @@ def text_config(model_or_config):
     """The config that holds the language model's settings (the text part of a multimodal config)."""
     config = getattr(model_or_config, "config", model_or_config)
     return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
-def _is_rotary(module: torch.nn.Module) -> bool:
-    """A transformers rotary-embedding module: a ``rope_type`` and its ``inv_freq`` buffer (one per layer type
-    on models with RoPE per layer type: ``full_attention_inv_freq`` …)."""
-    if not hasattr(module, "rope_type"):
-        return False
-    if isinstance(module.rope_type, dict):
-        return all(hasattr(module, f"{t}_inv_freq") for t in module.rope_type)
-    return hasattr(module, "inv_freq")
-
-
-def rotary_modules(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
-    """``(parent, attribute, module)`` for every rotary-embedding module of ``model``."""
-    found = []
-    for parent in model.modules():
-        for attr, child in parent.named_children():
-            if _is_rotary(child):
-                found.append((parent, attr, child))
-    return found
-
-
-def rotary_inv_freq(rotary: torch.nn.Module, layer_type: str | None = None) -> torch.Tensor:
-    """The frequencies a rotary module applies now (to ``layer_type``'s layers on a per-layer-type model)."""
-    return getattr(rotary, f"{layer_type}_inv_freq") if layer_type else rotary.inv_freq
-
-
-def rebuild_rotary(model: torch.nn.Module) -> None:
-    """Replace every rotary-embedding module by a new one built from the current config (on the same device)."""
-    for parent, attr, old in rotary_modules(model):
-        device = next(old.buffers()).device
-        setattr(parent, attr, type(old)(config=old.config).to(device))
 
 
 def rope_info(model, layer_type: str | None = None) -> RopeInfo:

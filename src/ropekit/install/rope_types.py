@@ -2,8 +2,9 @@
 
 Every registered method becomes rope type ``ropekit_<name>`` in transformers' ``ROPE_INIT_FUNCTIONS``, so a
 model's rotary-embedding module computes its frequencies through the method (transformers' own
-``@dynamic_rope_update`` recomputes the length-dependent ones). Registration happens when this module is
-imported, which importing :mod:`ropekit.install` does.
+``@dynamic_rope_update`` recomputes the length-dependent ones). Nothing is registered on import:
+:func:`register_rope_types` does it, through :mod:`ropekit.adapters.transformers`, when ``ropekit.register()``
+is called (``extend`` and ``load`` call it).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import copy
 from typing import Any
 
 from transformers import CONFIG_MAPPING
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
 
+from ..adapters import transformers as hf
 from ..errors import InvalidParameterError
 from ..methods import Method, list_methods
 from .model_rope import base_info
@@ -47,7 +48,7 @@ def _make_rope_init(method: Method):
 
 
 def _make_validator(method: Method):
-    def validate(self, rope_parameters, ignore_keys=None):
+    def validate(rope_parameters, ignore_keys=None):
         known = {p.name for p in method.params} | {"rope_type", "rope_theta", "partial_rotary_factor"}
         unknown = set(rope_parameters) - known - set(ignore_keys or ())
         if unknown:
@@ -59,15 +60,28 @@ def _make_validator(method: Method):
     return validate
 
 
-def register_rope_types() -> None:
-    """Register every method with transformers (idempotent: registering again replaces the entries)."""
+#: rope type → (method, rope-init function, validator) as registered in this process.
+_REGISTERED: dict[str, tuple[Method, Any, Any]] = {}
+
+
+def register_rope_types() -> tuple[str, ...]:
+    """Register every method as a transformers rope type and return the rope types ropekit has registered.
+
+    Idempotent: a method already registered (the same method object, its functions still in transformers'
+    registries) is left alone, so a second call changes nothing; a method registered since the last call, or an
+    entry something removed, is (re-)registered.
+    """
     for method in list_methods():
-        ROPE_INIT_FUNCTIONS[rope_type(method)] = _make_rope_init(method)
-        # transformers looks up `_validate_<type>_rope_parameters` on the config mixin; without one it warns.
-        setattr(RotaryEmbeddingConfigMixin, f"_validate_{rope_type(method)}_rope_parameters", _make_validator(method))
-
-
-register_rope_types()
+        name = rope_type(method)
+        known = _REGISTERED.get(name)
+        if (known is not None and known[0] is method and hf.rope_init_function(name) is known[1]
+                and hf.rope_validator(name) is known[2]):
+            continue
+        init, validate = _make_rope_init(method), _make_validator(method)
+        hf.register_rope_init(name, init)
+        hf.register_rope_validator(name, validate)
+        _REGISTERED[name] = (method, init, validate)
+    return tuple(_REGISTERED)
 
 
 def transformers_builds(data: dict[str, Any], rope: dict[str, Any]) -> bool:
@@ -77,6 +91,7 @@ def transformers_builds(data: dict[str, Any], rope: dict[str, Any]) -> bool:
     ``yarn``), so the only reliable test is to build the config the way plain transformers would.
     """
     # a deep copy: building a config fills defaults into the dicts it is given (rope_scaling, rope_parameters)
+    register_rope_types()  # a ropekit_<name> rope type is built like any other
     trial = copy.deepcopy({k: v for k, v in data.items() if k != "ropekit"})
     trial["rope_parameters"] = copy.deepcopy(rope)
     try:

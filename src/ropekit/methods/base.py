@@ -261,11 +261,9 @@ class Method(abc.ABC):
         """``(inv_freq, attention factor)`` an installed rotary module uses for an input of ``seq_len`` tokens
         (``None``: the set it starts with), for ``layer_type``'s layers on a model with RoPE per layer type.
         Default: its rope-init function at that length."""
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        from ..adapters.transformers import rotary_frequencies
 
-        if layer_type is None:
-            return ROPE_INIT_FUNCTIONS[rotary.rope_type](rotary.config, None, seq_len)
-        return ROPE_INIT_FUNCTIONS[rotary.rope_type[layer_type]](rotary.config, None, seq_len, layer_type=layer_type)
+        return rotary_frequencies(rotary, seq_len, layer_type)
 
     def base(self, info: RopeInfo, seq_len: int | None = None, device=None) -> tuple[torch.Tensor, float]:
         """``(θ^eff, attention factor)``: the model's own frequencies, the starting point of every rule."""

@@ -33,8 +33,10 @@ from urllib.parse import urlparse
 
 import torch
 
+from ..adapters import transformers as hf
 from ..errors import InvalidParameterError, ModelLoadError, RopekitError, UnsupportedModelError
 from ..install import load as ropekit_load
+from ..install import register
 from ..install.weights import GGUF_FILE_TYPE_ATTR
 from .tiny import FAMILIES, SHIPPED
 
@@ -77,11 +79,9 @@ def _gguf_architectures() -> tuple[str, ...]:
     The intersection of transformers' GGUF loaders with :data:`tiny.FAMILIES` (GPT-NeoX has no GGUF loader in
     transformers; Mistral GGUFs usually say ``llama`` and transformers renames them by ``general.name``).
     """
-    try:
-        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
-    except Exception:  # pragma: no cover - depends on the installed transformers
-        GGUF_SUPPORTED_ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3"]
-    return tuple(sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a in FAMILIES))
+    from ..adapters.transformers import gguf_architectures
+
+    return tuple(sorted(a for a in gguf_architectures() if a in FAMILIES))
 
 
 #: GGUF architectures :func:`load_model` accepts.
@@ -458,7 +458,7 @@ def _load_tiny(family: str, attn_implementation: str, dtype):
     from .tiny import build_tiny_model
 
     model = build_tiny_model(family)
-    if attn_implementation != model.config._attn_implementation:
+    if attn_implementation != hf.attn_implementation(model.config):
         try:
             model.set_attn_implementation(attn_implementation)
         except Exception as e:
@@ -486,9 +486,7 @@ def _read_config_json(directory: Path, spec: str) -> dict:
         raise ModelLoadError(f"config.json in '{spec}' is not a JSON object", "fix or regenerate the file")
     if not cfg.get("model_type"):
         raise ModelLoadError(f"config.json in '{spec}' has no model_type", "fix or regenerate the file with save_pretrained")
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    if cfg["model_type"] not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if not hf.is_causal_lm_type(cfg["model_type"]):
         raise UnsupportedModelError(
             f"model_type '{cfg['model_type']}' in '{spec}' is not a causal LM transformers can load",
             "use a decoder-only RoPE model such as " + ", ".join(FAMILIES),
@@ -556,20 +554,11 @@ def _gguf_bar_follows_transformers():
     carriage returns are noise)."""
     from transformers.utils import logging as hf_logging
 
-    try:
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:  # pragma: no cover - older transformers
+    if hf_logging.is_progress_bar_enabled():
         yield
         return
-    bar = getattr(gguf_utils, "tqdm", None)
-    if bar is None or hf_logging.is_progress_bar_enabled():
+    with hf.gguf_progress_bar_disabled():
         yield
-        return
-    gguf_utils.tqdm = functools.partial(bar, disable=True)
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = bar
 
 
 def _load_gguf(file: str, *, dtype, attn_implementation: str, with_tokenizer: bool):
@@ -725,6 +714,7 @@ def parameter_count(spec: str) -> int | None:
 
             return int(sum(int(t.n_elements) for t in GGUFReader(target).tensors))
         else:
+            register()  # a ropekit export's config may name a ropekit_<name> rope type
             config = AutoConfig.from_pretrained(target, local_files_only=True)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
@@ -739,7 +729,7 @@ def _place(model, plan):
     if plan.device_map == "auto":
         from accelerate import dispatch_model, infer_auto_device_map
 
-        no_split = getattr(model, "_no_split_modules", None) or []
-        device_map = infer_auto_device_map(model, no_split_module_classes=list(no_split), dtype=plan.torch_dtype)
+        device_map = infer_auto_device_map(model, no_split_module_classes=hf.no_split_modules(model),
+                                           dtype=plan.torch_dtype)
         return dispatch_model(model, device_map=device_map)
     return model.to(plan.device)

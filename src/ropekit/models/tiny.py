@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers import CONFIG_MAPPING
 
+from ..adapters.transformers import preset_attn_implementation
 from ..errors import RopekitError
 
 #: Model families ropekit builds tiny models of (transformers ``model_type`` → what sets it apart).
@@ -146,10 +147,9 @@ def tiny_config(
 
 def default_attention(config) -> str:
     """``sdpa`` where the family supports it, else ``eager`` (Gemma 2 and gpt-oss: softcap and sinks)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from ..adapters.transformers import causal_lm_class, supports_sdpa
 
-    cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+    return "sdpa" if supports_sdpa(causal_lm_class(config)) else "eager"
 
 
 def build_tiny_model(family: str = "llama", *, seed: int = 0, attn_implementation: str | None = None,
@@ -158,7 +158,7 @@ def build_tiny_model(family: str = "llama", *, seed: int = 0, attn_implementatio
     given ``seed``, in eval mode, with ``attn_implementation`` (default: sdpa where the family has it)."""
     config = tiny_config(family, **config_kwargs)
     attn = attn_implementation or default_attention(config)
-    config._attn_implementation = attn
+    preset_attn_implementation(config, attn)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from ..adapters.transformers import attn_implementation
 from ..errors import RopekitError
 from ..install import resolve_params
 from .config import MethodConfig
@@ -57,7 +58,7 @@ def check_model(model, size: int) -> None:
         raise RopekitError(f"context_parallel {size} does not divide the model's {heads} attention heads "
                            "(Ulysses gives every process the same number of heads)",
                            f"use a context_parallel that divides {heads}")
-    implementation = getattr(config, "_attn_implementation", None)
+    implementation = attn_implementation(config)
     if implementation != CORE_ATTENTION:
         raise RopekitError(f"context parallelism runs on sdpa attention, not {implementation!r}",
                            "set model.attn_implementation: sdpa")
@@ -145,17 +146,17 @@ def enable(model, size: int, micro_batch_size: int):
                            "pip install 'ropekit[deepspeed]', or use context_parallel: 1")
     import deepspeed
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from ..adapters.transformers import global_attention_function, set_global_attention_function
 
     if not torch.distributed.is_initialized():
         raise RopekitError(f"context_parallel {size} needs {size} processes or more",
                            f"launch with `accelerate launch --num_processes {size}` (or torchrun)")
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())  # adopts the running process group
-    original = ALL_ATTENTION_FUNCTIONS[CORE_ATTENTION]
+    original = global_attention_function(CORE_ATTENTION)
     groups = UlyssesSPAttentionHF.register_with_transformers(model, CORE_ATTENTION, size, micro_batch_size,
                                                              seq_length_is_variable=True, disable_in_eval=True)
 
     def disable() -> None:
-        ALL_ATTENTION_FUNCTIONS[CORE_ATTENTION] = original
+        set_global_attention_function(CORE_ATTENTION, original)
 
     return disable, groups.get_sequence_parallel_group()

@@ -194,9 +194,10 @@ def model_attention_mask(mask: torch.Tensor, model, dtype: torch.dtype, position
     per kernel: :func:`ropekit.data.packing.prepare_attention_mask`); 2-D masks pass unchanged."""
     if mask.dim() != 4:
         return mask
+    from ..adapters.transformers import attn_implementation
     from ..attention.interface import kernel_of
     from ..data.packing import prepare_attention_mask
 
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    kernel = kernel_of(getattr(config, "_attn_implementation", None))
+    kernel = kernel_of(attn_implementation(config))
     return prepare_attention_mask(mask, kernel, dtype=dtype, position_ids=position_ids)

@@ -133,6 +133,9 @@ def model_config(name: str):
     if kind == "dir":
         from transformers import AutoConfig
 
+        from ..install import register
+
+        register()  # a ropekit export's config may name a ropekit_<name> rope type
         return AutoConfig.from_pretrained(target, local_files_only=True)
     raise RopekitError(f"no offline shape for '{name}'", f"pass a local model directory, or one of {', '.join(KNOWN_SHAPES)}")
 

@@ -109,9 +109,9 @@ class AccelerateStrategy:
         if plugin is None or (may_partition and plugin.zero3_init_flag):
             yield
             return
-        from transformers.integrations import unset_hf_deepspeed_config
+        from ..adapters.transformers import unset_deepspeed_config
 
-        unset_hf_deepspeed_config()
+        unset_deepspeed_config()
         try:
             yield
         finally:
