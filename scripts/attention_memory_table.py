@@ -35,12 +35,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ropekit.attention import dual_chunk, kernels, lm_infinite, self_extend
-from ropekit.attention.dual_chunk import DualChunkAttention
-from ropekit.attention.landmark import retrieval_attention
-from ropekit.attention.lm_infinite import LambdaAttention
+from ropekit.attention import kernels
 from ropekit.attention.masks import AttentionMask
-from ropekit.attention.self_extend import SelfExtendAttention
+from ropekit.methods import dual_chunk_attention as dual_chunk
+from ropekit.methods import lm_infinite_attention as lm_infinite
+from ropekit.methods import self_extend_attention as self_extend
+from ropekit.methods.dual_chunk_attention import DualChunkAttention
+from ropekit.methods.landmark_attention import retrieval_attention
+from ropekit.methods.lm_infinite_attention import LambdaAttention
+from ropekit.methods.self_extend_attention import SelfExtendAttention
 
 LLAMA3_8B = {"layers": 32, "heads": 32, "kv_heads": 8, "head_dim": 128, "window": 8192, "dtype": torch.bfloat16}
 
