@@ -1,4 +1,4 @@
-"""Writing an extended Llama-architecture model as a GGUF file that llama.cpp runs as ropekit computes it.
+"""Writing an extended Llama, Mistral, Qwen2 or Qwen3 model as a GGUF file that llama.cpp runs as ropekit computes it.
 
 The file is written with the PyPI ``gguf`` package (``GGUFWriter``; ``gguf.quants`` for bf16 and q8_0). What
 llama.cpp does with the RoPE keys of ``general.architecture = llama`` (read from its source, ``src/llama-model.cpp``,
@@ -57,10 +57,21 @@ from .model_rope import base_info, installed, rotary_modules, text_config
 #: GGUF weight types ``write_gguf`` writes.
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 
-#: transformers ``model_type`` values written as GGUF architecture ``llama``: Mistral's decoder is Llama's (the same
+#: transformers ``model_type`` → the GGUF architecture it is written as. Mistral's decoder is Llama's (the same
 #: weights, norms and RoPE; llama.cpp's converter writes ``MistralForCausalLM`` as ``llama``) unless its sliding
-#: window is on, which llama.cpp's Llama graph does not apply.
-ARCHITECTURES = ("llama", "mistral")
+#: window is on, which llama.cpp's Llama graph does not apply. Qwen2 (biased q/k/v) and Qwen3 (RMS-normed q and k
+#: per head) have llama.cpp architectures of their own.
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+#: GGUF architectures whose llama.cpp graph reads ``rope_freqs.weight`` (per-pair divisors). llama.cpp's
+#: ``src/models/qwen2.cpp`` and ``src/models/qwen3.cpp`` pass ``nullptr`` as the frequency factors of
+#: ``ggml_rope_ext`` (and their tensor lists create no ``rope_freqs``): there only the named forms exist.
+PER_PAIR_ARCHITECTURES = ("llama",)
+
+#: GGUF architectures whose q/k rows are permuted to ggml's adjacent pairs (``LLAMA_ROPE_TYPE_NORM``); the others
+#: rotate in transformers' own rotate-half layout (``LLAMA_ROPE_TYPE_NEOX``), and llama.cpp's converter copies
+#: their q/k as they are.
+ADJACENT_PAIR_ARCHITECTURES = ("llama",)
 
 #: llama.cpp's YaRN correction betas for the Llama architecture (context defaults; not read from the file).
 LLAMACPP_BETA_FAST, LLAMACPP_BETA_SLOW = LLAMACPP_YARN_BETAS
@@ -78,13 +89,14 @@ class GGUFRope:
     """The RoPE keys a GGUF gets, and what they stand for.
 
     ``form``: ``none`` (plain RoPE with ``freq_base``), ``linear``, ``yarn`` or ``rope_freqs`` (plain base with
-    a per-pair divisor tensor). ``inv_freq``/``attention_factor``: the frequencies and cos/sin multiplier
+    a per-pair divisor tensor). ``architecture``: the GGUF architecture (``llama``, ``qwen2``, ``qwen3``). ``inv_freq``/``attention_factor``: the frequencies and cos/sin multiplier
     ropekit's installed model uses (what the keys must reproduce). ``frozen_at``: the input length the
     frequencies were taken at, for a length-dependent method.
     """
 
     form: str
     scaling_type: str
+    architecture: str
     freq_base: float
     rotary_dim: int
     context_length: int
@@ -171,20 +183,33 @@ def _reproduces(rope: GGUFRope) -> bool:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _check_architecture(model) -> Any:
+def _check_architecture(model) -> tuple[Any, str]:
+    """``(text config, GGUF architecture)``, or a one-line refusal of what llama.cpp's graph for it does not do."""
     config = text_config(model)
     model_type = getattr(config, "model_type", "unknown")
     if model_type not in ARCHITECTURES:
         raise UnsupportedModelError(
-            f"GGUF export writes Llama-architecture models (Llama, Mistral); this model's architecture is "
+            f"GGUF export writes Llama, Mistral, Qwen2 and Qwen3 models; this model's architecture is "
             f"'{model_type}'",
-            "export a Llama or Mistral model (e.g. tiny or smollm2), or serve this one with vLLM or transformers")
+            "export one of those (e.g. tiny or smollm2), or serve this one with vLLM or transformers")
+    arch = ARCHITECTURES[model_type]
     window = getattr(config, "sliding_window", None)
     if model_type == "mistral" and window is not None and int(window) < int(config.max_position_embeddings):
         raise UnsupportedModelError(
             f"this Mistral model attends within a sliding window of {window} tokens, which llama.cpp's Llama graph "
             "does not apply", "export a Mistral model without a sliding window (v0.2 and later)")
-    return config
+    if arch in ("qwen2", "qwen3"):
+        # transformers applies the window where layer_types says so (use_sliding_window fills it in); llama.cpp's
+        # qwen2/qwen3 graphs attend to the whole context
+        sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
+        if getattr(config, "use_sliding_window", False) or sliding:
+            raise UnsupportedModelError(
+                f"this {model_type} model attends within a sliding window ({window} tokens), which llama.cpp's "
+                f"{arch} graph does not apply", "export it with use_sliding_window false, or serve it with vLLM")
+    if arch == "qwen3" and getattr(config, "attention_bias", False):
+        raise UnsupportedModelError("this qwen3 model has q/k/v/o biases (attention_bias true), which llama.cpp's "
+                                    "qwen3 graph does not add", "serve it with vLLM or transformers")
+    return config, arch
 
 
 #: Why an attention-side change has no place in llama.cpp's Llama graph, per :data:`ropekit.methods.base.CHANGES` key.
@@ -241,7 +266,8 @@ def _base_frequencies(info, freeze_length: int | None):
 def gguf_rope(model, freeze_length: int | None = None) -> GGUFRope:
     """The RoPE keys that make llama.cpp compute ``model``'s installed frequencies and attention factor.
 
-    Raises a one-line :class:`~ropekit.errors.RopekitError` for a model that is not Llama-architecture, a method
+    Raises a one-line :class:`~ropekit.errors.RopekitError` for a model of another architecture (:data:`ARCHITECTURES`),
+    frequencies only the per-pair form holds on an architecture whose graph does not read it, a method
     that changes attention itself, and length-dependent frequencies without ``freeze_length`` (Dynamic NTK with
     ``trained_length`` above the window is frozen there by itself).
     """
@@ -249,12 +275,12 @@ def gguf_rope(model, freeze_length: int | None = None) -> GGUFRope:
                                       or freeze_length < 1):
         raise InvalidParameterError(f"freeze_length must be a positive number of tokens, got {freeze_length!r}",
                                     "pass e.g. --freeze-length 16384")
-    config = _check_architecture(model)
+    config, arch = _check_architecture(model)
     record = installed(model)
     info = base_info(config)
     if info.rotary_dim != info.head_dim:
         raise UnsupportedModelError(
-            f"this Llama model rotates {info.rotary_dim} of {info.head_dim} channels per head; llama.cpp's Llama "
+            f"this model rotates {info.rotary_dim} of {info.head_dim} channels per head; llama.cpp's {arch} "
             "architecture rotates whole heads", "export a model with full rotary heads")
     window = int(config.max_position_embeddings)
     method, params, m = None, {}, None
@@ -273,12 +299,18 @@ def gguf_rope(model, freeze_length: int | None = None) -> GGUFRope:
         inv_freq, attention_factor, frozen = _base_frequencies(info, freeze_length)
     theta = inv_freq.detach().to(torch.float64).cpu().numpy()
     context = frozen if frozen is not None else window
-    common = {"rotary_dim": info.rotary_dim, "context_length": int(context), "inv_freq": theta,
+    common = {"architecture": arch, "rotary_dim": info.rotary_dim, "context_length": int(context), "inv_freq": theta,
               "attention_factor": attention_factor, "frozen_at": frozen, "method": method, "params": params}
 
     for candidate in _named_forms(info, m, params, attention_factor, frozen, common):
         if _reproduces(candidate):
             return candidate
+    if arch not in PER_PAIR_ARCHITECTURES:
+        what = method or f"this model's own RoPE ('{info.rope_type}')"
+        raise UnsupportedModelError(
+            f"{what} cannot be written as a {arch} GGUF: its frequencies are none of llama.cpp's linear, yarn "
+            f"(betas 32/1) or freq_base forms, and llama.cpp's {arch} graph does not read per-pair rope_freqs",
+            "export PI, NTK, ABF or YaRN with the default betas, or serve it with vLLM or transformers")
     base = float(_f32(info.rope_theta))  # the divisors are relative to the base as the file stores it
     divisor = (base ** (-pair_exponents(info.rotary_dim).numpy())) / theta
     exact = GGUFRope(form="rope_freqs", scaling_type="none", freq_base=base, attn_factor=attention_factor,
@@ -361,27 +393,34 @@ def _tensor_for(name: str, data: np.ndarray, outtype: str):
     return gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
 
 
-def _weights(model, config) -> list[tuple[str, np.ndarray, int | None]]:
-    """``(gguf name, float32 array, heads to permute for)`` for every weight, or a one-line refusal."""
+def _weights(model, config, arch: str) -> list[tuple[str, np.ndarray, int | None]]:
+    """``(gguf name, float32 array, heads to permute for)`` for every weight of GGUF architecture ``arch``, or a
+    one-line refusal."""
     import gguf
 
     layers = int(config.num_hidden_layers)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, layers)
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), layers)
+    permuted = arch in ADJACENT_PAIR_ARCHITECTURES
     heads, kv_heads = int(config.num_attention_heads), int(getattr(config, "num_key_value_heads", None) or
                                                           config.num_attention_heads)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
+    state = model.state_dict()
+    embeddings, head = state.get("model.embed_tokens.weight"), state.get("lm_head.weight")
+    # tied as transformers runs it: a config saying tied over a checkpoint with two different matrices is loaded
+    # untied (transformers warns and keeps both), and then output.weight must be written
+    tied = (bool(getattr(config, "tie_word_embeddings", False)) and embeddings is not None and head is not None
+            and torch.equal(embeddings, head))
     out = []
-    for key, tensor in model.state_dict().items():
+    for key, tensor in state.items():
         if key == "lm_head.weight" and tied:
-            continue  # llama.cpp uses token_embd when output.weight is absent
+            continue  # llama.cpp's llama/qwen2/qwen3 loaders use token_embd when output.weight is absent
         if key.endswith("inv_freq") or "rotary_emb" in key:
             continue
         found = names.get_type_and_name(key, try_suffixes=(".weight", ".bias"))
         if found is None:
-            raise UnsupportedModelError(f"weight '{key}' has no GGUF tensor of the Llama architecture",
-                                        "export a plain Llama model (a method that adds weights cannot go to llama.cpp)")
+            raise UnsupportedModelError(f"weight '{key}' has no GGUF tensor of the {arch} architecture",
+                                        "export the plain model (a method that adds weights cannot go to llama.cpp)")
         kind, gguf_name = found
-        permute = heads if kind == gguf.MODEL_TENSOR.ATTN_Q else kv_heads if kind == gguf.MODEL_TENSOR.ATTN_K else None
+        permute = None if not permuted else heads if kind == gguf.MODEL_TENSOR.ATTN_Q else kv_heads if kind == gguf.MODEL_TENSOR.ATTN_K else None
         out.append((gguf_name, tensor.detach().to(torch.float32).cpu().numpy(), permute))
     return out
 
@@ -436,7 +475,7 @@ _FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8
 
 def write_gguf(model, tokenizer, path: str | Path, *, outtype: str = "f16", freeze_length: int | None = None,
                tokenizer_gguf: str | Path | None = None, overwrite: bool = False) -> dict[str, Any]:
-    """Write ``model`` (a transformers Llama, extended by ropekit or not) to the GGUF file ``path``.
+    """Write ``model`` (a transformers Llama, Mistral, Qwen2 or Qwen3, extended by ropekit or not) to the GGUF file ``path``.
 
     ``outtype``: f32, f16, bf16 or q8_0 for the 2-D weights (norms and ``rope_freqs`` stay f32).
     ``freeze_length``: write a length-dependent method's frequencies as they are at that many tokens.
@@ -463,12 +502,12 @@ def write_gguf(model, tokenizer, path: str | Path, *, outtype: str = "f16", free
     else:
         raise UnsupportedModelError("the model has no tokenizer, and llama.cpp needs a vocabulary",
                                     "save the model with its tokenizer")
-    weights = _weights(model, config)
+    weights = _weights(model, config, rope.architecture)
 
     heads = int(config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     with atomic_file(target, overwrite=overwrite) as tmp:
-        writer = gguf.GGUFWriter(tmp, "llama")
+        writer = gguf.GGUFWriter(tmp, rope.architecture)
         writer.add_name(str(getattr(config, "_name_or_path", "") or "ropekit export"))
         writer.add_type("model")
         writer.add_file_type(int(getattr(gguf.LlamaFileType, _FILE_TYPES[outtype])))
