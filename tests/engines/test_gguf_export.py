@@ -384,10 +384,11 @@ def test_longrope_with_start_tokens_is_refused(run_cli, tmp_path):
              must=("longrope", "start_tokens"))
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gpt-neox"])
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt-neox", "phi3"])
 def test_other_architectures_are_refused(run_cli, tmp_path, family):
     arch = family.replace("-", "_")
-    _refused(run_cli, tmp_path, f"tiny-{family}", "--method", "pi", "--factor", "2", must=(f"'{arch}'", "Llama"))
+    _refused(run_cli, tmp_path, f"tiny-{family}", "--method", "pi", "--factor", "2",
+             must=(f"'{arch}'", "Llama, Mistral, Qwen2 and Qwen3"))
 
 
 def test_a_mistral_with_a_sliding_window_is_refused(tmp_path):

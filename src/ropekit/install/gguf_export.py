@@ -519,7 +519,9 @@ def write_gguf(model, tokenizer, path: str | Path, *, outtype: str = "f16", free
         writer.add_head_count(heads)
         writer.add_head_count_kv(int(getattr(config, "num_key_value_heads", None) or heads))
         writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
-        if head_dim != config.hidden_size // heads:
+        # Qwen3's head_dim is its own setting (readers such as transformers' GGUF loader take it from key_length,
+        # not from embedding_length / head_count), so it is written for every architecture but the Llama one
+        if head_dim != config.hidden_size // heads or rope.architecture != "llama":
             writer.add_key_length(head_dim)
             writer.add_value_length(head_dim)
         writer.add_rope_dimension_count(rope.rotary_dim)
