@@ -77,7 +77,7 @@ def extend_cmd(
                                               "(Gemma 3): the layer types to extend, comma-separated (default: the "
                                               "full-attention layers)."),
     fmt: str = typer.Option("transformers", "--format", help="transformers (a model directory) or gguf (one file "
-                            "for llama.cpp; Llama-architecture models)."),
+                            "for llama.cpp; Llama, Mistral, Qwen2 and Qwen3 models)."),
     outtype: str = typer.Option("f16", "--outtype", help="GGUF weight type: f32, f16, bf16 or q8_0 (--format gguf)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Allow writing into a non-empty --out directory."),
     json_out: bool = typer.Option(False, "--json", help="Print the export report as JSON."),

@@ -11,8 +11,9 @@ piece by piece; the rule that picks the winner is :mod:`.recommend_rule`, the ou
   from ``config.json`` — a method whose inference changes only the shared frequencies
   (:attr:`~ropekit.methods.Method.frequencies_only`: no attention-side change at inference) and whose
   export vLLM reads (:func:`ropekit.install.inspect.exports`); ``llamacpp`` what a GGUF carries — one static set of
-  frequencies per rotary pair and one attention factor, on a Llama-architecture model
-  (:mod:`ropekit.install.gguf_export`).
+  frequencies per rotary pair and one attention factor, on a Llama, Mistral, Qwen2 or Qwen3 model — for Qwen only
+  the forms with llama.cpp keys of their own (PI, NTK, ABF, YaRN), since its qwen2/qwen3 graphs read no per-pair
+  ``rope_freqs`` (:mod:`ropekit.install.gguf_export`).
 
 **Parameters** are derived from the model's window ``W`` and the target ``N`` as ``ropekit extend --target-length N``
 does: a method with a ``factor`` parameter gets ``factor = N / W``, every other parameter its default for the model
@@ -155,6 +156,7 @@ class ModelFacts:
     info: Any
     features: Any
     gguf_refusal: str | None
+    gguf_architecture: str | None = None  # llama.cpp's architecture the GGUF is written as
 
 
 def model_facts(spec: str, model) -> ModelFacts:
@@ -165,13 +167,14 @@ def model_facts(spec: str, model) -> ModelFacts:
     config = text_config(model)
     info = base_info(config)
     gguf = None
-    if getattr(config, "model_type", "") not in ARCHITECTURES:
-        gguf = (f"GGUF export writes {', '.join(ARCHITECTURES)}-architecture models; this one is "
+    arch = ARCHITECTURES.get(getattr(config, "model_type", ""))
+    if arch is None:
+        gguf = (f"GGUF export writes {', '.join(ARCHITECTURES)} models; this one is "
                 f"'{getattr(config, 'model_type', '?')}'")
     elif info.rotary_dim != info.head_dim:
-        gguf = "llama.cpp's Llama architecture rotates whole heads, this model a part of each"
+        gguf = f"llama.cpp's {arch} architecture rotates whole heads, this model a part of each"
     return ModelFacts(spec=spec, model_type=info.model_type, window=int(info.window), base_dict=config.to_dict(),
-                      info=info, features=model_features(model), gguf_refusal=gguf)
+                      info=info, features=model_features(model), gguf_refusal=gguf, gguf_architecture=arch)
 
 
 def derived_params(m, facts: ModelFacts, target_length: int) -> dict[str, Any]:
@@ -191,6 +194,12 @@ def engine_refusal(m, params: dict[str, Any], facts: ModelFacts, engine: str, ex
         return None
     if facts.gguf_refusal:
         return facts.gguf_refusal
+    from ..install.gguf_export import PER_PAIR_ARCHITECTURES
+
+    arch = facts.gguf_architecture
+    if arch not in PER_PAIR_ARCHITECTURES and (facts.info.is_scaled or m.gguf_rope(facts.info, params) is None):
+        # the writer's per-pair rope_freqs form: llama.cpp's qwen2/qwen3 graphs do not read it
+        return f"{m.name} needs per-pair rope_freqs here, which llama.cpp's {arch} graph does not read"
     per_position = m.position_dependent_rotation(params)
     if per_position:
         return f"{m.name}: {per_position}"
