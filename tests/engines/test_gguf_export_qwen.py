@@ -205,3 +205,14 @@ def test_the_cli_writes_a_qwen3_gguf(run_cli, tmp_path):
     assert "rope.scaling.type yarn" in out
     reader = gguf.GGUFReader(str(target))
     assert _value(reader, "general.architecture") == "qwen3" and _value(reader, "qwen3.rope.scaling.type") == "yarn"
+
+
+def test_the_card_of_a_per_pair_qwen_export_does_not_send_to_gguf(tmp_path):
+    """The model card's llama.cpp line: a Qwen llama3 export has neither flags nor a GGUF llama.cpp computes."""
+    from ropekit.models.tiny import build_tiny_model
+
+    model = build_tiny_model("qwen2")
+    ropekit.extend(model, "llama3", factor=2.0)
+    ropekit.save_pretrained(model, tmp_path / "d", tokenizer=byte_tokenizer())
+    line = next(t for t in (tmp_path / "d" / "README.md").read_text().splitlines() if t.startswith("**llama.cpp**"))
+    assert "qwen2 graph reads no per-pair" in line and "--format gguf" not in line

@@ -114,7 +114,14 @@ def card_body(out: Path, saved: dict[str, Any], *, method: str, params: dict[str
         lines += ["**llama.cpp** — the original GGUF with these flags:", "", "```bash",
                   f"llama-server -m {model} {flags}", "```", ""]
     else:
-        lines += [f"**llama.cpp** — {why}: write the GGUF with `ropekit export DIR --format gguf`.", ""]
+        from .gguf_export import ARCHITECTURES, PER_PAIR_ARCHITECTURES
+
+        arch = ARCHITECTURES.get(str(saved.get("model_type", "")))
+        if arch is not None and arch not in PER_PAIR_ARCHITECTURES:  # its graph reads no rope_freqs tensor either
+            lines += [f"**llama.cpp** — not the same model: {why}, and llama.cpp's {arch} graph reads no per-pair "
+                      "frequencies from a GGUF; serve this directory with vLLM or transformers.", ""]
+        else:
+            lines += [f"**llama.cpp** — {why}: write the GGUF with `ropekit export DIR --format gguf`.", ""]
     lines += ["**LLaMA-Factory** — train from this directory with its `rope_scaling` option left unset (the "
               "config carries the scaling; the option would rescale it again):", "", "```yaml",
               _yaml({"model_name_or_path": "DIR", "cutoff_len": window}), "```", ""]
