@@ -29,6 +29,13 @@ with no freeze length, are refused in one line naming the method and the reason.
 
 q and k projections are permuted from transformers' rotate-half layout (pairs ``(j, j + d/2)``) to ggml's
 adjacent-pair layout (pairs ``(2j, 2j + 1)``) head by head, as llama.cpp's converter does for ``LLM_ARCH_LLAMA``.
+
+Qwen2 and Qwen3 models are written as llama.cpp's ``qwen2`` / ``qwen3`` architectures (``src/models/qwen2.cpp``:
+q/k/v biases; ``src/models/qwen3.cpp``: RMS norms of q and k per head before RoPE). Both rotate with
+``LLAMA_ROPE_TYPE_NEOX`` — transformers' own rotate-half pairs — so q/k are written unpermuted, as the converter's
+``Qwen2Model`` does; both read the same ``freq_base``/``linear``/``yarn`` keys through the same context code, but
+pass ``nullptr`` as ``ggml_rope_ext``'s frequency factors and list no ``rope_freqs`` tensor: a form that needs it is
+refused there in one line instead of falling back.
 The file is written to a temporary name beside the target and renamed (:func:`ropekit.runtime.atomic_file`): an
 error or a kill leaves nothing behind but a hidden ``.part`` file, which the next write removes.
 """
@@ -212,7 +219,7 @@ def _check_architecture(model) -> tuple[Any, str]:
     return config, arch
 
 
-#: Why an attention-side change has no place in llama.cpp's Llama graph, per :data:`ropekit.methods.base.CHANGES` key.
+#: Why an attention-side change has no place in llama.cpp's llama, qwen2 and qwen3 graphs, per :data:`ropekit.methods.base.CHANGES` key.
 _WHY_NOT = {
     "frequencies_per_head": "it rotates each attention head with its own RoPE base",
     "logit_scale_per_position": "it scales attention logits by the query position",
@@ -226,7 +233,7 @@ def _refuse_attention_side(m) -> None:
     other = next((c for c in m.changes if c not in _ALLOWED_CHANGES), "")
     why = _WHY_NOT.get(other, f"it changes {CHANGES.get(other, other)}")
     raise UnsupportedModelError(
-        f"{m.name} cannot be written as a GGUF: {why}, and llama.cpp's Llama graph applies only RoPE frequencies and "
+        f"{m.name} cannot be written as a GGUF: {why}, and llama.cpp's graphs apply only RoPE frequencies and "
         "one attention factor", "serve it with ropekit itself (ropekit.load), or export a frequency method")
 
 
