@@ -216,3 +216,23 @@ def test_the_card_of_a_per_pair_qwen_export_does_not_send_to_gguf(tmp_path):
     ropekit.save_pretrained(model, tmp_path / "d", tokenizer=byte_tokenizer())
     line = next(t for t in (tmp_path / "d" / "README.md").read_text().splitlines() if t.startswith("**llama.cpp**"))
     assert "qwen2 graph reads no per-pair" in line and "--format gguf" not in line
+
+
+@pytest.mark.parametrize("method,refused", [("yarn", False), ("ntk_by_parts", True)])
+def test_ropekit_export_of_a_saved_qwen2_directory(run_cli, tmp_path, method, refused):
+    """`ropekit export DIR --format gguf` on a saved Qwen2: the directory's tokenizer loads as Qwen2Tokenizer (its
+    <|endoftext|> appended at id 256), so the tiny model has 257 embeddings."""
+    config = tiny_config("qwen2", vocab_size=257)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ropekit.extend(model, method, factor=2.0)
+    ropekit.save_pretrained(model, tmp_path / "d", tokenizer=byte_tokenizer())
+    target = tmp_path / "q.gguf"
+    code, out, err = run_cli("export", str(tmp_path / "d"), "--format", "gguf", "--outtype", "f32", "--out", str(target))
+    if refused:
+        assert code == 2 and len([t for t in err.splitlines() if t.strip()]) == 1 and "qwen2 GGUF" in err, err
+        assert not target.exists()
+        return
+    assert code == 0, err
+    reader = gguf.GGUFReader(str(target))
+    assert _value(reader, "general.architecture") == "qwen2" and _value(reader, "qwen2.rope.scaling.type") == "yarn"
+    assert _value(reader, "qwen2.vocab_size") == 257
