@@ -22,6 +22,7 @@ from ropekit import RopekitError
 from ropekit.install.gguf_export import write_gguf
 from ropekit.models.byte_tokenizer import byte_tokenizer
 from ropekit.models.tiny import tiny_config
+from test_gguf_export import _tensor, _value
 
 #: transformers' GGUF loader sets no head_dim for qwen3 (its config mapping ignores key_length), so Qwen3Config's
 #: default of 128 must be the tiny model's: hidden 256 over 2 heads. Qwen2: hidden 64, 4 heads of 16.
@@ -38,14 +39,6 @@ def _model(family: str, *, tied: bool = False, seed: int = 0):
     return model
 
 
-def _value(reader, key):
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
-
-
-def _tensor(reader, name) -> np.ndarray | None:
-    found = [t for t in reader.tensors if t.name == name]
-    return None if not found else np.array(found[0].data)
 
 
 def _expected_names(family: str, layers: int, tied: bool) -> set[str]:

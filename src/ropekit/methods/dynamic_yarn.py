@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .yarn import yarn_mscale
+from .yarn import YaRN, yarn_mscale
 from .base import FACTOR, ORIGINAL_WINDOW, ROPE_THETA, combine_length_dependence, register
 from .ntk_by_parts import BETA_FAST, BETA_SLOW, BLEND, TRUNCATE, _ByParts, ramp_param
 
@@ -48,10 +48,7 @@ class DynamicYaRN(_ByParts):
 
     family = "YaRN & LongRoPE"
 
-    def demo_params(self, info, factor):
-        """NTK-by-parts' demo ramp (β = 4, α = 1: the papers' β = 32 would interpolate every pair of a 64-token
-        model)."""
-        return {"factor": factor, "beta_fast": 4.0, "beta_slow": 1.0}
+    demo_params = YaRN.demo_params  # the same demo ramp as YaRN's
 
     def settings_line(self, info, params, requested=None):
         s = params.get("factor", 1.0)
