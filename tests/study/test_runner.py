@@ -378,6 +378,19 @@ def test_a_search_variant_runs_longrope_search_and_evaluates_its_export(tmp_path
     assert seconds > 0  # the search's cost is the piece's compute time
 
 
+def test_a_search_runs_in_the_dtype_of_the_studys_evaluations(tmp_path):
+    # the search's objective is the perplexity the study's evaluations measure: in a bfloat16 study (a GPU's
+    # default for real models) it must search in bfloat16, not in a float32 copy on the CPU
+    raw = {**SMALL, "dtype": "bfloat16",
+           "variants": [{"label": "lr-search", "search": {"evaluations": 4, "documents": 1}}],
+           "evals": {"ppl": {"lengths": [256], "samples": 1, "score_mode": "truncate"}}}
+    raw.pop("recipe")
+    status = run_study(parse_study(raw), tmp_path, progress=False)
+    assert status["by_status"]["done"] == 2, status["failed"]
+    saved = json.loads((tmp_path / "search" / "lr-search" / "model" / "config.json").read_text())
+    assert saved["dtype"] == "bfloat16"
+
+
 def test_a_search_variant_searches_start_tokens_among_the_given_values(tmp_path):
     raw = {**SMALL, "variants": [{"label": "lr-n", "search": {"evaluations": 6, "documents": 1,
                                                               "start_tokens": [0, 4, 16]}}],

@@ -195,15 +195,18 @@ def _run_train(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path,
     return {"artifacts": artifacts, "metrics": metrics}
 
 
-def _run_search(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path, report, threads: int | None) -> dict[str, Any]:
+def _run_search(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path, report, threads: int | None,
+                device: str | None = None) -> dict[str, Any]:
     """LongRoPE's factor search for the study's target length on the base model (:mod:`ropekit.search`), into
-    ``DIR/search/LABEL``; resumable like a training (finished candidates are read back)."""
+    ``DIR/search/LABEL``; resumable like a training (finished candidates are read back). It runs where and in the
+    dtype the study's evaluations run (:func:`placement`): its objective is the perplexity they measure."""
     from ..search import SearchSettings, run_search
     from ..search.longrope import parse_start_tokens
 
     variant = config.variant(piece.label)
     base = base_model_path(config, store)
-    loaded = load_model(base)
+    where = placement(config, device)
+    loaded = load_model(base, device=where.device, dtype=where.dtype, attn_implementation=where.attn)
     seed = config.seed if piece.seed is None else piece.seed
     given = dict(variant.search)
     if "start_tokens" in given:  # N, [a, b, c] or "paper", as ropekit search's --start-tokens
@@ -263,7 +266,7 @@ def execute_piece(config: StudyConfig, store, piece: PlannedPiece, study_dir: Pa
     if piece.kind == "train":
         return _run_train(config, store, piece, study_dir, report, threads)
     if piece.kind == "search":
-        return _run_search(config, store, piece, study_dir, report, threads)
+        return _run_search(config, store, piece, study_dir, report, threads, device)
     return _run_eval(config, store, piece, report, device, writer)
 
 
