@@ -70,6 +70,8 @@ def test_plan_prints_candidates_parameters_and_sample_counts(run_cli, tmp_path):
     assert "yarn" in stdout and "self-extend" in stdout and "factor=2" in stdout
     assert "one forward pass:" in stdout and "measured at 128 tokens" in stdout and "ppl at 64, 128" in stdout
     assert "passkey is not measured at 64 tokens" in stdout  # the tiny tokenizer's prompt needs more: said, not hidden
+    # the forward is timed where the evidence study runs (its placement is auto), and the line says where that is
+    assert "running on cpu in float32 (auto:" in stderr
 
 
 # ---- bad input -----------------------------------------------------------------------------------------------

@@ -86,7 +86,9 @@ def recommend_cmd(
             check_method(name, {})  # a typo: one line, before the model loads
     if not plan_only:
         _check_out(out_dir, overwrite)
-    loaded = load_model(model)
+    # timed where the evidence study will run (its placement is "auto": a GPU's bfloat16 for a real model), or the
+    # budget's sample counts would come from a float32 CPU forward on a machine that evaluates on its GPU
+    loaded = load_model(model, device="auto", dtype="auto", attn="auto")
     from ..study.recommend import (TRAIN_TOP, make_plan, resume_plan, run_evidence, trained_candidates,
                                    work_dir_for)
 
