@@ -215,3 +215,23 @@ def test_bad_start_tokens_are_one_line(run_cli, tmp_path, value, words):
                            "--start-tokens", value)
     assert code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "s").exists()
+
+
+def test_built_in_rows_pack_training_documents_to_a_target_longer_than_any_of_them(tiny):
+    # the built-in training split stores text in pieces of at most 32 KiB, so a target past that (SmolLM2's 32k
+    # tokens is ~100 KB of code) has no single document long enough: rows are packed from whole documents
+    from ropekit.data.local_text import stdlib_documents
+    from ropekit.search.longrope import TRAIN_BYTES
+
+    docs = stdlib_documents(TRAIN_BYTES, "train")
+    target = max(len(d) for d in docs) + 5_000  # the tiny model's tokenizer is one token per byte
+    rows = search_documents(tiny.tokenizer, SearchSettings(**{**SETTINGS, "target_length": target}))
+    assert [len(r) for r in rows] == [target, target]
+    eos = tiny.tokenizer.eos_token_id
+    heads = {tuple(tiny.tokenizer(d.decode("ascii"), add_special_tokens=False).input_ids[:200]) for d in docs}
+    assert tuple(rows[0][:200]) in heads  # the stream starts with a whole document (the next row continues it)
+    for row in rows:
+        # documents in sequence: every separator is followed by the start of another document
+        cuts = [i + 1 for i, t in enumerate(row) if t == eos and i + 201 <= len(row)]
+        assert cuts and all(tuple(row[i:i + 200]) in heads for i in cuts)
+    assert rows[0] != rows[1]

@@ -115,22 +115,42 @@ def check_settings(s: SearchSettings, window: int, pairs: int) -> None:
 
 
 def search_documents(tokenizer, settings: SearchSettings) -> list[list[int]]:
-    """``documents`` token sequences of exactly the target length, chosen by the seed from the documents that
-    are long enough."""
+    """``documents`` token sequences of exactly the target length, chosen by the seed: documents that are long
+    enough, cut to the target (from ``--data`` or the built-in training split).
+
+    The built-in training split stores standard-library text in pieces of at most 32 KiB, so for a target of tens
+    of thousands of tokens none is long enough; then its documents, in a seeded order and each followed by the
+    tokenizer's end-of-text token, are concatenated and cut into target-length rows, as training packs them
+    (:mod:`ropekit.data.packing`). Such a row spans the target's positions, which is what the factors are searched
+    for, though no dependency in it reaches further than one document."""
+    rng = random.Random(f"longrope-search|{settings.seed}")
     if settings.data is None:
-        texts = (doc.decode("ascii") for doc in stdlib_documents(TRAIN_BYTES, "train"))
-        ids: Iterable[list[int]] = (tokenizer(t, add_special_tokens=False).input_ids for t in texts)
+        texts = [doc.decode("ascii") for doc in stdlib_documents(TRAIN_BYTES, "train")]
+        all_ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
         where = "the built-in training split"
     else:
-        ids = (doc.ids for doc in iter_documents(settings.data, tokenizer))
+        all_ids = [doc.ids for doc in iter_documents(settings.data, tokenizer)]
         where = f"'{settings.data}'"
-    long_enough = [d[:settings.target_length] for d in ids if len(d) >= settings.target_length]
-    if len(long_enough) < settings.documents:
-        raise RopekitError(f"{where} has {len(long_enough)} documents of {settings.target_length}+ tokens, "
-                           f"the search needs {settings.documents}",
-                           "pass --data with longer documents, fewer --documents, or a shorter --target-length")
-    random.Random(f"longrope-search|{settings.seed}").shuffle(long_enough)
-    return long_enough[:settings.documents]
+    long_enough = [d[:settings.target_length] for d in all_ids if len(d) >= settings.target_length]
+    if len(long_enough) >= settings.documents:
+        rng.shuffle(long_enough)
+        return long_enough[:settings.documents]
+    if settings.data is None:
+        rng.shuffle(all_ids)
+        eos = [tokenizer.eos_token_id] if getattr(tokenizer, "eos_token_id", None) is not None else []
+        rows: list[list[int]] = []
+        row: list[int] = []
+        for ids in all_ids:
+            row += ids + eos
+            while len(row) >= settings.target_length and len(rows) < settings.documents:
+                rows.append(row[:settings.target_length])
+                row = row[settings.target_length:]
+        if len(rows) == settings.documents:
+            return rows
+        where += f" ({TRAIN_BYTES:,} bytes read, packed into {len(rows)} rows)"
+    raise RopekitError(f"{where} has {len(long_enough)} documents of {settings.target_length}+ tokens, "
+                       f"the search needs {settings.documents}",
+                       "pass --data with longer documents, fewer --documents, or a shorter --target-length")
 
 
 def parse_start_tokens(text: str, target_length: int) -> tuple[int, ...]:
