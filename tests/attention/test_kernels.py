@@ -216,3 +216,52 @@ def test_no_cpu_only_kernel_reaches_other_devices(monkeypatch):
         _every_attention_call("cpu")
     assert CPU_ONLY in {op for op, _ in cpu.ops}
     kernels._MEMO.sig = None
+
+
+def _large_logit_block(dtype):
+    """bf16/fp16 queries and keys whose logits reach ±40, as a trained model's do (SmolLM2's, among others)."""
+    gen = torch.Generator().manual_seed(7)
+    q = (torch.randn(1, 2, 24, 64, generator=gen) * 3.0).to(dtype)
+    k = (torch.randn(1, 2, 40, 64, generator=gen) * 3.0).to(dtype)
+    v = torch.randn(1, 2, 40, 64, generator=gen).to(dtype)
+    allowed = torch.ones(1, 1, 24, 40, dtype=torch.bool)
+    return q, k, v, allowed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_explicit_path_keeps_half_precision_logits_in_float32(dtype):
+    # the reference is float64 over the same half-precision inputs: only the output's own rounding (and P's, for
+    # the product with V) may remain — one unit in the last place of the largest value; logits rounded to bf16
+    # before the softmax (the old path) miss this by several units
+    from ropekit.attention.kernels import _explicit_attention
+
+    q, k, v, allowed = _large_logit_block(dtype)
+    scale = 1 / 8
+    assert float((q.double() @ k.double().transpose(-1, -2)).abs().max()) * scale > 20
+    out, lse = _explicit_attention(q, k, v, None, scale)
+    want_out, want_lse = naive(q, k, v, allowed, scale)
+    ulp = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+    assert float((out.double() - want_out).abs().max()) <= ulp * float(want_out.abs().max())
+    assert float((lse.double() - want_lse).abs().max()) < 1e-4
+
+
+def test_a_fused_kernel_with_float32_logits_passes_the_bf16_check(monkeypatch):
+    # what PyTorch's memory-efficient CUDA kernel computes (float32 logits and softmax, bf16 output), stood in for
+    # on the CPU: the first-use check must accept it, not fall back to the explicit path for the whole run
+    from ropekit.attention import kernels
+
+    def fused_like(query, key, value, bias_, scale):
+        logits = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
+        lse = torch.logsumexp(logits, dim=-1)
+        out = torch.matmul(torch.softmax(logits, dim=-1), value.float())
+        return out.to(query.dtype), lse
+
+    monkeypatch.setattr(kernels, "_cuda_efficient_attention", fused_like)
+    monkeypatch.setattr(kernels, "_FUSED_VERIFIED", {})
+    q, k, v, _ = _large_logit_block(torch.bfloat16)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kernels._fused_cuda_or_explicit(q, k, v, None, 1 / 8)
+    assert kernels._FUSED_VERIFIED == {("cpu", torch.bfloat16): True}
