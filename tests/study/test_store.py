@@ -224,11 +224,36 @@ def test_status_counts_and_pending(store):
 
 
 def test_live_worker_keeps_its_claim(store):
-    store.begin_piece("eval:ppl:yarn", worker=f"{socket.gethostname()}:{os.getppid()}")  # a live process on this host
+    from ropekit.study.store import _this_machine
+
+    assert store.journal_mode == "wal"
+    store.begin_piece("eval:ppl:yarn", worker=f"{_this_machine()}:{os.getppid()}")  # a live process on this machine
     assert store.begin_piece("eval:ppl:yarn") is False
     assert store.begin_piece("eval:ppl:yarn", force=True) is True
-    store.begin_piece("eval:ppl:pi", worker="some-other-host:1")  # cannot be checked: assumed alive
-    assert store.begin_piece("eval:ppl:pi") is False
+    store.begin_piece("eval:ppl:ntk", worker=f"{socket.gethostname()}:{os.getppid()}")  # the form before boot ids
+    assert store.begin_piece("eval:ppl:ntk") is False
+
+
+@pytest.mark.parametrize("worker", [
+    "some-other-host:1",                                   # another machine: it cannot write a WAL database here
+    "{host}@00000000:{ppid}",                               # this host name, another boot (a clone, or a reboot)
+])
+def test_a_claim_from_another_machine_is_taken_over(store, worker):
+    # a study copied from the machine that ran it (a lent GPU) resumes here: its "running" pieces are not waited on
+    worker = worker.format(host=socket.gethostname(), ppid=os.getppid())
+    store.begin_piece("eval:ppl:pi", worker=worker)
+    assert store.begin_piece("eval:ppl:pi") is True
+    assert store.pieces()[0]["worker"].endswith(f":{os.getpid()}")  # now ours
+
+
+def test_a_claim_older_than_this_boot_is_taken_over(store, tmp_path):
+    # the form before boot ids, with a pid that is alive here now: begun before this machine booted, so gone
+    store.begin_piece("eval:ppl:pi", worker=f"{socket.gethostname()}:{os.getppid()}")
+    db = sqlite3.connect(store.path)
+    db.execute("UPDATE pieces SET started = '2000-01-01T00:00:00.000+00:00' WHERE id = 'eval:ppl:pi'")
+    db.commit()
+    db.close()
+    assert store.release_abandoned() == ["eval:ppl:pi"]
 
 
 def test_opening_checks(tmp_path):

@@ -5,7 +5,7 @@ one) and runs the pieces of :func:`ropekit.study.pieces.plan` as tasks with the 
 (``resources: {train: {gpus: 8}, eval: {gpus: 1}}``; CPUs default to one per task). Order and semantics are the
 local backend's:
 
-* the driver claims a piece in the store (:meth:`StudyStore.begin_piece`, as worker ``host:pid`` of the
+* the driver claims a piece in the store (:meth:`StudyStore.begin_piece`, as worker ``host@boot:pid`` of the
   driver) only when its prerequisites are done, submits it, and commits what the task returns — metrics and
   artifacts, and an evaluation's samples in the same transaction that marks it done — so no worker ever opens
   the SQLite file (it may sit on the driver's local disk; a network file system is never written by two hosts);
@@ -13,7 +13,7 @@ local backend's:
   interrupted evaluation already scored (skipped, as with ``--resume``);
 * a task whose worker dies is retried by Ray (``max_retries``); a piece that raises is marked failed with its
   one-line error and the study goes on without what depends on it;
-* a driver killed mid-study leaves its claimed pieces "running" under a dead ``host:pid``: the next run
+* a driver killed mid-study leaves its claimed pieces "running" under a dead ``host@boot:pid``: the next run
   reclaims and re-runs them, and never re-runs a finished one.
 
 Checkpoints and trained models are written under the study directory by the tasks, so on a multi-node

@@ -82,7 +82,7 @@ CREATE TABLE pieces (
     finished TEXT,
     seconds  REAL,
     error    TEXT,
-    worker   TEXT,                            -- "host:pid" of the last worker that began it
+    worker   TEXT,                            -- "host@boot:pid" of the last worker that began it
     attempts INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX pieces_status ON pieces (status, kind);
@@ -254,20 +254,60 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
+def _boot_id() -> str:
+    """A short id of this machine's current boot ('' where the system has none): two machines, or one machine
+    before and after a reboot, can share a host name (cloned cloud machines are often all called the same)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        return ""
+
+
+def _boot_time() -> float | None:
+    """When this machine booted (Unix seconds), or None where that cannot be read."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _this_machine() -> str:
+    boot = _boot_id()
+    return f"{socket.gethostname()}@{boot}" if boot else socket.gethostname()
+
+
 def _this_worker() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return f"{_this_machine()}:{os.getpid()}"
 
 
-def _worker_alive(worker: str | None) -> bool:
+def _worker_alive(worker: str | None, started: str | None = None, *, one_machine: bool = True) -> bool:
     """Whether the worker that holds a running piece may still be working on it.
 
-    Only a process on this host can be checked; one elsewhere is assumed alive.
+    * A piece begun before this machine booted: its worker is gone (a study copied from another machine, or
+      one that was running when this machine went down).
+    * A worker on another machine (another host name, or another boot id in a ``host@boot:pid`` worker):
+      with the store in WAL mode (``one_machine``), whose shared-memory index works only among processes of
+      one machine (https://www.sqlite.org/wal.html, "all processes using a database must be on the same host
+      computer"), it cannot be writing to this database, so it is gone. In another journal mode it cannot be
+      checked and is assumed alive.
+    * A process on this machine: alive while its pid exists.
     """
     if not worker or ":" not in worker:
         return False
-    host, _, pid = worker.rpartition(":")
-    if host != socket.gethostname():
-        return True
+    machine, _, pid = worker.rpartition(":")
+    booted = _boot_time()
+    if started and booted is not None:
+        try:
+            if datetime.fromisoformat(started).timestamp() < booted:
+                return False
+        except ValueError:
+            pass
+    host, _, boot = machine.partition("@")
+    if host != socket.gethostname() or (boot and boot != _boot_id()):
+        return not one_machine
     try:
         pid_n = int(pid)
     except ValueError:
@@ -331,6 +371,8 @@ class StudyStore:
             self._conn.close()
             raise
         self.journal_mode = mode
+        #: Every process that writes this database is on this machine (WAL's shared-memory index needs it).
+        self._one_machine = str(mode).lower() == "wal"
 
     # ---- plumbing ---------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -477,13 +519,14 @@ class StudyStore:
         spec = self._as_piece(piece, kind, method, params, task)
         worker = worker or _this_worker()
         with self._write() as db:
-            row = db.execute("SELECT status, worker FROM pieces WHERE id = ?", (spec.id,)).fetchone()
+            row = db.execute("SELECT status, worker, started FROM pieces WHERE id = ?", (spec.id,)).fetchone()
             if row is None or not bare:  # a bare id of a known piece refers to it as registered
                 self._register(db, spec)
-                row = db.execute("SELECT status, worker FROM pieces WHERE id = ?", (spec.id,)).fetchone()
+                row = db.execute("SELECT status, worker, started FROM pieces WHERE id = ?", (spec.id,)).fetchone()
             if row["status"] == "done":
                 return False
-            if row["status"] == "running" and not force and row["worker"] != worker and _worker_alive(row["worker"]):
+            if (row["status"] == "running" and not force and row["worker"] != worker
+                    and _worker_alive(row["worker"], row["started"], one_machine=self._one_machine)):
                 return False
             db.execute("UPDATE pieces SET status = 'running', started = ?, finished = NULL, seconds = NULL, error = NULL, "
                        "worker = ?, attempts = attempts + 1 WHERE id = ?", (now_iso(), worker, spec.id))
@@ -535,9 +578,10 @@ class StudyStore:
             self._touch(db)
 
     def release_abandoned(self) -> list[str]:
-        """:meth:`release_piece` every running piece whose worker on this host has ended; returns their ids."""
-        rows = self._conn.execute("SELECT id, worker FROM pieces WHERE status = 'running'").fetchall()
-        gone = [r["id"] for r in rows if not _worker_alive(r["worker"])]
+        """:meth:`release_piece` every running piece whose worker has ended (:func:`_worker_alive`); returns their
+        ids."""
+        rows = self._conn.execute("SELECT id, worker, started FROM pieces WHERE status = 'running'").fetchall()
+        gone = [r["id"] for r in rows if not _worker_alive(r["worker"], r["started"], one_machine=self._one_machine)]
         for piece in gone:
             self.release_piece(piece)
         return gone
