@@ -1,0 +1,33 @@
+"""scripts/speed_table.py against records whose ratios are worked out by hand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "speed_table.py"
+
+
+def _write(path: Path, dtype: str, rows: list[tuple[str, int, float, float, float]]) -> Path:
+    with path.open("w") as f:
+        for method, length, seconds, tflops, peak in rows:
+            f.write(json.dumps({"method": method, "length": length, "dtype": dtype, "prefill_s": seconds,
+                                "prefill_tflops": tflops, "peak_tflops": peak, "repeat": 0}) + "\n")
+    return path
+
+
+def test_speed_up_and_fraction_of_peak(tmp_path):
+    base = _write(tmp_path / "fp32.jsonl", "float32", [("plain", 16384, 30.0, 0.4, 0.6), ("plain", 16384, 40.0, 0.3, 0.6)])
+    new = _write(tmp_path / "bf16.jsonl", "bfloat16", [("plain", 16384, 12.0, 1.0, 2.0), ("self_extend", 16384, 18.0, 0.6, 2.0)])
+    out = subprocess.run([sys.executable, str(SCRIPT), str(base), str(new)], capture_output=True, text=True, check=True).stdout
+    # the fastest float32 repeat (30 s) over 12 s is 2.50x; 1.0 of a 2.0 TFLOP/s peak is 50 %; 18 / 12 = 1.50x
+    assert "| 16,384 | 30.0 | 12.0 | 2.50× | 1.00 | 2.00 | 50% |" in out
+    assert "| 16,384 | self_extend | 18.0 | 1.50× |" in out
+
+
+def test_a_missing_file_is_one_line_and_exit_2(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nope.jsonl"), str(tmp_path / "x.jsonl")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no file" in done.stderr
