@@ -228,3 +228,24 @@ def test_builtin_training_text_is_the_train_split():
     stream = b"".join(d + b"\x00" for d in docs)
     assert bytes(ds[0]["input_ids"].tolist()) == stream[:256]
     assert ds.summary["sources"][0]["label"] == "builtin:python-stdlib-train"
+
+
+def test_whole_documents_mode_refuses_a_source_that_is_mostly_too_short(tmp_path):
+    # PoSE takes each example from one document: a source of documents shorter than the window would be served
+    # by the few long ones, repeated (2,392 of 2,400 retrieval documents dropped, 8 left, each seen ~40 times)
+    tok = byte_tokenizer()
+
+    def corpus(name, short, long):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["s" * 9] * short + ["l" * 99] * long))
+        return path
+
+    spec = lambda path, **pose: {"sources": [{"path": str(path)}], "pose": {"target_length": 200, **pose}}  # noqa: E731
+    mostly_short = corpus("a.jsonl", short=19, long=1)  # 95 % of the documents under the 50-token window
+    with pytest.raises(RopekitError, match="19 of 20 documents are shorter than the 50-token pose window") as err:
+        build_training_data(spec(mostly_short), tok, 50, seed=0)
+    assert "documents: packed" in err.value.fix
+    some_short = corpus("b.jsonl", short=17, long=3)  # 85 %: the long ones serve the source, as the paper's setup
+    assert len(build_training_data(spec(some_short), tok, 50, seed=0)) == 3
+    # windows of the joined text use every token: 19 × 10 + 100 bytes (with separators) make one 200-token window
+    assert len(build_training_data(spec(mostly_short, documents="packed"), tok, 50, seed=0)) == 1

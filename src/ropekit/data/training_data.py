@@ -42,7 +42,7 @@ whose position ids reach up to ``target_length − 1``.
 **Modes.** Without ``pose``/``randpos``, text sources are stream-packed (documents + EOS, cut into rows,
 Fu et al.) and SFT sources are packed whole (:mod:`ropekit.data.packing`). With ``pose`` (PoSE, Zhu et al. 2024) or
 ``randpos``, every item is one *document* (``documents: whole``, the paper's setup: documents shorter
-than ``seq_len`` are dropped) or one ``target_length`` window of the EOS-joined stream (``documents:
+than ``seq_len`` are dropped — a source that would lose more than :data:`MAX_SHORT_SHARE` of them is refused) or one ``target_length`` window of the EOS-joined stream (``documents:
 packed``: every token used, documents may be cut); its text and position ids are drawn by
 :mod:`ropekit.data.pose` from a generator seeded by ``(seed, epoch, index)`` — new chunks and skips at
 every step, identical after a resume. Labels are the input ids throughout, as in the released
@@ -98,6 +98,8 @@ BUILTIN_LABEL = "builtin:python-stdlib-train"
 BUILTIN_MAX_BYTES = 64 * 1024 * 1024
 KINDS = ("text", "sft")
 DOCUMENT_MODES = ("whole", "packed")
+#: With ``documents: whole``, a source may lose at most this share of its documents as shorter than ``seq_len``.
+MAX_SHORT_SHARE = 0.9
 _TOKENIZE_BATCH = 256
 
 
@@ -502,7 +504,17 @@ def build_training_data(spec: dict | None, tokenizer, seq_len: int, seed: int,
                         for d in docs]
             if positions.documents == "whole":
                 rows = [d for d in with_eos if d.numel() >= seq_len]
-                info["documents_too_short"] = len(with_eos) - len(rows)
+                short = len(with_eos) - len(rows)
+                info["documents_too_short"] = short
+                if short > MAX_SHORT_SHARE * len(with_eos):
+                    # the source's weight would be served by a sliver of it, repeated: 8 of 2,400 documents,
+                    # each seen dozens of times, is a different training run from the one the config describes
+                    raise RopekitError(
+                        f"source '{source.path}': {short} of {len(with_eos)} documents are shorter than the "
+                        f"{seq_len}-token {positions.method} window, and {positions.method} with `documents: whole` "
+                        "takes each example from one document",
+                        f"set `documents: packed` under {positions.method} (windows of the joined text), lower "
+                        "seq_len, or use longer documents")
             else:
                 stream = PackedStream(with_eos, positions.target_length, eos_id=None, pad_id=pad_id, drop_last=True)
                 rows = [stream.tokens[k * positions.target_length:(k + 1) * positions.target_length]
