@@ -38,15 +38,17 @@ rk study docs/results/smollm2/study.yaml --out "$out/study-smollm2" --workers "$
 study=$!
 
 side() {
-  for precision in fp32 bf16; do
+  # the training curves are committed (docs/results/train-bf16); TRAIN_CURVES=1 measures them again
+  [ "${TRAIN_CURVES:-0}" = 1 ] && for precision in fp32 bf16; do
     log "train $precision"
     rk train "docs/results/train-bf16/train-$precision.yaml" --out "$out/train-$precision" > "$out/train-$precision.log" 2>&1
   done
-  for dtype in bfloat16 float32; do
+  for dtype in bfloat16 float32; do  # side by side: the float32 side never started behind the bf16 one
     log "precision study $dtype"
     rk study docs/results/precision/study.yaml --dtype "$dtype" --out "$out/study-precision-$dtype" --no-report \
-      > "$out/study-precision-$dtype.log" 2>&1
+      > "$out/study-precision-$dtype.log" 2>&1 &
   done
+  wait
 }
 side &
 helper=$!
