@@ -4,8 +4,8 @@ and the evidence table. The command's own result needs every candidate; this say
 
     python scripts/recommend_partial.py DIR
 
-DIR holds the study's `study.sqlite` and the recommendation's `plan.json` (both in `.OUT.recommend/<id>/` beside the
-command's --out directory; docs/results/recommend-smollm2-16k/ keeps a copy).
+DIR is the command's study directory (`.OUT.recommend/<id>/` beside its --out directory: `plan.json` and
+`frozen/study.sqlite`), or a folder holding `plan.json` and `study.sqlite` (docs/results/recommend-smollm2-16k/).
 """
 
 from __future__ import annotations
@@ -31,12 +31,16 @@ def _cell(key: str, c) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not (Path(argv[0]) / "plan.json").is_file() or not (Path(argv[0]) / "study.sqlite").is_file():
-        print("usage: python scripts/recommend_partial.py DIR (with plan.json and study.sqlite)", file=sys.stderr)
+    where = Path(argv[0]) if len(argv) == 1 else None
+    # the command's own layout (.OUT.recommend/<id>/plan.json beside frozen/study.sqlite) or both in one folder
+    db = None if where is None else next((p for p in (where / "study.sqlite", where / "frozen" / "study.sqlite")
+                                          if p.is_file()), None)
+    if where is None or db is None or not (where / "plan.json").is_file():
+        print("usage: python scripts/recommend_partial.py DIR (with plan.json, and study.sqlite or frozen/study.sqlite)",
+              file=sys.stderr)
         return 2
-    where = Path(argv[0])
     plan = json.loads((where / "plan.json").read_text())
-    with StudyStore(where / "study.sqlite", create=False) as store:
+    with StudyStore(db, create=False) as store:
         done = {p["id"] for p in store.pieces() if p["status"] == "done"}
         records = store.samples()
     tasks = [t for t in ("ppl", "passkey", "ruler") if t in plan["evaluations"]]
