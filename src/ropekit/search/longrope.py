@@ -37,6 +37,7 @@ import torch
 from .. import runtime
 from ..data.corpora import is_builtin, iter_documents
 from ..data.local_text import stdlib_documents
+from ..data.packing import PackedStream
 from ..errors import InvalidParameterError, RopekitError
 from ..eval.perplexity import score_windows
 from ..install import extend, rope_info, save_pretrained, uninstall
@@ -137,17 +138,11 @@ def search_documents(tokenizer, settings: SearchSettings) -> list[list[int]]:
         return long_enough[:settings.documents]
     if settings.data is None:
         rng.shuffle(all_ids)
-        eos = [tokenizer.eos_token_id] if getattr(tokenizer, "eos_token_id", None) is not None else []
-        rows: list[list[int]] = []
-        row: list[int] = []
-        for ids in all_ids:
-            row += ids + eos
-            while len(row) >= settings.target_length and len(rows) < settings.documents:
-                rows.append(row[:settings.target_length])
-                row = row[settings.target_length:]
-        if len(rows) == settings.documents:
-            return rows
-        where += f" ({TRAIN_BYTES:,} bytes read, packed into {len(rows)} rows)"
+        stream = PackedStream(all_ids, settings.target_length, eos_id=getattr(tokenizer, "eos_token_id", None))
+        if len(stream) >= settings.documents:
+            n = settings.target_length
+            return [stream.tokens[k * n:(k + 1) * n].tolist() for k in range(settings.documents)]
+        where += f" ({TRAIN_BYTES:,} bytes read, packed into {len(stream)} rows)"
     raise RopekitError(f"{where} has {len(long_enough)} documents of {settings.target_length}+ tokens, "
                        f"the search needs {settings.documents}",
                        "pass --data with longer documents, fewer --documents, or a shorter --target-length")
