@@ -161,6 +161,11 @@ def test_the_card_lists_every_candidate_with_intervals(vllm_recommendation):
     assert f"**Chosen: {result['chosen']}**" in card and f"Runner-up: **{result['runner_up']}**" in card
     # vLLM is not installed here: said in one line in the card, the JSON and the output
     assert "did not run" in result["verify_line"] and result["verify_line"] in card
+    # where the evidence was computed: this machine's CPU in float32 (a tiny model), every piece
+    assert result["computed_in"] == [{"where": result["computed_in"][0]["where"], "pieces": 4,
+                                      "methods": ["base", *[c["label"] for c in result["candidates"]]]}]
+    assert result["computed_in"][0]["where"].startswith("float32, sdpa attention, on ")
+    assert f"Computed in: {result['computed_in'][0]['where']}: 4 pieces." in card
     assert (out / "command.txt").read_text().strip() == result["command"]
     assert result["command"].startswith("vllm serve ") and str(out) in result["command"]
     assert "chosen " in stdout and "runner-up" in stdout
@@ -204,6 +209,12 @@ def test_resume_after_an_interruption_recomputes_nothing_finished(run_cli, tmp_p
         ran.append(piece.id)
         return real(config, store, piece, *args, **kwargs)
 
+    from ropekit.study import recommend
+
+    timed: list[int] = []
+    real_timing = recommend.forward_seconds
+    monkeypatch.setattr(recommend, "forward_seconds", lambda model, length: (timed.append(length),
+                                                                              real_timing(model, length))[1])
     out = tmp_path / "rec"
     monkeypatch.setattr(runner, "execute_piece", interrupted_at_the_third)
     code, _, _ = run_cli("recommend", "tiny", "-t", "128", "-o", str(out), "--engine", "vllm", *FAST)
@@ -211,11 +222,13 @@ def test_resume_after_an_interruption_recomputes_nothing_finished(run_cli, tmp_p
     first = list(ran)
     ran.clear()
     monkeypatch.setattr(runner, "execute_piece", lambda *a, **k: (ran.append(a[2].id), real(*a, **k))[1])
-    code, _, stderr = run_cli("recommend", "tiny", "-t", "128", "-o", str(out), "--engine", "vllm", *FAST)
+    code, stdout, stderr = run_cli("recommend", "tiny", "-t", "128", "-o", str(out), "--engine", "vllm", *FAST)
     assert code == 0, stderr
     assert len(first) == 2 and not set(first) & set(ran)
     assert len(first) + len(ran) == 4  # base and three candidates, perplexity only on the tiny tokenizer
     assert (out / "recommendation.json").is_file()
+    # the rerun took the first run's forward timing (and so its sample counts) instead of measuring again
+    assert timed == [128] and "the forward timing is the earlier run's" in stdout + stderr
 
 
 # ---- the rule ------------------------------------------------------------------------------------------------
@@ -290,3 +303,26 @@ def test_search_and_train_are_planned_and_budgeted(run_cli, tmp_path, monkeypatc
     search = 16 * 2 * f_n  # 16 evaluations on 2 documents at N
     train = 2 * 20 * 3 * f_w  # two candidates, 20 steps of 3 forwards at W
     assert more["samples"] == int((10 - search - train) // ((3 + 2) * per_sample))
+
+
+def test_a_ropekit_only_export_is_checked_by_reloading_it(run_cli, tmp_path):
+    # plain transformers has no rope type for Self-Extend: what serves the export is ropekit.load(DIR), and the
+    # reloaded model must compute what the evidence measured
+    from ropekit.install import extend
+    from ropekit.models.loading import load_model
+    from ropekit.study.recommend_output import round_trip
+
+    out = tmp_path / "rec"
+    code, _, stderr = run_cli("recommend", "tiny", "-t", "128", "-o", str(out), "--budget", "1s",
+                              "--methods", "self_extend")
+    assert code == 0, stderr
+    result = json.loads((out / "recommendation.json").read_text())
+    checked = result["verify"]
+    assert result["chosen"] == "self-extend" and checked["ran"] and checked["passed"] and checked["round_trip"]
+    assert checked["tokens"] == 96 and checked["max_abs_diff"] <= checked["tolerance"] == 1e-4  # 1.5 × the 64 window
+    assert "`ropekit.load(DIR)` serves it" in (out / "README.md").read_text()
+    # a model that differs from the export (another group size) fails the same check
+    given = next(c for c in result["candidates"] if c["label"] == "self-extend")["given"]
+    loaded = load_model("tiny")
+    other = extend(loaded.model, "self_extend", **{**given, "group_size": 2 * int(result["params"]["group_size"])})
+    assert not round_trip(other, loaded.tokenizer, out)["passed"]

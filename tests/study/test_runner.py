@@ -174,6 +174,50 @@ def test_small_study_runs_every_piece_once_and_writes_samples(reference_study):
     assert base_nll != ft_nll  # training changed the model
 
 
+def _cpu_model_name() -> str:
+    """The CPU's model as the kernel reports it (the reference the recorded hardware name must start with)."""
+    import platform
+
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.lower().startswith(("model name", "hardware", "cpu model")):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def test_every_finished_piece_records_where_it_computed(reference_study):
+    # one study can be finished on several machines (a GPU lease, then this CPU): each piece says where it ran
+    out, _ = reference_study
+    db = sqlite3.connect(out / "study.sqlite")
+    rows = dict(db.execute("SELECT key, value FROM manifest WHERE key LIKE 'placement:%'").fetchall())
+    done = [r[0] for r in db.execute("SELECT id FROM pieces WHERE status = 'done'")]
+    kinds = dict(db.execute("SELECT id, kind FROM pieces").fetchall())
+    db.close()
+    assert sorted(k.removeprefix("placement:") for k in rows) == sorted(done)
+    for key, value in rows.items():
+        where = json.loads(value)
+        piece = key.removeprefix("placement:")
+        assert where["device"] == "cpu" and where["dtype"] == "float32", (piece, where)  # a tiny model, no GPU
+        assert where["hardware"].startswith(_cpu_model_name())
+        if kinds[piece] == "eval":
+            assert where["attn"] == "sdpa"  # the study's attn auto on a CPU
+        if kinds[piece] == "train":
+            assert where["precision"] == "fp32" and "attn" not in where
+    # the report's header says it, and the manifest the report reads carries no per-piece keys
+    from ropekit.study.store import StudyStore
+
+    with StudyStore(out / "study.sqlite", create=False) as store:
+        assert not any(k.startswith("placement:") for k in store.get_manifest())
+    from ropekit.study.report import write_report
+
+    report = tmp = out / "report-placement"
+    write_report(out, tmp)
+    md = (report / "summary.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("- **Computed in**"))
+    evals, trains = sum(kinds[p] == "eval" for p in done), sum(kinds[p] == "train" for p in done)
+    assert f"float32, sdpa attention, on {_cpu_model_name()}" in line and f": {evals} pieces" in line
+    assert f"float32 weights, trained in fp32, on {_cpu_model_name()}" in line and f": {trains} piece (pi-ft)" in line
+
+
 def test_running_a_finished_study_again_recomputes_nothing(reference_study):
     out, _ = reference_study
     before = _dump(out / "study.sqlite")

@@ -19,6 +19,8 @@ from ropekit.study.store import (
     StudyStore,
     key_fields_for,
     parse_piece_id,
+    placement_groups,
+    placement_label,
     sample_key,
 )
 
@@ -296,3 +298,24 @@ def test_record_writer_adapter_resumes_an_evaluation(store):
     resumed.write(keys[2], prediction="2", score=0.0, seconds=0.0)
     assert [json.loads(k)["trial"] for k in sorted(store.done_keys("eval:passkey:plain"))] == [0, 1, 2]
     assert [r["score"] for r in store.samples()] == [1.0, 1.0, 0.0]
+
+
+def test_a_piece_records_where_it_computed_with_its_results(store):
+    gpu = {"device": "cuda:0", "dtype": "bfloat16", "attn": "sdpa", "hardware": "NVIDIA H200"}
+    cpu = {"device": "cpu", "dtype": "float32", "attn": "sdpa", "hardware": "AMD EPYC, no native bfloat16 matmul"}
+    for piece, where in (("eval:ppl:yarn", gpu), ("eval:ppl:pi", gpu), ("eval:ppl:landmark", cpu), ("eval:ppl:ntk", None)):
+        assert store.begin_piece(piece)
+        store.finish_piece(piece, [], placement=where)
+    assert store.begin_piece("eval:ppl:abf")  # running: no placement yet
+    assert store.placements() == {"eval:ppl:yarn": gpu, "eval:ppl:pi": gpu, "eval:ppl:landmark": cpu}
+    assert not any(k.startswith("placement:") for k in store.get_manifest())  # the study's own keys only
+    groups = placement_groups(store.pieces(), store.placements())
+    assert [(g["where"], g["pieces"], g["methods"]) for g in groups] == [
+        ("bfloat16, sdpa attention, on NVIDIA H200", ["eval:ppl:yarn", "eval:ppl:pi"], ["yarn", "pi"]),
+        ("float32, sdpa attention, on AMD EPYC, no native bfloat16 matmul", ["eval:ppl:landmark"], ["landmark"]),
+        (None, ["eval:ppl:ntk"], ["ntk"]),  # finished without a record: said, not guessed
+    ]
+    store.reset_piece("eval:ppl:yarn")  # redone later, maybe elsewhere: its old placement goes with its results
+    assert "eval:ppl:yarn" not in store.placements()
+    assert placement_label({"device": "cuda:0", "dtype": "float32", "precision": "bf16", "hardware": "H"}) == (
+        "float32 weights, trained in bf16 autocast, on H")

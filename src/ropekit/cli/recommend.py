@@ -94,7 +94,8 @@ def recommend_cmd(
 
     with err.status("measuring a forward pass…"):
         plan = make_plan(model, loaded.model, target_length, engine, seconds, data=data, overrides=overrides,
-                         only=only, search=search, train=train, tokenizer=loaded.tokenizer)
+                         only=only, search=search, train=train, tokenizer=loaded.tokenizer,
+                         work_root=work_dir_for(out_dir))
     del loaded
     if plan_only:
         if json_out:

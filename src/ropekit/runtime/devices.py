@@ -240,3 +240,49 @@ def worker_device(device: str, worker: int) -> str:
     if count <= 1:
         return device
     return f"cuda:{worker % count}"
+
+
+def hardware_name(device: str) -> str:
+    """The hardware behind ``device`` in words: a GPU's own name (``NVIDIA H200``), or the CPU's model with its
+    bfloat16 matrix unit when it has one (``Intel(R) Xeon(R) Processor, AMX-BF16``) — what a reader needs to tell
+    two machines' numbers apart."""
+    import torch
+
+    text = str(device)
+    if text.startswith("cuda") and torch.cuda.is_available():
+        index = int(text.partition(":")[2] or 0)
+        return torch.cuda.get_device_name(index)
+    if text == "mps":
+        return "Apple GPU (MPS)"
+    cpu = None
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import platform
+
+    unit = native_cpu_bf16()
+    return f"{cpu or platform.processor() or platform.machine() or 'CPU'}, " + (unit or "no native bfloat16 matmul")
+
+
+def computed_on(model=None, *, device: str | None = None, dtype: str | None = None, **extra) -> dict[str, str]:
+    """Where a result was computed, for the record that keeps it: ``device``, ``dtype`` (the weights'), the
+    ``attn`` implementation and the ``hardware`` (:func:`hardware_name`), read off ``model`` itself when given
+    (what ran, not what was asked for); ``extra`` keys (a training's ``precision``) are added as they are."""
+    attn = None
+    if model is not None:
+        first = next(iter(model.parameters()), None)
+        if first is not None:
+            device = device or str(first.device)
+            dtype = dtype or str(first.dtype).removeprefix("torch.")
+        attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    device = device or "cpu"
+    out = {"device": device, "dtype": dtype or "float32", "hardware": hardware_name(device)}
+    if attn:
+        out["attn"] = str(attn)
+    out.update({k: str(v) for k, v in extra.items() if v is not None})
+    return out

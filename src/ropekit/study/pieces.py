@@ -20,6 +20,7 @@ from ..install import load
 from ..models.byte_tokenizer import byte_tokenizer
 from ..models.loading import load_model, parameter_count
 from ..runtime import quiet_transformers
+from ..runtime.devices import computed_on
 from ..train.builtin_base import describe, pretrain_base
 from ..train.trainer import METRICS_FILE, train
 from .config import BUILTIN_BASE, StudyConfig, Variant, train_config_for
@@ -165,8 +166,10 @@ def _run_pretrain(config: StudyConfig, store: StudyStore, piece: PlannedPiece, r
     path = pretrain_base(config.seed, progress=False, threads=threads, on_step=report,
                          shipped=not getattr(config, "pretrain", False))
     meta = describe(path)
+    # the built-in base model is pre-trained (or taken as shipped) in float32 on the CPU
     return {"artifacts": {"model": str(path)},
-            "metrics": [{"step": meta["settings"]["steps"], "loss": meta["final_loss"]}]}
+            "metrics": [{"step": meta["settings"]["steps"], "loss": meta["final_loss"]}],
+            "placement": computed_on(device="cpu", dtype="float32")}
 
 
 def _run_train(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path, report,
@@ -192,7 +195,9 @@ def _run_train(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path,
             if line.strip():
                 metrics.append(json.loads(line))
     artifacts = {"model": str(result.final_dir)} if result.final_dir else {}
-    return {"artifacts": artifacts, "metrics": metrics}
+    where = (computed_on(device=result.device, dtype=cfg.model.dtype, precision=cfg.train.precision)
+             if result.device else None)  # None: trained by an earlier run, which recorded nothing here
+    return {"artifacts": artifacts, "metrics": metrics, "placement": where}
 
 
 def _run_search(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path, report, threads: int | None,
@@ -219,7 +224,8 @@ def _run_search(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path
     result = run_search(loaded.model, loaded.tokenizer, settings, out, progress=False)
     # one metrics row: the search's objective (perplexity at the target on its documents) and its evaluations
     return {"artifacts": {"model": str(out / "model")},
-            "metrics": [{"step": result["evaluations"], "loss": math.log(result["best"]["perplexity"])}]}
+            "metrics": [{"step": result["evaluations"], "loss": math.log(result["best"]["perplexity"])}],
+            "placement": computed_on(loaded.model)}
 
 
 def _eval_model(config: StudyConfig, store, variant: Variant, lengths: list[int], device: str | None = None,
@@ -254,12 +260,13 @@ def _run_eval(config: StudyConfig, store, piece: PlannedPiece, report, device: s
     ctx = EvalContext(task=piece.task, model=model, tokenizer=tokenizer, method=method, params=params,
                       seed=config.seed, writer=writer, progress=_Sink(report), tags=tags)
     module.run(ctx, **options)
-    return {}
+    return {"placement": computed_on(model)}
 
 
 def execute_piece(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path, report=lambda n, total: None,
                   threads: int | None = None, device: str | None = None, writer=None) -> dict[str, Any]:
-    """Compute one piece: ``{"metrics": …, "artifacts": …}`` (evaluation samples go to ``writer``, by default
+    """Compute one piece: ``{"metrics": …, "artifacts": …, "placement": …}`` (where it computed:
+    :func:`ropekit.runtime.devices.computed_on`; evaluation samples go to ``writer``, by default
     straight into ``store``). ``store`` only needs ``artifacts(piece)`` when ``writer`` is given."""
     if piece.kind == "pretrain":
         return _run_pretrain(config, store, piece, report, threads)

@@ -174,7 +174,7 @@ def run_on_ray(config: StudyConfig, study_dir: Path, store: StudyStore, *, addre
                 store.finish_piece(piece.id, samples=result["samples"], metrics=out.get("metrics", ()),
                                    artifacts=out.get("artifacts"),
                                    key_fields=key_fields_for(config.eval_task(piece.task)) if piece.kind == "eval" else None,
-                                   seconds=result["seconds"])
+                                   seconds=result["seconds"], placement=out.get("placement"))
                 if on_done:
                     on_done(piece.id, "done")
     finally:

@@ -424,8 +424,10 @@ def evaluations(window: int, target_length: int, samples: int, docs: int, fittin
 
 def make_plan(spec: str, model, target_length: int, engine: str, budget: float, *, data: str | None = None,
               overrides: dict[str, dict[str, Any]] | None = None, only: list[str] | None = None,
-              search: bool = False, train: bool = False, tokenizer=None) -> Plan:
-    """Candidates and sample counts for ``model`` (loaded from ``spec``); raises one line for bad input."""
+              search: bool = False, train: bool = False, tokenizer=None, work_root: Path | None = None) -> Plan:
+    """Candidates and sample counts for ``model`` (loaded from ``spec``); raises one line for bad input. With
+    ``work_root`` (:func:`work_dir_for`) holding an earlier run of the same command, its forward timing is reused
+    instead of measured again (minutes for a real model on a CPU)."""
     if engine not in ENGINES:
         raise RecommendError(f"unknown engine '{engine}'", f"choose one of {', '.join(ENGINES)}")
     if tokenizer is None:
@@ -446,7 +448,12 @@ def make_plan(spec: str, model, target_length: int, engine: str, budget: float, 
             notes.append(f"--search: {engine} does not serve searched LongRoPE factors on this model; no search")
         else:
             chosen.append(searched)
-    forward_n = forward_seconds(model, target_length)
+    searching = any(c.kind == "search" for c in chosen)
+    earlier = None if work_root is None else _saved_plan(Path(work_root) / plan_identity(
+        spec, target_length, engine, data, budget, searching, train, chosen))
+    # a rerun resumes the earlier run's study with its counts (resume_plan), so its timing is not measured again
+    forward_n = (float(earlier["seconds_per_forward"][str(target_length)]) if earlier is not None
+                 else forward_seconds(model, target_length))
     # a forward pass costs at least linearly in its length (attention quadratically), so W/N of the measured one is
     # an upper bound at W — and one forward at N less to wait for (minutes for a real model on a CPU)
     forward_w = forward_n * facts.window / target_length
@@ -460,13 +467,15 @@ def make_plan(spec: str, model, target_length: int, engine: str, budget: float, 
     if estimate > budget * 1.05:
         notes.append(f"the budget allows fewer than {MIN_SAMPLES} samples per evaluation; {MIN_SAMPLES} are run "
                      f"(estimated {estimate / 60:.1f} min)")
+    if earlier is not None:
+        notes.append("the forward timing is the earlier run's: this command's study resumes")
     evals, ppl_notes = evaluations(facts.window, target_length, samples, docs, fitting, data)
     notes += ppl_notes
     return Plan(model=spec, model_type=facts.model_type, window=facts.window, target_length=target_length,
                 engine=engine, budget_seconds=budget, evaluations=evals,
                 seconds_per_forward={str(target_length): forward_n, str(facts.window): forward_w},
                 samples=samples, estimate_seconds=estimate, candidates=chosen, excluded=excluded, data=data,
-                search=any(c.kind == "search" for c in chosen), train=train, notes=notes)
+                search=searching, train=train, notes=notes)
 
 
 def search_candidate(facts: ModelFacts, target_length: int, engine: str) -> Candidate | None:
@@ -545,16 +554,28 @@ def work_dir_for(out: Path) -> Path:
     return out.parent / f".{out.name}.recommend"
 
 
+def plan_identity(model: str, target_length: int, engine: str, data: str | None, budget: float, search: bool,
+                  train: bool, chosen: list[Candidate]) -> str:
+    """The name of one command's study directory: a hash of everything that decides its pieces."""
+    identity = json.dumps([model, target_length, engine, data, budget, search, train,
+                           [(c.label, c.given) for c in chosen]], default=str, sort_keys=True)
+    return hashlib.sha256(identity.encode()).hexdigest()[:12]
+
+
+def _saved_plan(where: Path) -> dict[str, Any] | None:
+    saved = Path(where) / "plan.json"
+    return json.loads(saved.read_text()) if saved.is_file() else None
+
+
 def resume_plan(plan: Plan, work_root: Path) -> tuple[Plan, Path]:
     """``(plan, study directory)``: the study directory of this exact command (model, target, engine, data, budget,
     candidates and their parameters, search, train) under ``work_root``; when an earlier run made it, the sample
     counts and timings it measured are kept, so the study it started resumes instead of starting over."""
-    identity = json.dumps([plan.model, plan.target_length, plan.engine, plan.data, plan.budget_seconds, plan.search,
-                           plan.train, [(c.label, c.given) for c in plan.candidates]], default=str, sort_keys=True)
-    where = Path(work_root) / hashlib.sha256(identity.encode()).hexdigest()[:12]
+    where = Path(work_root) / plan_identity(plan.model, plan.target_length, plan.engine, plan.data, plan.budget_seconds,
+                                            plan.search, plan.train, plan.candidates)
     saved = where / "plan.json"
-    if saved.is_file():
-        earlier = json.loads(saved.read_text())
+    earlier = _saved_plan(where)
+    if earlier is not None:
         plan.samples = int(earlier["samples"])
         plan.evaluations = dict(earlier["evaluations"])
         plan.seconds_per_forward = dict(earlier["seconds_per_forward"])

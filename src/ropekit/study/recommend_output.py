@@ -43,8 +43,32 @@ def _comparison(cmp: dict[str, Any] | None) -> str:
     return f"{cmp['estimate']:.3g}{band} (n={cmp['n']})"
 
 
+def computed_in(work_dir: Path) -> list[dict[str, Any]]:
+    """Where the evidence was computed: the finished pieces of the command's studies grouped by device, dtype and
+    hardware (:func:`ropekit.study.store.placement_groups`) — a resumed run may have finished on another machine."""
+    from .store import DB_NAME, open_study, placement_groups
+
+    groups: list[dict[str, Any]] = []
+    for part in ("frozen", "trained"):
+        if (Path(work_dir) / part / DB_NAME).is_file():
+            with open_study(Path(work_dir) / part) as store:
+                groups += placement_groups(store.pieces(), store.placements())
+    return groups
+
+
+def computed_line(groups: list[dict[str, Any]]) -> str:
+    """:func:`computed_in` in one line for the card."""
+    parts = []
+    for g in groups:
+        n = len(g["pieces"])
+        where = g["where"] or "not recorded (pieces finished before ropekit kept where they ran)"
+        parts.append(f"{where}: {n} piece{'s' if n != 1 else ''}" + (f" ({', '.join(g['methods'])})"
+                                                                     if len(groups) > 1 and len(g["methods"]) <= 4 else ""))
+    return "; ".join(parts)
+
+
 def evidence_table(plan: Plan, verdict: Verdict, candidates: list[Candidate], verified: str,
-                   excluded_at_export: list[dict[str, str]]) -> dict[str, Any]:
+                   excluded_at_export: list[dict[str, str]], computed: str | None = None) -> dict[str, Any]:
     """The card's evidence section (:func:`ropekit.install.card.evidence_markdown`)."""
     n, w = plan.target_length, plan.window
     by_label = {c.label: c for c in candidates}
@@ -72,6 +96,8 @@ def evidence_table(plan: Plan, verdict: Verdict, candidates: list[Candidate], ve
     if runner:
         intro.append(f"Runner-up: **{runner}** — {verdict.why.get(runner, '')}")
     notes = [f"Verification: {verified}"]
+    if computed:
+        notes.append(f"Computed in: {computed}.")
     for item in excluded_at_export:
         notes.append(f"Passed over at export: {item['label']} — {item['why']}")
     if plan.excluded:
@@ -99,14 +125,42 @@ def engine_command(engine: str, building: Path, out: Path, report: dict[str, Any
     return f"python -c {shlex.quote(code)}"
 
 
-def run_verify(engine: str, directory: Path, report: dict[str, Any]) -> dict[str, Any]:
-    """``ropekit verify`` of the export in ``engine``: its report, or why it did not run (one line)."""
+def round_trip(model, tokenizer, directory: Path) -> dict[str, Any]:
+    """What serves a ropekit-only export in transformers — ``ropekit.load(DIR)`` — against the model the evidence
+    measured (the method installed in memory), on the text ``ropekit verify`` uses: 1.5× the original window
+    of the built-in held-out corpus, so the positions where the method acts are compared. Same kernels and dtype
+    on both sides, so the tolerance is transformers' own (:data:`ropekit.engines.verify.TOLERANCES`)."""
+    import time
+
+    from ..engines.verify import TOLERANCES, ropekit_logprobs, text_ids
+    from ..install import load
+    from ..install.model_rope import installed
+
+    started = time.perf_counter()
+    reloaded = load(directory, dtype=next(model.parameters()).dtype).eval()
+    record = installed(reloaded) or {}
+    original = int((record.get("base") or {}).get("max_position_embeddings") or reloaded.config.max_position_embeddings)
+    length = min(int(reloaded.config.max_position_embeddings), int(original * 1.5))
+    ids = text_ids(tokenizer, int(reloaded.config.vocab_size), length)
+    ours, theirs = ropekit_logprobs(model.eval(), ids), ropekit_logprobs(reloaded, ids)
+    diffs = [abs(a - b) for a, b in zip(ours[1:], theirs[1:])]
+    limit = TOLERANCES["transformers"]
+    return {"ran": True, "passed": max(diffs) <= limit, "engine_version": "ropekit.load round trip",
+            "tokens": len(ids), "max_abs_diff": max(diffs), "mean_abs_diff": sum(diffs) / len(diffs),
+            "tolerance": limit, "details": {"seconds": round(time.perf_counter() - started, 1)}, "round_trip": True}
+
+
+def run_verify(engine: str, directory: Path, report: dict[str, Any], model=None, tokenizer=None) -> dict[str, Any]:
+    """``ropekit verify`` of the export in ``engine``: its report, or why it did not run (one line). A ropekit-only
+    export for transformers (no rope type of plain transformers computes it) is checked by :func:`round_trip`."""
     from ..engines.environments import engine_python, get_engine
 
     name = VERIFY_ENGINE[engine]
     if engine == "transformers" and not report.get("transformers"):
-        return {"ran": False, "why": "plain transformers refuses a ropekit-only rope type by design; "
-                                     "ropekit.load(DIR) loads it"}
+        if model is None:
+            return {"ran": False, "why": "plain transformers refuses a ropekit-only rope type by design; "
+                                         "ropekit.load(DIR) loads it"}
+        return round_trip(model, tokenizer, directory)
     try:
         engine_python(get_engine(name))
     except RopekitError as err:
@@ -130,6 +184,11 @@ def verify_line(engine: str, verdict: dict[str, Any] | None) -> str:
     if "max_abs_diff" not in verdict:
         return f"`ropekit verify --engine {VERIFY_ENGINE[engine]}` FAILED: {verdict['why']}."
     word = "PASS" if verdict["passed"] else "FAIL"
+    if verdict.get("round_trip"):
+        return (f"plain transformers has no rope type for this method, so `ropekit.load(DIR)` serves it; reloaded "
+                f"from DIR it equals the model the evidence measured: {word}, {verdict['tokens']} tokens, max "
+                f"|Δ log p| {verdict['max_abs_diff']:.2e} (tolerance {verdict['tolerance']:.0e}), mean "
+                f"{verdict['mean_abs_diff']:.2e}.")
     return (f"`ropekit verify --engine {VERIFY_ENGINE[engine]}` {word} ({verdict['engine_version']}): "
             f"{verdict['tokens']} tokens, max |Δ log p| {verdict['max_abs_diff']:.2e} (tolerance "
             f"{verdict['tolerance']:.0e}), mean {verdict['mean_abs_diff']:.2e}.")
@@ -166,12 +225,14 @@ def write_recommendation(plan: Plan, verdict: Verdict, candidates: list[Candidat
 
     by_label = {c.label: c for c in candidates}
     passed_over: list[dict[str, str]] = []
+    groups = computed_in(work_dir)
+    computed = computed_line(groups)
     with atomic_dir(out, replace=overwrite, what="--out") as building:
         for label in verdict.order:
             c = by_label[label]
             model, tokenizer, loaded = _model_for(c, plan.model, work_dir)
             base_model = loaded.path if loaded.source in ("hub", "gguf", "smollm2") else None
-            table = evidence_table(plan, verdict, candidates, "pending", passed_over)
+            table = evidence_table(plan, verdict, candidates, "pending", passed_over, computed)
             target = building / "model"
             report = save_pretrained(model, target, tokenizer=tokenizer, base_model=base_model, evidence=table)
             try:
@@ -196,9 +257,10 @@ def write_recommendation(plan: Plan, verdict: Verdict, candidates: list[Candidat
             write_gguf(model, tokenizer, building / GGUF_NAME, outtype="f16", tokenizer_gguf=source)
         if log:
             log(f"exported {label} into {out}; verifying in {plan.engine}…")
-        checked = run_verify(plan.engine, building, report) if verify_engine else {"ran": False, "why": "not asked"}
+        checked = (run_verify(plan.engine, building, report, model, tokenizer) if verify_engine
+                   else {"ran": False, "why": "not asked"})
         line = verify_line(plan.engine, checked)
-        replace_evidence(building, evidence_table(plan, verdict, candidates, line, passed_over))
+        replace_evidence(building, evidence_table(plan, verdict, candidates, line, passed_over, computed))
         result = {
             "model": plan.model, "target_length": plan.target_length, "window": plan.window, "engine": plan.engine,
             "chosen": label, "method": by_label[label].method, "params": by_label[label].params,
@@ -211,6 +273,7 @@ def write_recommendation(plan: Plan, verdict: Verdict, candidates: list[Candidat
             "retrieval_tasks": list(RETRIEVAL),
             "export": report, "command": command, "verify": checked, "verify_line": line,
             "work_dir": str(work_dir), "seconds": seconds,
+            "computed_in": [{"where": g["where"], "pieces": len(g["pieces"]), "methods": g["methods"]} for g in groups],
         }
         (building / RECOMMENDATION_FILE).write_text(json.dumps(json_safe(result), indent=2, default=str) + "\n")
         (building / COMMAND_FILE).write_text(command + "\n")

@@ -22,7 +22,7 @@ Reads ``DIR/study.sqlite`` (:mod:`ropekit.study.store`) and writes into ``DIR/re
   per variant (method, parameters, type, recipe — steps, learning rate, sequence length, PoSE and LoRA
   settings — and its cost: seconds of its training, LongRoPE factor search and evaluations); training loss
   curves; the state of the study's pieces;
-* ``summary.json`` — the manifest; ``statistics`` (how intervals are computed: resamples, seed, level);
+* ``summary.json`` — the manifest; ``placements`` (where each finished piece computed); ``statistics`` (how intervals are computed: resamples, seed, level);
   ``findings`` (headline and claims); every aggregate ``{"method", "task", "length", "metric", "value",
   "ci95": [low, high], "n", …}`` (:class:`ropekit.study.stats.Analysis`; with several seeds also ``seeds``,
   ``seed_values``, ``seed_min``, ``seed_max``, ``seed_sd``); the ranking (``rank``, ``tied``, intervals);
@@ -133,6 +133,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
             manifest = store.get_manifest()
             records = store.samples()
             pieces = store.pieces()
+            placements = store.placements()
             metrics = store.train_metrics()
             status = store.status()
     except sqlite3.DatabaseError as err:  # damaged past its header: the reads fail, not the opening
@@ -275,7 +276,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
     name = _setting(manifest, "name") or db.parent.name
     return {
         "name": str(name),
-        "header": _header(manifest, pieces, window, target),
+        "header": _header(manifest, pieces, window, target, placements),
         "headline": headline,
         "summary": summary_text,
         "claims": claims if records else [],
@@ -289,6 +290,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
         "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "version": (manifest.get("versions") or {}).get("ropekit"),
         "manifest": manifest,
+        "placements": placements,
         "aggregates": rows,
         "kendall": kendall,
         "control": {"label": control, "effects": effects} if control else None,
@@ -394,6 +396,8 @@ def _write_report_files(study_dir: Path, out_dir: Path) -> dict[str, Any]:
         "method_cards": ctx["cards"],
         "papers": list(ctx["papers"]),
         "pieces": ctx["status"],
+        # where each finished piece computed (device, dtype, attention, hardware), by piece id
+        "placements": ctx["placements"],
     }
     json_path.write_text(json.dumps(_json_safe(summary), indent=2, sort_keys=False, allow_nan=False) + "\n", encoding="utf-8")
     md = [f"# Study report: {_md_escape(ctx['name'])}", ""]

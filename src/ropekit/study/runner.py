@@ -69,7 +69,7 @@ def run_piece(config: StudyConfig, store: StudyStore, piece: PlannedPiece, study
         store.fail_piece(piece.id, piece_error(err))
         return
     store.finish_piece(piece.id, metrics=out.get("metrics", ()), artifacts=out.get("artifacts"),
-                       seconds=time.perf_counter() - started)
+                       seconds=time.perf_counter() - started, placement=out.get("placement"))
 
 
 # ---- scheduling --------------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ A study is cut into *pieces* — one training run (``train:yarn``), one evaluati
 
 * ``manifest`` — key → JSON value: study name, config, seeds, ropekit/torch/transformers versions, the
   machine (CPU model, cores, RAM, GPU, OS, Python), ``created``/``updated`` timestamps, and what the
-  report reads (``model``, ``window``, ``target_length``, ``methods``);
+  report reads (``model``, ``window``, ``target_length``, ``methods``); and under ``placement:PIECE`` where
+  each finished piece computed (device, dtype, attention, the hardware's name: :meth:`StudyStore.placements`),
+  since one study may be finished on several machines;
 * ``pieces`` — one row per piece: kind, method label, params, task, status
   (pending → running → done | failed), start/finish times, seconds, error, worker, attempts;
 * ``samples`` — one row per scored evaluation sample (the JSON record an eval task writes, see
@@ -58,6 +60,8 @@ if TYPE_CHECKING:  # Python 3.11's typing.Self, for 3.10 too
 SCHEMA_VERSION = 1
 #: File name of a study's database inside its directory.
 DB_NAME = "study.sqlite"
+#: Manifest keys ``placement:PIECE`` hold where that piece computed (:meth:`StudyStore.placements`).
+PLACEMENT_KEY = "placement:"
 KINDS = ("train", "eval", "pretrain", "search")
 STATUSES = ("pending", "running", "done", "failed")
 #: Fields every evaluation record carries (as :data:`ropekit.eval.common.COMMON_KEY_FIELDS`).
@@ -201,6 +205,35 @@ def _read_proc(path: str) -> str:
             return fh.read()
     except OSError:
         return ""
+
+
+def placement_label(where: Mapping[str, Any]) -> str:
+    """One placement (:func:`ropekit.runtime.devices.computed_on`) in words: ``bfloat16, sdpa attention, on
+    NVIDIA H200``; a training's autocast precision is named beside its weights' dtype."""
+    what = str(where.get("dtype", "?"))
+    if where.get("precision"):
+        precision = str(where["precision"])
+        what += f" weights, trained in {precision}" + ("" if precision == "fp32" else " autocast")
+    if where.get("attn"):
+        what += f", {where['attn']} attention"
+    return f"{what}, on {where.get('hardware') or where.get('device') or '?'}"
+
+
+def placement_groups(pieces: Iterable[Mapping[str, Any]], placements: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The finished pieces grouped by where they computed: ``[{"where": label or None, "pieces": [ids],
+    "methods": [labels]}]``, the most pieces first; ``where`` None gathers the pieces that recorded nothing
+    (finished before ropekit kept placements)."""
+    groups: dict[str | None, dict[str, Any]] = {}
+    for p in pieces:
+        if p.get("status") != "done":
+            continue
+        where = placements.get(p["id"])
+        key = placement_label(where) if where else None
+        g = groups.setdefault(key, {"where": key, "pieces": [], "methods": []})
+        g["pieces"].append(p["id"])
+        if p.get("method") and p["method"] not in g["methods"]:
+            g["methods"].append(p["method"])
+    return sorted(groups.values(), key=lambda g: (g["where"] is None, -len(g["pieces"])))
 
 
 def machine_description() -> dict[str, Any]:
@@ -435,11 +468,19 @@ class StudyStore:
             self._touch(db)
 
     def get_manifest(self, key: str | None = None, default: Any = None) -> Any:
-        """The whole manifest as a dict, or one key's value (``default`` when absent)."""
+        """The whole manifest as a dict (the pieces' placements aside: :meth:`placements`), or one key's value
+        (``default`` when absent)."""
         if key is not None:
             row = self._conn.execute("SELECT value FROM manifest WHERE key = ?", (key,)).fetchone()
             return json.loads(row[0]) if row else default
-        return {r["key"]: json.loads(r["value"]) for r in self._conn.execute("SELECT key, value FROM manifest ORDER BY key")}
+        return {r["key"]: json.loads(r["value"]) for r in self._conn.execute(
+            "SELECT key, value FROM manifest WHERE key NOT LIKE ? ORDER BY key", (PLACEMENT_KEY + "%",))}
+
+    def placements(self) -> dict[str, dict[str, Any]]:
+        """Piece id → where it computed, for every piece that recorded it (:meth:`finish_piece`'s ``placement``;
+        pieces finished before ropekit recorded placements have none)."""
+        rows = self._conn.execute("SELECT key, value FROM manifest WHERE key LIKE ?", (PLACEMENT_KEY + "%",))
+        return {r["key"][len(PLACEMENT_KEY):]: json.loads(r["value"]) for r in rows}
 
     def initialize(self, name: str, config: Mapping[str, Any], *, seeds: Any = None, replace: bool = False, **extra: Any) -> None:
         """Record a study's identity: name, config, seeds, package versions and the machine (plus ``extra``
@@ -541,8 +582,9 @@ class StudyStore:
 
     def finish_piece(self, piece: str, samples: Iterable[Mapping[str, Any]] = (), metrics: Iterable[Mapping[str, Any]] = (),
                      artifacts: Mapping[str, str | Path] | None = None, *, key_fields: Iterable[str] | None = None,
-                     seconds: float | None = None) -> int:
-        """Write ``samples``, ``metrics`` and ``artifacts`` and mark the piece done, all in one transaction.
+                     seconds: float | None = None, placement: Mapping[str, Any] | None = None) -> int:
+        """Write ``samples``, ``metrics``, ``artifacts`` and ``placement`` (where the piece computed) and mark the
+        piece done, all in one transaction.
 
         ``seconds`` defaults to the time since :meth:`begin_piece`. Returns the number of samples written.
         """
@@ -552,6 +594,9 @@ class StudyStore:
             self._insert_metrics(db, piece, metrics)
             for name, path in (artifacts or {}).items():
                 self._insert_artifact(db, piece, name, path)
+            if placement is not None:
+                db.execute("INSERT INTO manifest (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET "
+                           "value = excluded.value", (PLACEMENT_KEY + piece, _dumps(dict(placement))))
             finished = now_iso()
             took = seconds if seconds is not None else _seconds_between(row["started"], finished)
             db.execute("UPDATE pieces SET status = 'done', finished = ?, seconds = ?, error = NULL WHERE id = ?",
@@ -592,6 +637,7 @@ class StudyStore:
             self._piece_row(db, piece)
             for table in ("samples", "train_metrics", "artifacts"):
                 db.execute(f"DELETE FROM {table} WHERE piece = ?", (piece,))
+            db.execute("DELETE FROM manifest WHERE key = ?", (PLACEMENT_KEY + piece,))
             db.execute("UPDATE pieces SET status = 'pending', started = NULL, finished = NULL, seconds = NULL, "
                        "error = NULL, worker = NULL WHERE id = ?", (piece,))
             self._touch(db)

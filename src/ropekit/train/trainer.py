@@ -89,6 +89,8 @@ class TrainResult:
     ema_dir: Path | None = None
     resumed_from: int | None = None
     seconds: float = 0.0
+    #: Where this call trained (``cuda:0``, ``cpu``); None when it found the run already finished.
+    device: str | None = None
 
 
 def no_decay(name: str, param: torch.Tensor) -> bool:
@@ -395,7 +397,7 @@ class Trainer:
             self.metrics = MetricsFile(self.out, self.step)
             self._trackers, self._closers = start_trackers(cfg.output, self.out, self.step, cfg.to_dict())
         self.acc.wait_for_everyone()
-        result = TrainResult(out_dir=self.out, step=self.step, resumed_from=resumed_from)
+        result = TrainResult(out_dir=self.out, step=self.step, resumed_from=resumed_from, device=str(self.acc.device))
         try:
             self._loop(result)
             self._close()
