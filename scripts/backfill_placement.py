@@ -7,12 +7,16 @@ run log says where it ran.
 
 Every finished piece of DB that recorded no placement and finished at or before ``--until`` (ISO 8601, UTC) gets
 the one given; training pieces get ``--train-dtype``/``--train-precision`` (their weights and autocast) instead of
-``--dtype``/``--attn``. Pieces that recorded their own placement are never changed. Prints what it set.
+``--dtype``/``--attn``. Pieces that recorded their own placement are never changed. With ``--unstamped-samples``,
+every evaluation sample that carries no ``computed_on`` gets the evaluation placement too, whatever its piece's
+state: say so only when every such sample came from that machine (samples keep no time of their own), e.g. a
+study copied back from a lease whose unfinished pieces will be resumed elsewhere. Prints what it set.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import datetime, timezone
 
@@ -35,6 +39,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hardware", required=True)
     parser.add_argument("--train-dtype", default="float32")
     parser.add_argument("--train-precision", default=None)
+    parser.add_argument("--unstamped-samples", action="store_true",
+                        help="also stamp every sample without computed_on (all came from that machine)")
     args = parser.parse_args(argv)
     try:
         until = _instant(args.until)
@@ -63,9 +69,19 @@ def main(argv: list[str]) -> int:
             chosen[PLACEMENT_KEY + p["id"]] = where
         if chosen:
             store.set_manifest(chosen)
+        stamped = 0
+        if args.unstamped_samples:
+            stamp = {"device": args.device, "dtype": args.dtype, "hardware": args.hardware}
+            if args.attn:
+                stamp["attn"] = args.attn
+            with store._write() as db:  # one transaction: every unstamped sample or none
+                stamped = db.execute("UPDATE samples SET record = json_set(record, '$.computed_on', json(?)) "
+                                     "WHERE json_extract(record, '$.computed_on') IS NULL",
+                                     (json.dumps(stamp),)).rowcount
     for key, where in chosen.items():
         print(f"{key[len(PLACEMENT_KEY):]}: {where}")
-    print(f"{len(chosen)} piece(s) given a placement", file=sys.stderr)
+    print(f"{len(chosen)} piece(s) given a placement" + (f", {stamped} sample(s) stamped" if args.unstamped_samples
+                                                            else ""), file=sys.stderr)
     return 0
 
 

@@ -287,6 +287,45 @@ def test_sigint_of_a_study_with_worker_processes_exits_130_without_tracebacks(tm
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the worker processes in /proc (Linux)")
+def test_sigint_that_reaches_only_the_workers_stops_the_study(tmp_path):
+    """A background job ignores SIGINT, so a `kill -INT` of its process group ends the workers and not the study
+    process: it must report the study interrupted (exit 130, no report written), not carry on as if its pieces had
+    finished — `ropekit recommend` once decided and exported on a study whose last pieces had been put back
+    pending this way. Bounded: ~1 min."""
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump({**STUDY, "variants": [{"label": "base"}, {"label": "pi", "method": "pi",
+                                                                                  "params": {"factor": 4}}],
+                                      "evals": {"ppl": {"lengths": [64, 128, 256], "samples": 8}}}))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "ropekit", "study", str(config), "--out", str(tmp_path / "s"),
+                             "--workers", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    db = tmp_path / "s" / "study.sqlite"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if db.exists():
+            try:
+                with sqlite3.connect(db) as conn:
+                    if conn.execute("SELECT COUNT(*) FROM pieces WHERE status = 'running'").fetchone()[0]:
+                        break
+            except sqlite3.Error:
+                pass
+        time.sleep(0.2)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    workers = [int(pid) for pid in children if "ropekit" in Path(f"/proc/{pid}/cmdline").read_text()
+               or "multiprocessing" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert workers, children
+    for pid in workers:
+        os.kill(pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert not (tmp_path / "s" / "report").exists()
+    with sqlite3.connect(db) as conn:  # the interrupted pieces were put back for the next run
+        assert conn.execute("SELECT COUNT(*) FROM pieces WHERE status = 'running'").fetchone()[0] == 0
+
+
+@pytest.mark.slow
 def test_sigint_of_a_training_run_exits_130_without_a_traceback(tmp_path):
     """A real `ropekit train` stopped by SIGINT mid-training: exit 130, the last line `interrupted`, no traceback;
     --resume then continues from the last checkpoint. Bounded: ~1 min."""

@@ -14,12 +14,20 @@ GPU = ["--device", "cuda:0", "--dtype", "bfloat16", "--attn", "sdpa", "--hardwar
        "--train-precision", "bf16"]
 
 
+def _sample(method, doc, **extra):
+    return {"task": "ppl", "method": method, "params": {}, "length": 64, "doc": doc, "nll_sum": 1.0,
+            "tokens_scored": 10, **extra}
+
+
 def _study(path: Path) -> Path:
     db = path / "study.sqlite"
     with StudyStore(db) as store:
         for piece, kind in (("train:yarn-ft", "train"), ("eval:ppl:yarn", "eval"), ("eval:ppl:pi", "eval"),
                             ("eval:ppl:ntk", "eval"), ("eval:ppl:abf", "eval")):
             store.begin_piece(piece, kind=kind)
+            if piece == "eval:ppl:abf":  # one sample from the lease, one from a later run that stamped its own
+                store.add_samples(piece, [_sample("abf", 0), _sample("abf", 1, computed_on={"device": "cpu",
+                                                                                          "dtype": "float32"})])
             if piece != "eval:ppl:abf":  # left running
                 store.finish_piece(piece, [], placement={"device": "cpu", "dtype": "float32", "hardware": "here"}
                                    if piece == "eval:ppl:pi" else None)
@@ -58,3 +66,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     db = _study(tmp_path)
     bad = _run(db, "--until", "yesterday", *GPU)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "ISO 8601" in bad.stderr
+
+
+def test_unstamped_samples_are_stamped_only_when_asked(tmp_path):
+    db = _study(tmp_path)
+    assert _run(db, "--until", "2026-11-27T23:00", *GPU).returncode == 0
+    with StudyStore(db, create=False) as store:
+        assert store.sample_placements()["eval:ppl:abf"] == [(None, 1), ({"device": "cpu", "dtype": "float32"}, 1)]
+    done = _run(db, "--until", "2026-11-27T23:00", *GPU, "--unstamped-samples")
+    assert done.returncode == 0 and "1 sample(s) stamped" in done.stderr
+    with StudyStore(db, create=False) as store:
+        got = sorted(store.sample_placements()["eval:ppl:abf"], key=lambda x: x[0]["device"])
+    assert got == [({"device": "cpu", "dtype": "float32"}, 1),  # its own stamp kept
+                   ({"device": "cuda:0", "dtype": "bfloat16", "hardware": "NVIDIA H200", "attn": "sdpa"}, 1)]

@@ -162,10 +162,13 @@ def test_the_card_lists_every_candidate_with_intervals(vllm_recommendation):
     # vLLM is not installed here: said in one line in the card, the JSON and the output
     assert "did not run" in result["verify_line"] and result["verify_line"] in card
     # where the evidence was computed: this machine's CPU in float32 (a tiny model), every piece
-    assert result["computed_in"] == [{"where": result["computed_in"][0]["where"], "pieces": 4,
+    db = sqlite3.connect(Path(result["work_dir"]) / "frozen" / "study.sqlite")
+    samples = db.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+    db.close()
+    assert result["computed_in"] == [{"where": result["computed_in"][0]["where"], "pieces": 4, "samples": samples,
                                       "methods": ["base", *[c["label"] for c in result["candidates"]]]}]
     assert result["computed_in"][0]["where"].startswith("float32, sdpa attention, on ")
-    assert f"Computed in: {result['computed_in'][0]['where']}: 4 pieces." in card
+    assert f"Computed in: {result['computed_in'][0]['where']}: 4 pieces ({samples} samples)." in card
     assert (out / "command.txt").read_text().strip() == result["command"]
     assert result["command"].startswith("vllm serve ") and str(out) in result["command"]
     assert "chosen " in stdout and "runner-up" in stdout
@@ -326,3 +329,20 @@ def test_a_ropekit_only_export_is_checked_by_reloading_it(run_cli, tmp_path):
     loaded = load_model("tiny")
     other = extend(loaded.model, "self_extend", **{**given, "group_size": 2 * int(result["params"]["group_size"])})
     assert not round_trip(other, loaded.tokenizer, out)["passed"]
+
+
+def test_evidence_left_unfinished_is_never_decided_on(run_cli, tmp_path, monkeypatch):
+    # workers that end early (killed, out of memory, a SIGINT only they received) return with pieces pending:
+    # the command must stop there, not choose and export on part of the plan's evidence
+    from ropekit.study import runner
+
+    def stops_early(config, study_dir, **kwargs):
+        with runner.initialize(study_dir, config) as store:  # every piece registered, none run
+            return store.status()
+
+    monkeypatch.setattr(runner, "run_study", stops_early)
+    out = tmp_path / "rec"
+    code, _, stderr = run_cli("recommend", "tiny", "-t", "128", "-o", str(out), "--engine", "vllm", *FAST)
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert code != 0 and len(lines) == 1 and "did not finish" in lines[0], stderr
+    assert not out.exists()

@@ -214,7 +214,12 @@ def test_every_finished_piece_records_where_it_computed(reference_study):
     md = (report / "summary.md").read_text()
     line = next(x for x in md.splitlines() if x.startswith("- **Computed in**"))
     evals, trains = sum(kinds[p] == "eval" for p in done), sum(kinds[p] == "train" for p in done)
-    assert f"float32, sdpa attention, on {_cpu_model_name()}" in line and f": {evals} pieces" in line
+    assert f"float32, sdpa attention, on {_cpu_model_name()}" in line and f": {evals} pieces (" in line
+    # every evaluation sample carries it too (a piece resumed on another machine holds samples of both)
+    db = sqlite3.connect(out / "study.sqlite")
+    stamps = {r[0] for r in db.execute("SELECT json_extract(record, '$.computed_on') FROM samples")}
+    db.close()
+    assert len(stamps) == 1 and json.loads(stamps.pop())["dtype"] == "float32"
     assert f"float32 weights, trained in fp32, on {_cpu_model_name()}" in line and f": {trains} piece (pi-ft)" in line
 
 

@@ -21,6 +21,7 @@ from ropekit.study.store import (
     parse_piece_id,
     placement_groups,
     placement_label,
+    placement_text,
     sample_key,
 )
 
@@ -306,7 +307,7 @@ def test_a_piece_records_where_it_computed_with_its_results(store):
     for piece, where in (("eval:ppl:yarn", gpu), ("eval:ppl:pi", gpu), ("eval:ppl:landmark", cpu), ("eval:ppl:ntk", None)):
         assert store.begin_piece(piece)
         store.finish_piece(piece, [], placement=where)
-    assert store.begin_piece("eval:ppl:abf")  # running: no placement yet
+    assert store.begin_piece("eval:passkey:abf")  # running: no placement yet
     assert store.placements() == {"eval:ppl:yarn": gpu, "eval:ppl:pi": gpu, "eval:ppl:landmark": cpu}
     assert not any(k.startswith("placement:") for k in store.get_manifest())  # the study's own keys only
     groups = placement_groups(store.pieces(), store.placements())
@@ -315,6 +316,16 @@ def test_a_piece_records_where_it_computed_with_its_results(store):
         ("float32, sdpa attention, on AMD EPYC, no native bfloat16 matmul", ["eval:ppl:landmark"], ["landmark"]),
         (None, ["eval:ppl:ntk"], ["ntk"]),  # finished without a record: said, not guessed
     ]
+    # a piece resumed elsewhere: its samples say where each was computed, and it counts in both places
+    resumed = [passkey_record("abf", trial=0, computed_on=gpu), passkey_record("abf", trial=1, computed_on=cpu),
+               passkey_record("abf", trial=2, computed_on=cpu), passkey_record("abf", trial=3)]
+    store.finish_piece("eval:passkey:abf", resumed, key_fields=PASSKEY_KEYS, placement=cpu)
+    assert sorted(store.sample_placements()["eval:passkey:abf"], key=str) == sorted([(gpu, 1), (cpu, 2), (None, 1)], key=str)
+    groups = placement_groups(store.pieces(), store.placements(), store.sample_placements())
+    abf = {g["where"]: g["samples"] for g in groups if "eval:passkey:abf" in g["pieces"]}
+    # the unstamped sample takes its piece's placement (where the piece finished)
+    assert abf == {placement_label(gpu): 1, placement_label(cpu): 3}
+    assert placement_text(groups[:2]).startswith("bfloat16, sdpa attention, on NVIDIA H200: 3 pieces (1 sample; ")
     store.reset_piece("eval:ppl:yarn")  # redone later, maybe elsewhere: its old placement goes with its results
     assert "eval:ppl:yarn" not in store.placements()
     assert placement_label({"device": "cuda:0", "dtype": "float32", "precision": "bf16", "hardware": "H"}) == (

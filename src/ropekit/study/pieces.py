@@ -257,10 +257,12 @@ def _run_eval(config: StudyConfig, store, piece: PlannedPiece, report, device: s
         writer = StoreRecordWriter(store, piece.id, key_fields_for(task))
     # records carry the evaluation's name (``ppl-same-targets`` next to ``ppl``) and, with several seeds, the seed
     tags = {"seed": piece.seed} if seed_suffix(config, piece.seed) else {}
+    # each sample says where it was computed: a piece resumed on another machine holds samples of both
+    tags["computed_on"] = computed_on(model)
     ctx = EvalContext(task=piece.task, model=model, tokenizer=tokenizer, method=method, params=params,
                       seed=config.seed, writer=writer, progress=_Sink(report), tags=tags)
     module.run(ctx, **options)
-    return {"placement": computed_on(model)}
+    return {"placement": tags["computed_on"]}
 
 
 def execute_piece(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path, report=lambda n, total: None,

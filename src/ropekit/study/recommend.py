@@ -608,4 +608,11 @@ def run_evidence(plan: Plan, work_dir: Path, *, workers: int = 1, progress: bool
         raise RopekitError(f"{len(failed)} evaluation piece(s) failed, first {piece}: {error}",
                            "run the same command again to retry them (finished pieces are kept)")
     with open_study(where) as store:
+        left = [p["id"] for p in store.pieces() if p["status"] in ("pending", "running")]
+    if left:
+        # workers that ended early (killed, out of memory) leave pieces behind: a decision on part of the evidence
+        # would be one the plan did not pay for
+        raise RopekitError(f"{len(left)} evidence piece(s) did not finish, first {left[0]}: their worker ended early",
+                           "run the same command again to resume them (finished pieces are kept)")
+    with open_study(where) as store:
         return store.samples()

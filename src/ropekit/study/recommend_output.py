@@ -17,6 +17,7 @@ from ..core.jsonsafe import json_safe
 from ..errors import RopekitError
 from .recommend import BASE_LABEL, Candidate, Plan
 from .recommend_rule import RETRIEVAL, RULE, TIERS, Verdict
+from .store import placement_text
 
 #: The files of the output directory besides the export itself.
 RECOMMENDATION_FILE = "recommendation.json"
@@ -52,19 +53,8 @@ def computed_in(work_dir: Path) -> list[dict[str, Any]]:
     for part in ("frozen", "trained"):
         if (Path(work_dir) / part / DB_NAME).is_file():
             with open_study(Path(work_dir) / part) as store:
-                groups += placement_groups(store.pieces(), store.placements())
+                groups += placement_groups(store.pieces(), store.placements(), store.sample_placements())
     return groups
-
-
-def computed_line(groups: list[dict[str, Any]]) -> str:
-    """:func:`computed_in` in one line for the card."""
-    parts = []
-    for g in groups:
-        n = len(g["pieces"])
-        where = g["where"] or "not recorded (pieces finished before ropekit kept where they ran)"
-        parts.append(f"{where}: {n} piece{'s' if n != 1 else ''}" + (f" ({', '.join(g['methods'])})"
-                                                                     if len(groups) > 1 and len(g["methods"]) <= 4 else ""))
-    return "; ".join(parts)
 
 
 def evidence_table(plan: Plan, verdict: Verdict, candidates: list[Candidate], verified: str,
@@ -226,7 +216,7 @@ def write_recommendation(plan: Plan, verdict: Verdict, candidates: list[Candidat
     by_label = {c.label: c for c in candidates}
     passed_over: list[dict[str, str]] = []
     groups = computed_in(work_dir)
-    computed = computed_line(groups)
+    computed = placement_text(groups)
     with atomic_dir(out, replace=overwrite, what="--out") as building:
         for label in verdict.order:
             c = by_label[label]
@@ -273,7 +263,8 @@ def write_recommendation(plan: Plan, verdict: Verdict, candidates: list[Candidat
             "retrieval_tasks": list(RETRIEVAL),
             "export": report, "command": command, "verify": checked, "verify_line": line,
             "work_dir": str(work_dir), "seconds": seconds,
-            "computed_in": [{"where": g["where"], "pieces": len(g["pieces"]), "methods": g["methods"]} for g in groups],
+            "computed_in": [{"where": g["where"], "pieces": len(g["pieces"]), "samples": g["samples"],
+                             "methods": g["methods"]} for g in groups],
         }
         (building / RECOMMENDATION_FILE).write_text(json.dumps(json_safe(result), indent=2, default=str) + "\n")
         (building / COMMAND_FILE).write_text(command + "\n")

@@ -110,7 +110,7 @@ from .report_tables import (
     _speed_table,
 )
 from ..runtime.atomic import atomic_dir
-from .store import DB_NAME, StudyStore
+from .store import DB_NAME, StudyStore, placement_groups
 
 __all__ = ["BREAKDOWN", "DASH", "HEATMAP_TASKS", "TASK_TITLES", "build_report", "fmt_duration", "fmt_num", "fmt_pct",
            "fmt_ppl", "fmt_ratio", "length_label", "render_html", "score_color", "write_report"]
@@ -134,6 +134,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
             records = store.samples()
             pieces = store.pieces()
             placements = store.placements()
+            sample_placements = store.sample_placements()
             metrics = store.train_metrics()
             status = store.status()
     except sqlite3.DatabaseError as err:  # damaged past its header: the reads fail, not the opening
@@ -276,7 +277,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
     name = _setting(manifest, "name") or db.parent.name
     return {
         "name": str(name),
-        "header": _header(manifest, pieces, window, target, placements),
+        "header": _header(manifest, pieces, window, target, placements, sample_placements),
         "headline": headline,
         "summary": summary_text,
         "claims": claims if records else [],
@@ -291,6 +292,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
         "version": (manifest.get("versions") or {}).get("ropekit"),
         "manifest": manifest,
         "placements": placements,
+        "computed_in": placement_groups(pieces, placements, sample_placements),
         "aggregates": rows,
         "kendall": kendall,
         "control": {"label": control, "effects": effects} if control else None,
@@ -396,8 +398,9 @@ def _write_report_files(study_dir: Path, out_dir: Path) -> dict[str, Any]:
         "method_cards": ctx["cards"],
         "papers": list(ctx["papers"]),
         "pieces": ctx["status"],
-        # where each finished piece computed (device, dtype, attention, hardware), by piece id
+        # where each finished piece computed (device, dtype, attention, hardware), by piece id, and grouped
         "placements": ctx["placements"],
+        "computed_in": ctx["computed_in"],
     }
     json_path.write_text(json.dumps(_json_safe(summary), indent=2, sort_keys=False, allow_nan=False) + "\n", encoding="utf-8")
     md = [f"# Study report: {_md_escape(ctx['name'])}", ""]

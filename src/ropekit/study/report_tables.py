@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from . import stats
-from .store import placement_groups
+from .store import placement_groups, placement_text
 from .report_figures import _figure, _Figures
 from .report_format import (
     DASH,
@@ -375,7 +375,8 @@ def running_seconds(pieces: Sequence[Mapping[str, Any]]) -> tuple[float | None, 
 
 
 def _header(manifest: Mapping[str, Any], pieces: list[dict[str, Any]], window: int | None, target: int | None,
-            placements: Mapping[str, Mapping[str, Any]] | None = None) -> list[tuple[str, str]]:
+            placements: Mapping[str, Mapping[str, Any]] | None = None,
+            sample_placements: Mapping[str, list] | None = None) -> list[tuple[str, str]]:
     items: list[tuple[str, str]] = []
     model = _setting(manifest, "model")
     if model is not None:
@@ -394,14 +395,9 @@ def _header(manifest: Mapping[str, Any], pieces: list[dict[str, Any]], window: i
         items.append(("Machine", " · ".join(str(p) for p in parts)))
         if machine.get("os"):
             items.append(("System", f"{machine['os']} · Python {machine.get('python', '?')}"))
-    groups = placement_groups(pieces, placements or {})
+    groups = placement_groups(pieces, placements or {}, sample_placements)
     if groups and not (len(groups) == 1 and groups[0]["where"] is None):
-        parts = []
-        for g in groups:
-            count = f"{len(g['pieces'])} piece{'s' if len(g['pieces']) != 1 else ''}"
-            methods = f" ({', '.join(g['methods'])})" if len(groups) > 1 and len(g["methods"]) <= 4 else ""
-            parts.append(f"{g['where'] or 'not recorded'}: {count}{methods}")
-        items.append(("Computed in", " · ".join(parts)))
+        items.append(("Computed in", placement_text(groups, " · ")))
     versions = manifest.get("versions") or {}
     if versions:
         items.append(("Versions", " · ".join(f"{k} {v}" for k, v in versions.items() if v)))

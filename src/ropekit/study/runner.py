@@ -328,6 +328,12 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                     stop.set()
                     _stop_workers(procs)
                     raise
+                if any(proc.exitcode == 130 for proc in procs):
+                    # a worker was interrupted (SIGINT that reached the workers and not this process: a background
+                    # job ignores it): the study was stopped, not finished, and its caller must not read it as done
+                    stop.set()
+                    _stop_workers(procs)
+                    raise KeyboardInterrupt
             _record_window(config, store)
             bar.update(completed=done_count(), info="")
         elapsed = time.time() - started

@@ -219,21 +219,46 @@ def placement_label(where: Mapping[str, Any]) -> str:
     return f"{what}, on {where.get('hardware') or where.get('device') or '?'}"
 
 
-def placement_groups(pieces: Iterable[Mapping[str, Any]], placements: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+def placement_groups(pieces: Iterable[Mapping[str, Any]], placements: Mapping[str, Mapping[str, Any]],
+                     sample_placements: Mapping[str, list[tuple[Mapping[str, Any] | None, int]]] | None = None
+                     ) -> list[dict[str, Any]]:
     """The finished pieces grouped by where they computed: ``[{"where": label or None, "pieces": [ids],
-    "methods": [labels]}]``, the most pieces first; ``where`` None gathers the pieces that recorded nothing
+    "methods": [labels], "samples": n}]``, the most pieces first. An evaluation's samples each carry their own
+    placement (``computed_on``, :meth:`StudyStore.sample_placements`), so a piece resumed on another machine
+    counts in both groups; a sample without one takes its piece's. ``where`` None gathers what recorded nothing
     (finished before ropekit kept placements)."""
     groups: dict[str | None, dict[str, Any]] = {}
+
+    def add(where, piece, n):
+        key = placement_label(where) if where else None
+        g = groups.setdefault(key, {"where": key, "pieces": [], "methods": [], "samples": 0})
+        if piece["id"] not in g["pieces"]:
+            g["pieces"].append(piece["id"])
+        if piece.get("method") and piece["method"] not in g["methods"]:
+            g["methods"].append(piece["method"])
+        g["samples"] += n
+
     for p in pieces:
         if p.get("status") != "done":
             continue
-        where = placements.get(p["id"])
-        key = placement_label(where) if where else None
-        g = groups.setdefault(key, {"where": key, "pieces": [], "methods": []})
-        g["pieces"].append(p["id"])
-        if p.get("method") and p["method"] not in g["methods"]:
-            g["methods"].append(p["method"])
+        stamps = (sample_placements or {}).get(p["id"]) or [(None, 0)]
+        for where, n in stamps:
+            add(where or placements.get(p["id"]), p, n)
     return sorted(groups.values(), key=lambda g: (g["where"] is None, -len(g["pieces"])))
+
+
+def placement_text(groups: list[dict[str, Any]], joiner: str = "; ") -> str:
+    """:func:`placement_groups` in words: ``WHERE: 51 pieces (1,230 samples) · WHERE: 3 pieces (13 samples;
+    landmark)`` — the methods named when there are several places and few methods in one."""
+    parts = []
+    for g in groups:
+        n = len(g["pieces"])
+        counts = [f"{g['samples']:,} sample{'s' if g['samples'] != 1 else ''}"] if g.get("samples") else []
+        if len(groups) > 1 and len(g["methods"]) <= 4:
+            counts.append(", ".join(g["methods"]))
+        parts.append(f"{g['where'] or 'not recorded'}: {n} piece{'s' if n != 1 else ''}"
+                     + (f" ({'; '.join(counts)})" if counts else ""))
+    return joiner.join(parts)
 
 
 def machine_description() -> dict[str, Any]:
@@ -475,6 +500,16 @@ class StudyStore:
             return json.loads(row[0]) if row else default
         return {r["key"]: json.loads(r["value"]) for r in self._conn.execute(
             "SELECT key, value FROM manifest WHERE key NOT LIKE ? ORDER BY key", (PLACEMENT_KEY + "%",))}
+
+    def sample_placements(self) -> dict[str, list[tuple[dict[str, Any] | None, int]]]:
+        """Piece id → ``[(placement or None, samples)]``: where its samples were computed, by their
+        ``computed_on`` field (samples written before ropekit kept it have None)."""
+        out: dict[str, list[tuple[dict[str, Any] | None, int]]] = {}
+        rows = self._conn.execute("SELECT piece, json_extract(record, '$.computed_on') AS at, COUNT(*) AS n "
+                                  "FROM samples GROUP BY piece, at ORDER BY piece, at")
+        for r in rows:
+            out.setdefault(r["piece"], []).append((json.loads(r["at"]) if r["at"] else None, r["n"]))
+        return out
 
     def placements(self) -> dict[str, dict[str, Any]]:
         """Piece id → where it computed, for every piece that recorded it (:meth:`finish_piece`'s ``placement``;
