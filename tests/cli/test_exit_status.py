@@ -44,15 +44,16 @@ def _export(tmp_path: Path, name: str = "model") -> Path:
 
 # ---- failures that are not the user's input ---------------------------------------------------------------------
 def test_a_failed_verification_exits_1(run_cli, monkeypatch, tmp_path):
-    from ropekit import engines
     from ropekit.engines.verify import VerifyReport
+
+    verify_module = importlib.import_module("ropekit.engines.verify")  # the package's `verify` may be this module
 
     def failing(directory, engine, **_):
         return VerifyReport(engine="transformers", engine_version="x", directory=str(directory), tokens=10,
                             original_window=8, max_abs_diff=0.5, mean_abs_diff=0.1, tolerance=1e-4, passed=False,
                             engine_seconds=0.0, ropekit_seconds=0.0, details={})
 
-    monkeypatch.setattr(engines, "verify", failing)
+    monkeypatch.setattr(verify_module, "verify", failing)
     code, out, _ = run_cli("verify", str(tmp_path), "--engine", "transformers")
     assert code == 1 and "FAIL" in out
     code, out, err = run_cli("verify", str(tmp_path), "--engine", "transformers", "--json")

@@ -28,7 +28,7 @@ def verify_cmd(
     from ..engines.environments import engine_python, get_engine
 
     engine_python(get_engine(engine), python)  # an engine that is not installed: one line, before torch loads
-    from ..engines import verify
+    from ..engines.verify import verify  # the function: the package attribute may be the submodule
 
     report = verify(directory, engine, length=length, tolerance=tolerance, python=python, threads=threads,
                     freeze_length=freeze_length)

@@ -23,6 +23,7 @@ from ..errors import RopekitError
 from ..install import extend, rope_info
 from ..methods import get_method
 from .records import RecordWriter
+from ..runtime.devices import computed_on
 
 #: Fields every record carries; with a task's own KEY_FIELDS they identify a sample for ``--resume``.
 COMMON_KEY_FIELDS = ("task", "method", "params", "length")
@@ -224,6 +225,9 @@ def make_context(
         seed=seed,
         writer=writer,
         progress=progress,
+        # every record says where it was computed (device, dtype, attention, hardware): numbers from a GPU's bfloat16
+        # and a CPU's float32 differ in their last digits, and a results file may be resumed on another machine
+        tags={"computed_on": computed_on(variant)},
     )
 
 

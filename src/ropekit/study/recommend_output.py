@@ -155,7 +155,7 @@ def run_verify(engine: str, directory: Path, report: dict[str, Any], model=None,
         engine_python(get_engine(name))
     except RopekitError as err:
         return {"ran": False, "why": f"{err.problem} ({err.fix})"}
-    from ..engines import verify
+    from ..engines.verify import verify
 
     try:
         result = verify(directory, name)
