@@ -41,6 +41,10 @@ def test_plan_lists_every_applicable_method_and_writes_nothing(run_cli, tmp_path
     assert candidates <= applies
     for e in plan["excluded"]:
         assert e["why"]
+    # a method that is not itself until fine-tuned (Landmark's new token) is never a frozen candidate
+    untrained = {m.name for m in list_methods() if m.untrained_note}
+    assert "landmark" in untrained and not candidates & untrained
+    assert all("not measured frozen" in e["why"] for e in plan["excluded"] if e["method"] in untrained)
     # factor = N / W for every method with a factor (ropekit extend --target-length N)
     for c in plan["candidates"]:
         if any(p.name == "factor" for p in get_method(c["method"]).params):
@@ -346,3 +350,37 @@ def test_evidence_left_unfinished_is_never_decided_on(run_cli, tmp_path, monkeyp
     lines = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert code != 0 and len(lines) == 1 and "did not finish" in lines[0], stderr
     assert not out.exists()
+
+
+def test_a_rerun_with_fewer_candidates_measures_nothing_again(run_cli, tmp_path, monkeypatch):
+    # the candidates are the variants of one study per command protocol: dropping one (another --methods) keeps
+    # every finished measurement; a candidate with the user's own parameters is a variant of its own
+    from ropekit.study import runner
+
+    real = runner.execute_piece
+    ran: list[str] = []
+    monkeypatch.setattr(runner, "execute_piece", lambda *a, **k: (ran.append(a[2].id), real(*a, **k))[1])
+    out = tmp_path / "rec"
+    code, _, stderr = run_cli("recommend", "tiny", "-t", "128", "-o", str(out), "--engine", "vllm", *FAST)
+    assert code == 0, stderr
+    first = json.loads((out / "recommendation.json").read_text())
+    assert len(ran) == 4
+    ran.clear()
+    code, _, stderr = run_cli("recommend", "tiny", "-t", "128", "-o", str(out), "--engine", "vllm", "--budget", "1s",
+                              "--methods", "ntk,yarn", "--overwrite")
+    assert code == 0, stderr
+    second = json.loads((out / "recommendation.json").read_text())
+    assert ran == [] and second["work_dir"] == first["work_dir"]
+    assert [c["label"] for c in second["candidates"]] == ["ntk", "yarn"]
+    for c in second["candidates"]:  # the same numbers as in the first decision
+        before = next(b for b in first["candidates"] if b["label"] == c["label"])
+        assert c["evidence"] == before["evidence"]
+    params = tmp_path / "params.yaml"
+    params.write_text("yarn: {factor: 3.0}\n")
+    code, _, stderr = run_cli("recommend", "tiny", "-t", "128", "-o", str(out), "--engine", "vllm", "--budget", "1s",
+                              "--methods", "yarn", "--params", str(params), "--overwrite")
+    assert code == 0, stderr
+    third = json.loads((out / "recommendation.json").read_text())
+    label = third["candidates"][0]["label"]
+    assert label.startswith("yarn-") and third["candidates"][0]["params"]["factor"] == 3.0
+    assert ran == [f"eval:ppl:{label}"]  # only the new variant is measured

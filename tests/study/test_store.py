@@ -330,3 +330,22 @@ def test_a_piece_records_where_it_computed_with_its_results(store):
     assert "eval:ppl:yarn" not in store.placements()
     assert placement_label({"device": "cuda:0", "dtype": "float32", "precision": "bf16", "hardware": "H"}) == (
         "float32 weights, trained in bf16 autocast, on H")
+
+
+def test_a_study_may_add_or_drop_variants_but_not_redefine_one(store):
+    v = lambda label, factor: {"label": label, "method": "pi", "params": {"factor": factor}}
+    base = {"evals": {"ppl": {"lengths": [64]}}, "variants": [v("a", 2), v("b", 4)]}
+    store.initialize("s", base)
+    for piece in ("eval:ppl:a", "eval:ppl:b"):
+        store.begin_piece(piece)
+    store.finish_piece("eval:ppl:a", [])
+    store.initialize("s", {**base, "variants": [v("a", 2), v("c", 8)]})  # b dropped, c added: the same protocol
+    assert store.get_manifest("config")["variants"] == [v("a", 2), v("c", 8)]
+    assert [p["id"] for p in store.pieces()] == ["eval:ppl:a", "eval:ppl:b"]  # b's piece stays in the file
+    counted = store.status(only=["eval:ppl:a"])
+    assert counted["pieces"] == 1 and counted["by_status"]["done"] == 1 and counted["running"] == []
+    assert store.status()["by_status"]["running"] == 1
+    with pytest.raises(RopekitError, match="another configuration"):
+        store.initialize("s", {**base, "variants": [v("a", 3)]})  # a redefined
+    with pytest.raises(RopekitError, match="another configuration"):
+        store.initialize("s", {**base, "evals": {"ppl": {"lengths": [128]}}})  # another protocol

@@ -148,6 +148,9 @@ class Method(abc.ABC):
     params: ClassVar[tuple[Param, ...]] = ()
     changes: ClassVar[tuple[str, ...]] = ("frequencies",)
     needs_training: ClassVar[bool] = False
+    #: Why the method installed on a model and not fine-tuned is not the method at all (None: it is — possibly a
+    #: weaker form, as frozen PI): ``ropekit recommend`` measures no such frozen candidate.
+    untrained_note: ClassVar[str | None] = None
     #: Whether ``factor`` drives the method's math (else it only declares the extended window).
     uses_factor: ClassVar[bool] = True
     #: How the method applies to a model whose RoPE is already scaled (``llama3``, ``yarn``, ``longrope``, …):

@@ -90,6 +90,8 @@ class Landmark(Method):
     attention_access = ("rotates", "logits")
     composition = "frequencies kept (the model's scaled ones); blocks sized from the effective window"
     needs_training = True
+    untrained_note = ("its landmark token is a new embedding row (the mean of the vocabulary's) that only "
+                      "fine-tuning teaches to summarise a block: untrained, the retrieval it gates is arbitrary")
     uses_factor = False
 
     family = "Attention-side"

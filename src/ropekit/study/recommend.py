@@ -4,6 +4,8 @@ piece by piece; the rule that picks the winner is :mod:`.recommend_rule`, the ou
 
 **Candidates.** Every registered method (:func:`ropekit.methods.list_methods`) that
 
+* is the method when installed without fine-tuning (not so Landmark, whose new landmark token only training gives a
+  meaning: :attr:`~ropekit.methods.Method.untrained_note`),
 * applies exactly to the model's family (:func:`ropekit.install.capabilities.why_not`, with the parameters below),
 * reaches the target length (:meth:`~ropekit.methods.Method.reach`), and
 * the engine serves as ropekit computes it (:func:`engine_refusal`): ``transformers`` serves everything
@@ -248,6 +250,12 @@ def candidates(model, facts: ModelFacts, target_length: int, engine: str,
     for m in list_methods():
         if wanted is not None and m.name not in wanted:
             continue
+        if m.untrained_note:  # a frozen candidate must be the method; this one is only after fine-tuning
+            if m.name in overrides:
+                raise RecommendError(f"--params names {m.name}, which is not a candidate here: {m.untrained_note}",
+                                     "drop it from the file; fine-tune it with ropekit train or ropekit study")
+            excluded.append({"method": m.name, "why": f"not measured frozen: {m.untrained_note}"})
+            continue
         given = {**derived_params(m, facts, target_length), **overrides.get(m.name, {})}
         try:
             params = m.resolve(facts.info, given)
@@ -275,7 +283,10 @@ def candidates(model, facts: ModelFacts, target_length: int, engine: str,
             continue
         native = _native(runs_in, engine)
         key, words = simplicity(m, params, facts, native)
-        chosen.append(Candidate(label=m.name.replace("_", "-"), method=m.name, given=given, params=_jsonable(params),
+        label = m.name.replace("_", "-")
+        if m.name in overrides:  # the user's own parameters: a label of their own in the command's study
+            label += "-" + hashlib.sha256(json.dumps(_jsonable(given), sort_keys=True).encode()).hexdigest()[:6]
+        chosen.append(Candidate(label=label, method=m.name, given=given, params=_jsonable(params),
                                 exports=runs_in, native=native, simplicity=key, simplicity_note=words))
     unused = sorted(set(overrides) - {c.method for c in chosen})
     for name in unused:
@@ -450,7 +461,7 @@ def make_plan(spec: str, model, target_length: int, engine: str, budget: float, 
             chosen.append(searched)
     searching = any(c.kind == "search" for c in chosen)
     earlier = None if work_root is None else _saved_plan(Path(work_root) / plan_identity(
-        spec, target_length, engine, data, budget, searching, train, chosen))
+        spec, target_length, engine, data, budget, searching, train))
     # a rerun resumes the earlier run's study with its counts (resume_plan), so its timing is not measured again
     forward_n = (float(earlier["seconds_per_forward"][str(target_length)]) if earlier is not None
                  else forward_seconds(model, target_length))
@@ -555,10 +566,13 @@ def work_dir_for(out: Path) -> Path:
 
 
 def plan_identity(model: str, target_length: int, engine: str, data: str | None, budget: float, search: bool,
-                  train: bool, chosen: list[Candidate]) -> str:
-    """The name of one command's study directory: a hash of everything that decides its pieces."""
-    identity = json.dumps([model, target_length, engine, data, budget, search, train,
-                           [(c.label, c.given) for c in chosen]], default=str, sort_keys=True)
+                  train: bool) -> str:
+    """The name of one command's study directory: a hash of what decides the protocol of its pieces. The
+    candidates are not part of it: a candidate is a variant of the study, which a rerun may add or drop (another
+    ``--methods``, a method that joined the registry) without the others being measured again
+    (:meth:`ropekit.study.store.StudyStore.initialize`); a candidate with parameters of the user's own carries
+    them in its label (:func:`candidates`), so it never meets a differently-set namesake."""
+    identity = json.dumps([model, target_length, engine, data, budget, search, train], default=str, sort_keys=True)
     return hashlib.sha256(identity.encode()).hexdigest()[:12]
 
 
@@ -572,7 +586,7 @@ def resume_plan(plan: Plan, work_root: Path) -> tuple[Plan, Path]:
     candidates and their parameters, search, train) under ``work_root``; when an earlier run made it, the sample
     counts and timings it measured are kept, so the study it started resumes instead of starting over."""
     where = Path(work_root) / plan_identity(plan.model, plan.target_length, plan.engine, plan.data, plan.budget_seconds,
-                                            plan.search, plan.train, plan.candidates)
+                                            plan.search, plan.train)
     saved = where / "plan.json"
     earlier = _saved_plan(where)
     if earlier is not None:
@@ -594,7 +608,7 @@ def run_evidence(plan: Plan, work_dir: Path, *, workers: int = 1, progress: bool
                  trained: list[Candidate] | None = None) -> list[dict[str, Any]]:
     """Run (or resume) the study of ``plan`` into ``work_dir`` and return its records; each piece that finished in
     an earlier run is kept (:mod:`ropekit.study.runner`)."""
-    from .runner import run_study
+    from .runner import plan as pieces_of, run_study
     from .store import open_study
 
     config = study_config(plan, trained)
@@ -607,12 +621,14 @@ def run_evidence(plan: Plan, work_dir: Path, *, workers: int = 1, progress: bool
         error = first.get("error") if isinstance(first, dict) else ""
         raise RopekitError(f"{len(failed)} evaluation piece(s) failed, first {piece}: {error}",
                            "run the same command again to retry them (finished pieces are kept)")
+    planned = {p.id for p in pieces_of(config)}
     with open_study(where) as store:
-        left = [p["id"] for p in store.pieces() if p["status"] in ("pending", "running")]
+        left = [p["id"] for p in store.pieces() if p["status"] in ("pending", "running") and p["id"] in planned]
     if left:
         # workers that ended early (killed, out of memory) leave pieces behind: a decision on part of the evidence
         # would be one the plan did not pay for
         raise RopekitError(f"{len(left)} evidence piece(s) did not finish, first {left[0]}: their worker ended early",
                            "run the same command again to resume them (finished pieces are kept)")
+    labels = {c.label for c in plan.candidates} | {BASE_LABEL} | {c.label for c in trained or []}
     with open_study(where) as store:
-        return store.samples()
+        return [r for r in store.samples() if r.get("method") in labels]

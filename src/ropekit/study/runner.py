@@ -217,7 +217,7 @@ def _watch_workers(procs, store: StudyStore, bar, config: StudyConfig, done_coun
             if status in ("done", "failed") and seen.get(piece_id) != status:
                 bar.log(f"{status}: {piece_id}")
         seen = now
-        running = [r["piece"] for r in store.status()["running"]]
+        running = [r["piece"] for r in store.status()["running"]]  # what runs now, whatever its variant
         bar.update(completed=done_count(), info=", ".join(running))
         if store.get_manifest("window") is None and now.get(PRETRAIN, "done") == "done":
             _record_window(config, store)
@@ -271,8 +271,10 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
     started = time.time()
     pieces = plan(config)
 
+    planned = {p.id for p in pieces}  # a study that dropped variants keeps their pieces, outside its plan
+
     def done_count() -> int:
-        return sum(1 for s in _statuses(store).values() if s == "done")
+        return sum(1 for piece, s in _statuses(store).items() if s == "done" and piece in planned)
 
     try:
         with runtime.progress(f"study {config.name}", total=len(pieces), completed=done_count(), console=console,
@@ -339,7 +341,7 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
         elapsed = time.time() - started
         previous = store.get_manifest("wall_seconds") or 0.0
         store.set_manifest(wall_seconds=round(float(previous) + elapsed, 1))
-        return store.status()
+        return store.status(only=planned)
     except KeyboardInterrupt:
         store.release_abandoned()  # pieces of this process, or of a worker killed mid-piece, stay "running" otherwise
         raise

@@ -207,6 +207,14 @@ def _read_proc(path: str) -> str:
         return ""
 
 
+def _same_protocol(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether two study configs differ only in which variants they list, each variant in both the same."""
+    if {k: v for k, v in old.items() if k != "variants"} != {k: v for k, v in new.items() if k != "variants"}:
+        return False
+    before = {v.get("label"): v for v in old.get("variants") or []}
+    return all(before.get(v.get("label"), v) == v for v in new.get("variants") or [])
+
+
 def placement_label(where: Mapping[str, Any]) -> str:
     """One placement (:func:`ropekit.runtime.devices.computed_on`) in words: ``bfloat16, sdpa attention, on
     NVIDIA H200``; a training's autocast precision is named beside its weights' dtype."""
@@ -522,11 +530,14 @@ class StudyStore:
         keys such as ``model``, ``window``, ``target_length``, ``methods``).
 
         Re-opening a study with a different config would mix results of two protocols in one file, so it
-        is refused unless ``replace``.
+        is refused unless ``replace`` — except a config that only adds or drops variants (every variant in both
+        defined the same, everything else equal): the protocol is the same, so a method joins an existing
+        comparison without the others being measured again, and a dropped variant's pieces stay in the file,
+        outside the study's plan.
         """
         config = json.loads(_dumps(dict(config)))
         old = self.get_manifest("config")
-        if old is not None and old != config and not replace:
+        if old is not None and old != config and not replace and not _same_protocol(old, config):
             raise RopekitError(
                 f"study '{self.path.parent}' was started with another configuration",
                 "use a new study directory, or resume with the same configuration",
@@ -693,19 +704,21 @@ class StudyStore:
             out.append(d)
         return out
 
-    def status(self) -> dict[str, Any]:
+    def status(self, only: Iterable[str] | None = None) -> dict[str, Any]:
         """Counts for ``ropekit study status``: pieces per status and per kind × status, the failed pieces
-        with their errors, the running ones with their workers, stored samples and compute seconds."""
+        with their errors, the running ones with their workers, stored samples and compute seconds. ``only``:
+        count these pieces alone (the study's plan, without the pieces of variants it dropped)."""
+        keep = None if only is None else set(only)
+        rows = [r for r in self._conn.execute("SELECT id, kind, status, error, worker, started, seconds FROM pieces "
+                                              "ORDER BY rowid") if keep is None or r["id"] in keep]
         by_status = dict.fromkeys(STATUSES, 0)
         by_kind: dict[str, dict[str, int]] = {}
-        for r in self._conn.execute("SELECT kind, status, COUNT(*) AS n FROM pieces GROUP BY kind, status"):
-            by_status[r["status"]] += r["n"]
-            by_kind.setdefault(r["kind"], dict.fromkeys(STATUSES, 0))[r["status"]] = r["n"]
-        failed = [{"piece": r["id"], "error": r["error"]}
-                  for r in self._conn.execute("SELECT id, error FROM pieces WHERE status = 'failed' ORDER BY rowid")]
-        running = [{"piece": r["id"], "worker": r["worker"], "started": r["started"]}
-                   for r in self._conn.execute("SELECT id, worker, started FROM pieces WHERE status = 'running' ORDER BY rowid")]
-        seconds = self._conn.execute("SELECT COALESCE(SUM(seconds), 0) FROM pieces WHERE status = 'done'").fetchone()[0]
+        for r in rows:
+            by_status[r["status"]] += 1
+            by_kind.setdefault(r["kind"], dict.fromkeys(STATUSES, 0))[r["status"]] += 1
+        failed = [{"piece": r["id"], "error": r["error"]} for r in rows if r["status"] == "failed"]
+        running = [{"piece": r["id"], "worker": r["worker"], "started": r["started"]} for r in rows if r["status"] == "running"]
+        seconds = sum(r["seconds"] or 0 for r in rows if r["status"] == "done")
         return {
             "pieces": sum(by_status.values()),
             "by_status": by_status,
