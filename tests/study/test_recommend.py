@@ -333,6 +333,17 @@ def test_a_ropekit_only_export_is_checked_by_reloading_it(run_cli, tmp_path):
     loaded = load_model("tiny")
     other = extend(loaded.model, "self_extend", **{**given, "group_size": 2 * int(result["params"]["group_size"])})
     assert not round_trip(other, loaded.tokenizer, out)["passed"]
+    # an export written in float16 (a quantized GGUF's precision class): compared on the same float16 weights the
+    # method round-trips exactly; against the float32 weights it would not (the rounding, not the method)
+    from ropekit.install import save_pretrained
+
+    half = tmp_path / "half"
+    save_pretrained(extend(load_model("tiny").model, "self_extend", **given), half, tokenizer=loaded.tokenizer,
+                    dtype="float16")
+    fresh = lambda: extend(load_model("tiny").model, "self_extend", **given)  # noqa: E731
+    same = round_trip(fresh(), loaded.tokenizer, half, "float16")
+    assert same["passed"] and same["weights"] == "float16" and same["max_abs_diff"] <= 1e-5
+    assert not round_trip(fresh(), loaded.tokenizer, half)["passed"]
 
 
 def test_evidence_left_unfinished_is_never_decided_on(run_cli, tmp_path, monkeypatch):

@@ -115,19 +115,32 @@ def engine_command(engine: str, building: Path, out: Path, report: dict[str, Any
     return f"python -c {shlex.quote(code)}"
 
 
-def round_trip(model, tokenizer, directory: Path) -> dict[str, Any]:
+def round_trip(model, tokenizer, directory: Path, weights_dtype: str | None = None) -> dict[str, Any]:
     """What serves a ropekit-only export in transformers — ``ropekit.load(DIR)`` — against the model the evidence
     measured (the method installed in memory), on the text ``ropekit verify`` uses: 1.5× the original window
     of the built-in held-out corpus, so the positions where the method acts are compared. Same kernels and dtype
-    on both sides, so the tolerance is transformers' own (:data:`ropekit.engines.verify.TOLERANCES`)."""
+    on both sides, so the tolerance is transformers' own (:data:`ropekit.engines.verify.TOLERANCES`).
+
+    ``weights_dtype``: what the export's weights were written in (a quantized GGUF's are float16,
+    :func:`ropekit.install.save_pretrained`); the model in memory is rounded through it first (in place: it has
+    been exported), so that the check is of the method restored, not of that stated rounding."""
     import time
+
+    import torch
 
     from ..engines.verify import TOLERANCES, ropekit_logprobs, text_ids
     from ..install import load
     from ..install.model_rope import installed
 
     started = time.perf_counter()
-    reloaded = load(directory, dtype=next(model.parameters()).dtype).eval()
+    compute = next(model.parameters()).dtype
+    written = getattr(torch, weights_dtype) if weights_dtype else compute
+    if written != compute:
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                if tensor.is_floating_point() and tensor.dtype == compute:
+                    tensor.copy_(tensor.to(written).to(compute))
+    reloaded = load(directory, dtype=compute).eval()
     record = installed(reloaded) or {}
     original = int((record.get("base") or {}).get("max_position_embeddings") or reloaded.config.max_position_embeddings)
     length = min(int(reloaded.config.max_position_embeddings), int(original * 1.5))
@@ -137,7 +150,8 @@ def round_trip(model, tokenizer, directory: Path) -> dict[str, Any]:
     limit = TOLERANCES["transformers"]
     return {"ran": True, "passed": max(diffs) <= limit, "engine_version": "ropekit.load round trip",
             "tokens": len(ids), "max_abs_diff": max(diffs), "mean_abs_diff": sum(diffs) / len(diffs),
-            "tolerance": limit, "details": {"seconds": round(time.perf_counter() - started, 1)}, "round_trip": True}
+            "tolerance": limit, "round_trip": True, "weights": str(written).removeprefix("torch."),
+            "details": {"seconds": round(time.perf_counter() - started, 1)}}
 
 
 def run_verify(engine: str, directory: Path, report: dict[str, Any], model=None, tokenizer=None) -> dict[str, Any]:
@@ -150,7 +164,7 @@ def run_verify(engine: str, directory: Path, report: dict[str, Any], model=None,
         if model is None:
             return {"ran": False, "why": "plain transformers refuses a ropekit-only rope type by design; "
                                          "ropekit.load(DIR) loads it"}
-        return round_trip(model, tokenizer, directory)
+        return round_trip(model, tokenizer, directory, report.get("dtype"))
     try:
         engine_python(get_engine(name))
     except RopekitError as err:
@@ -176,7 +190,8 @@ def verify_line(engine: str, verdict: dict[str, Any] | None) -> str:
     word = "PASS" if verdict["passed"] else "FAIL"
     if verdict.get("round_trip"):
         return (f"plain transformers has no rope type for this method, so `ropekit.load(DIR)` serves it; reloaded "
-                f"from DIR it equals the model the evidence measured: {word}, {verdict['tokens']} tokens, max "
+                f"from DIR it computes what the method installed in memory computes on the same "
+                f"{verdict.get('weights', '')} weights: {word}, {verdict['tokens']} tokens, max "
                 f"|Δ log p| {verdict['max_abs_diff']:.2e} (tolerance {verdict['tolerance']:.0e}), mean "
                 f"{verdict['mean_abs_diff']:.2e}.")
     return (f"`ropekit verify --engine {VERIFY_ENGINE[engine]}` {word} ({verdict['engine_version']}): "
