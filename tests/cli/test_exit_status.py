@@ -256,17 +256,16 @@ def test_verify_hands_the_engine_an_absolute_directory(run_cli, monkeypatch, tmp
     assert Path(seen["model"]).is_absolute() and Path(seen["model"]) == (tmp_path / "model").resolve()
 
 
-@pytest.mark.slow
-def test_sigint_of_a_study_with_worker_processes_exits_130_without_tracebacks(tmp_path):
-    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while two worker processes run pieces: exit
-    130, one line, no traceback from the parent or the workers, no piece left "running". Bounded: ~1 min."""
+def _study_with_two_workers_running(tmp_path: Path, *extra: str):
+    """``ropekit study`` with two worker processes, in a session of its own, once a piece is running:
+    ``(process, study database)``."""
     config = tmp_path / "study.yaml"
     config.write_text(yaml.safe_dump({**STUDY, "variants": [{"label": "base"}, {"label": "pi", "method": "pi",
                                                                                   "params": {"factor": 4}}],
                                       "evals": {"ppl": {"lengths": [64, 128, 256], "samples": 8}}}))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     proc = subprocess.Popen([sys.executable, "-m", "ropekit", "study", str(config), "--out", str(tmp_path / "s"),
-                             "--workers", "2", "--no-report"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--workers", "2", *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     db = tmp_path / "s" / "study.sqlite"
     deadline = time.monotonic() + 120
@@ -279,6 +278,14 @@ def test_sigint_of_a_study_with_worker_processes_exits_130_without_tracebacks(tm
             except sqlite3.Error:
                 pass
         time.sleep(0.2)
+    return proc, db
+
+
+@pytest.mark.slow
+def test_sigint_of_a_study_with_worker_processes_exits_130_without_tracebacks(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while two worker processes run pieces: exit
+    130, one line, no traceback from the parent or the workers, no piece left "running". Bounded: ~1 min."""
+    proc, db = _study_with_two_workers_running(tmp_path, "--no-report")
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -294,25 +301,7 @@ def test_sigint_that_reaches_only_the_workers_stops_the_study(tmp_path):
     process: it must report the study interrupted (exit 130, no report written), not carry on as if its pieces had
     finished — `ropekit recommend` once decided and exported on a study whose last pieces had been put back
     pending this way. Bounded: ~1 min."""
-    config = tmp_path / "study.yaml"
-    config.write_text(yaml.safe_dump({**STUDY, "variants": [{"label": "base"}, {"label": "pi", "method": "pi",
-                                                                                  "params": {"factor": 4}}],
-                                      "evals": {"ppl": {"lengths": [64, 128, 256], "samples": 8}}}))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "ropekit", "study", str(config), "--out", str(tmp_path / "s"),
-                             "--workers", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    db = tmp_path / "s" / "study.sqlite"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if db.exists():
-            try:
-                with sqlite3.connect(db) as conn:
-                    if conn.execute("SELECT COUNT(*) FROM pieces WHERE status = 'running'").fetchone()[0]:
-                        break
-            except sqlite3.Error:
-                pass
-        time.sleep(0.2)
+    proc, db = _study_with_two_workers_running(tmp_path)
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
     workers = [int(pid) for pid in children if "ropekit" in Path(f"/proc/{pid}/cmdline").read_text()
                or "multiprocessing" in Path(f"/proc/{pid}/cmdline").read_text()]

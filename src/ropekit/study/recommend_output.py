@@ -136,8 +136,8 @@ def round_trip(model, tokenizer, directory: Path, weights_dtype: str | None = No
     compute = next(model.parameters()).dtype
     written = getattr(torch, weights_dtype) if weights_dtype else compute
     if written != compute:
-        with torch.no_grad():
-            for tensor in [*model.parameters(), *model.buffers()]:
+        with torch.no_grad():  # what the file holds: the state dict (not recomputed buffers such as inv_freq)
+            for tensor in model.state_dict().values():
                 if tensor.is_floating_point() and tensor.dtype == compute:
                     tensor.copy_(tensor.to(written).to(compute))
     reloaded = load(directory, dtype=compute).eval()
