@@ -279,7 +279,9 @@ def computed_on(model=None, *, device: str | None = None, dtype: str | None = No
         if first is not None:
             device = device or str(first.device)
             dtype = dtype or str(first.dtype).removeprefix("torch.")
-        attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        from ..adapters.transformers import attn_implementation
+
+        attn = attn_implementation(getattr(model, "config", None))
     device = device or "cpu"
     out = {"device": device, "dtype": dtype or "float32", "hardware": hardware_name(device)}
     if attn:
