@@ -17,6 +17,7 @@ Only the standard library is imported at module level; torch is imported inside 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 
@@ -254,19 +255,28 @@ def hardware_name(device: str) -> str:
         return torch.cuda.get_device_name(index)
     if text == "mps":
         return "Apple GPU (MPS)"
-    cpu = None
+    return _cpu_hardware()
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_hardware() -> str:
+    """The CPU's model and its bfloat16 unit, read once per process (every evaluation record carries it)."""
+    unit = native_cpu_bf16()
+    return f"{cpu_model()}, " + (unit or "no native bfloat16 matmul")
+
+
+def cpu_model() -> str:
+    """The CPU's model name as the kernel reports it (``/proc/cpuinfo``), else what ``platform`` knows."""
+    import platform
+
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
                 if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
-
-    unit = native_cpu_bf16()
-    return f"{cpu or platform.processor() or platform.machine() or 'CPU'}, " + (unit or "no native bfloat16 matmul")
+    return platform.processor() or platform.machine() or "CPU"
 
 
 def computed_on(model=None, *, device: str | None = None, dtype: str | None = None, **extra) -> dict[str, str]:

@@ -271,11 +271,8 @@ def placement_text(groups: list[dict[str, Any]], joiner: str = "; ") -> str:
 
 def machine_description() -> dict[str, Any]:
     """What the study ran on: CPU model, logical cores (all and usable), RAM, GPUs, OS, Python."""
-    cpu = None
-    for line in _read_proc("/proc/cpuinfo").splitlines():
-        if line.lower().startswith(("model name", "hardware", "cpu model")):
-            cpu = line.split(":", 1)[1].strip()
-            break
+    from ..runtime.devices import cpu_model
+
     ram = None
     for line in _read_proc("/proc/meminfo").splitlines():
         if line.startswith("MemTotal:"):
@@ -296,7 +293,7 @@ def machine_description() -> dict[str, Any]:
     except (ImportError, RuntimeError, AssertionError):  # no torch, or a broken driver: no GPU to describe
         gpus = []
     return {
-        "cpu": cpu or platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "usable_cores": usable,
         "ram_bytes": ram,
