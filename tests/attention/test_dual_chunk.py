@@ -181,6 +181,38 @@ def test_in_order_positions_visit_each_part_only_over_its_own_keys():
                 assert ranges[kind][2] == (kind > 0)
 
 
+def test_under_the_causal_mask_no_part_reads_a_mask(monkeypatch):
+    """An unpadded prefill on CPU computes every intra-chunk block as unmasked keys plus its causal triangle, and the
+    earlier chunks' parts unmasked: no mask reaches the kernel, and the output still equals the naive rule."""
+    from ropekit.methods import dual_chunk_attention
+
+    seen = []
+    real = dual_chunk_attention.attention_with_lse
+
+    def recording(query, key, value, allowed, scale=None, causal=False):
+        seen.append((allowed is not None, causal))
+        return real(query, key, value, allowed, scale=scale, causal=causal)
+
+    monkeypatch.setattr(dual_chunk_attention, "attention_with_lse", recording)
+    model = build_tiny_model("llama", seed=2, num_kv_heads=2)
+    sharpen(model)
+    ropekit.extend(model, "dual_chunk", chunk_size=48, local_size=8)
+    for attn in attention_modules(model):
+        attn.ropekit_attend.chunk = 16
+    records = record_layers(model)
+    n = 200
+    with torch.no_grad():
+        model(_ids(1, n))
+    assert seen and not any(masked for masked, _ in seen)
+    L = 48 - 8  # blocks of 16 rows cut at the chunk boundaries: 16 + 16 + 8 per chunk, one triangle each
+    assert sum(causal for _, causal in seen) == model.config.num_hidden_layers * (n // L) * -(-L // 16)
+    pos = torch.arange(n)[None]
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()[None]
+    for layer, (rec,) in records.items():
+        want = naive_dca(rec["q"], rec["k"], rec["v"], pos, pos, allowed, 48, 8, _theta32(model), rec["scaling"])
+        assert (rec["out"].double() - want).abs().max().item() <= ATOL, f"layer {layer}"
+
+
 @pytest.mark.parametrize(("chunk_size", "local_size"), [(48, 8), (40, 0), (30, 5), (64, 31)])
 def test_successive_chunk_keeps_true_distances_for_the_first_local_size_plus_one_tokens(chunk_size, local_size):
     """The docstrings' count, against brute force: for each query offset ``i mod L`` in a chunk, does every key of

@@ -265,3 +265,44 @@ def test_a_fused_kernel_with_float32_logits_passes_the_bf16_check(monkeypatch):
         warnings.simplefilter("error")
         kernels._fused_cuda_or_explicit(q, k, v, None, 1 / 8)
     assert kernels._FUSED_VERIFIED == {("cpu", torch.bfloat16): True}
+
+
+@pytest.mark.parametrize("kv_heads", [1, 3, 6])
+@pytest.mark.parametrize("fused", [True, False])
+def test_causal_block_is_the_lower_triangle(monkeypatch, kv_heads, fused):
+    """``causal=True``: query ``i`` sees keys ``j ≤ i`` — through the CPU flash kernel's own causal mode, and through
+    the explicit triangle mask used on devices without it; grouped-query heads keep their KV head."""
+    from ropekit.attention import kernels
+
+    if not fused:
+        monkeypatch.setattr(kernels, "runs_cpu_flash", lambda query: False)
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 6, 45, 16, generator=gen)
+    k, v = torch.randn(2, 2, kv_heads, 45, 16, generator=gen).unbind(0)
+    out, lse = attention_with_lse(q, k, v, None, scale=0.3, causal=True)
+    want_out, want_lse = naive(q, k, v, torch.ones(45, 45, dtype=torch.bool).tril(), 0.3)
+    assert torch.allclose(out.double(), want_out, atol=1e-5)
+    assert torch.allclose(lse.double(), want_lse, atol=1e-5)
+
+
+def test_causal_block_refuses_a_mask_or_a_rectangle():
+    q = torch.randn(1, 2, 5, 8)
+    with pytest.raises(ValueError, match="square block"):
+        attention_with_lse(q, torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), None, causal=True)
+    with pytest.raises(ValueError, match="square block"):
+        attention_with_lse(q, q, q, torch.ones(5, 5, dtype=torch.bool), causal=True)
+
+
+def test_merge_of_bf16_parts_rounds_once():
+    """bfloat16 parts are combined in float32 and rounded once: each output is within half a bfloat16 ulp of the
+    float64 merge of the same parts (summing in bfloat16 misses it by hundreds of ulps where terms cancel)."""
+    gen = torch.Generator().manual_seed(5)
+    parts = [(torch.randn(1, 2, 64, 16, generator=gen).bfloat16(), torch.randn(1, 2, 64, generator=gen))
+             for _ in range(8)]
+    out, lse = merge_attention(parts)
+    total = torch.logsumexp(torch.stack([p_lse for _, p_lse in parts]).double(), dim=0)
+    exact = sum(o.double() * torch.exp(p_lse.double() - total).unsqueeze(-1) for o, p_lse in parts)
+    ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)
+    assert out.dtype == torch.bfloat16
+    assert ((out.double() - exact).abs() / ulp).max().item() <= 0.5 + 1e-3
+    assert torch.allclose(lse.double(), total, atol=1e-6)

@@ -356,6 +356,54 @@ def test_position_jumps_take_the_general_path_and_match_naive(monkeypatch):
     _check_layers(model, records, pos, allowed, (slice(None),), G, W)
 
 
+@pytest.mark.parametrize("path", ["causal", "banded", "general"])
+def test_each_structural_path_equals_the_rule_over_offsets_windows_and_chunks(path):
+    """Every way Self-Extend splits its work — the causal-triangle path (plain causal mask on CPU), the banded path
+    (padding) and the pair-by-pair path — equals LCEG Eq. 13 computed naively, for prefills and for queries after
+    cached keys (``Lk > Lq``), windows from 1 to past the input, and row chunks narrower and wider than ``W``."""
+    from ropekit.attention.masks import AttentionMask
+    from ropekit.methods.self_extend_attention import SelfExtendAttention
+
+    gen = torch.Generator().manual_seed(21)
+    theta = 100.0 ** (-torch.arange(0, 8, 2).float() / 8)
+    worst = 0.0
+    for q_len, off, G, W, chunk in [(1, 0, 2, 1, 1), (7, 5, 3, 4, 8), (40, 0, 2, 16, 8), (40, 50, 3, 16, 64),
+                                    (133, 0, 3, 37, 8), (133, 5, 2, 37, 64), (96, 0, 4, 16, 16), (60, 9, 2, 200, 8)]:
+        k_len = q_len + off
+        q = torch.randn(1, 6, q_len, 8, generator=gen, dtype=torch.float64)
+        k, v = torch.randn(2, 1, 2, k_len, 8, generator=gen, dtype=torch.float64).unbind(0)
+        q_pos, k_pos = torch.arange(off, k_len)[None], torch.arange(k_len)[None]
+        allowed = (q_pos[:, :, None] >= k_pos[:, None, :])
+        want = naive_self_extend(q, k, v, q_pos, k_pos, allowed, G, W, theta, 0.3).transpose(1, 2)
+        attend = SelfExtendAttention(lambda: theta, G, W, chunk=chunk)
+        got = getattr(attend, f"_attend_{path}")(q, k, v, AttentionMask(None, q_len, k_len), q_pos, k_pos, 0.3)
+        worst = max(worst, (got - want).abs().max().item())
+    assert worst <= ATOL, f"{path}: max error {worst:.3g}"
+
+
+def test_an_unpadded_prefill_takes_the_causal_triangle_path(monkeypatch):
+    """Under the plain causal mask on CPU neither the banded nor the pair-by-pair path runs: the parts are causal
+    triangles and unmasked blocks (ropekit.methods.self_extend_attention, ``_attend_causal``)."""
+    from ropekit.methods.self_extend_attention import SelfExtendAttention
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the causal prefill left the causal-triangle path")
+
+    calls = []
+    causal = SelfExtendAttention._attend_causal
+    monkeypatch.setattr(SelfExtendAttention, "_attend_causal",
+                        lambda self, *a, **k: calls.append(1) or causal(self, *a, **k))
+    monkeypatch.setattr(SelfExtendAttention, "_attend_banded", fail)
+    monkeypatch.setattr(SelfExtendAttention, "_attend_general", fail)
+    model = _extended("llama", group_size=4, window_size=16)
+    records = record_layers(model)
+    with torch.no_grad():
+        model(_ids(1, 120, seed=22))
+    assert len(calls) == model.config.num_hidden_layers
+    pos = torch.arange(120)[None]
+    _check_layers(model, records, pos, torch.ones(120, 120, dtype=torch.bool).tril()[None], (slice(None),), 4, 16)
+
+
 def test_padding_and_cache_take_the_banded_path(monkeypatch):
     from ropekit.methods.self_extend_attention import SelfExtendAttention
 

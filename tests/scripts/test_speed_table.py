@@ -31,3 +31,22 @@ def test_a_missing_file_is_one_line_and_exit_2(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nope.jsonl"), str(tmp_path / "x.jsonl")],
                           capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no file" in done.stderr
+
+
+def test_overhead_pairs_each_method_with_plain_of_the_same_repeat(tmp_path):
+    def write(path, rows):
+        with path.open("w") as f:
+            for method, repeat, seconds in rows:
+                f.write(json.dumps({"method": method, "length": 8192, "dtype": "float32", "prefill_s": seconds,
+                                    "repeat": repeat}) + "\n")
+        return path
+
+    # before: 12/10, 26/20, 13/10 -> median 1.30 of [1.20, 1.30, 1.30]; after: 11/10, 22/20 -> 1.10 of two
+    before = write(tmp_path / "before.jsonl", [("plain", 0, 10.0), ("self_extend", 0, 12.0), ("plain", 1, 20.0),
+                                               ("self_extend", 1, 26.0), ("plain", 2, 10.0), ("self_extend", 2, 13.0)])
+    after = write(tmp_path / "after.jsonl", [("plain", 0, 10.0), ("self_extend", 0, 11.0), ("plain", 1, 20.0),
+                                             ("self_extend", 1, 22.0), ("dual_chunk", 1, 30.0)])
+    out = subprocess.run([sys.executable, str(SCRIPT), "--overhead", str(before), str(after)], capture_output=True,
+                         text=True, check=True).stdout
+    assert "| 8,192 | self_extend | 1.30× [1.20, 1.30] (3 repeats) | 1.10× [1.10, 1.10] (2 repeats) |" in out
+    assert "| 8,192 | dual_chunk | — | 1.50× (1 repeat) |" in out

@@ -122,8 +122,13 @@ def attention_with_lse(
     value: torch.Tensor,
     allowed: torch.Tensor | None,
     scale: float | None = None,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention restricted to ``allowed`` (bool, broadcastable to (B, H, Lq, Lk); None = all).
+
+    ``causal=True`` (with ``allowed=None`` and ``Lq == Lk``) restricts query ``i`` to keys ``j ≤ i``: on CPU the
+    fused kernel skips the blocks above the diagonal instead of reading a mask (half the work of a square block,
+    no n × n mask); elsewhere the triangle is an explicit mask (callers keep such blocks small there).
 
     Returns ``out`` (B, H, Lq, D) and ``lse`` (B, H, Lq), the natural log of each row's softmax
     denominator; rows with no allowed key get ``out = 0`` and ``lse = −inf`` (they merge as nothing).
@@ -138,6 +143,15 @@ def attention_with_lse(
     """
     batch, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
+    if causal:
+        if allowed is not None or q_len != key.shape[2]:
+            raise ValueError("attention_with_lse: causal=True takes a square block and no allowed mask")
+        if not runs_cpu_flash(query):
+            allowed = torch.ones(q_len, q_len, dtype=torch.bool, device=query.device).tril()
+            causal = False
+        elif heads != kv_heads:  # folding query heads into rows would break the triangle: share KV heads instead
+            key, value = expand_kv(key, heads), expand_kv(value, heads)
+            kv_heads = heads
     if heads != kv_heads:
         g = heads // kv_heads
         folded_allowed = None
@@ -155,11 +169,11 @@ def attention_with_lse(
     bias = None
     if allowed is not None:
         bias = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(~allowed, float("-inf"))
-    if query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+    if runs_cpu_flash(query):
         if bias is not None:
             bias = bias.expand(query.shape[0], heads, query.shape[2], key.shape[2])
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, 0.0, False, attn_mask=bias, scale=scale
+            query, key, value, 0.0, causal, attn_mask=bias, scale=scale
         )
         lse = lse.to(torch.float32)
     elif query.device.type in FUSED_DEVICES and query.dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -176,16 +190,27 @@ def attention_with_lse(
 
 
 def merge_attention(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exactly combine attention over disjoint key sets from their ``(out, lse)`` pairs."""
+    """Exactly combine attention over disjoint key sets from their ``(out, lse)`` pairs.
+
+    Half-precision parts are weighted and summed in float32 and rounded once at the end (the float32 online
+    softmax of blockwise attention): summing bfloat16 terms would round every partial sum to 8 significant bits.
+    Float32 parts are combined exactly as before."""
     lses = torch.stack([lse for _, lse in parts])
     total = torch.logsumexp(lses, dim=0)
     safe_total = total.masked_fill(torch.isinf(total), 0.0)
+    dtype = parts[0][0].dtype
+    wide = torch.promote_types(dtype, torch.float32)
     out = None
     for part_out, part_lse in parts:
-        weight = torch.exp(part_lse - safe_total).unsqueeze(-1).to(part_out.dtype)
-        term = part_out * weight
+        weight = torch.exp(part_lse - safe_total).unsqueeze(-1).to(wide)
+        term = part_out.to(wide) * weight
         out = term if out is None else out + term
-    return out, total
+    return out.to(dtype), total
+
+
+def runs_cpu_flash(query: torch.Tensor) -> bool:
+    """Whether PyTorch's fused CPU flash kernel (which returns the log-sum-exp) runs this block."""
+    return query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 #: Shared rotation tables: (kind, group, dtype, frequencies tensor identity) → (inv_freq, cos, sin), cos/sin of

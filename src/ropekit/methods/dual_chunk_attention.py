@@ -40,6 +40,7 @@ from ..attention.kernels import (
     merge_attention,
     pair_scores,
     rotate_by,
+    runs_cpu_flash,
 )
 from ..attention.masks import AttentionMask, query_key_positions
 
@@ -105,6 +106,8 @@ class DualChunkAttention:
         if plain:  # every pair intra-chunk: the plain model, exactly
             return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         q_succ, q_inter, k_chunk = self._rotated(query, key, q_pos, k_pos)
+        off = k_len - q_len
+        triangles = mask.is_causal and runs_cpu_flash(query)
         outs = []
         for a, b, ranges in blocks:
             parts = []
@@ -112,6 +115,16 @@ class DualChunkAttention:
                 if ranges[kind] is None:
                     continue
                 lo, up, whole = ranges[kind]
+                if kind == 0 and triangles and lo <= a + off and up >= b + off:
+                    # under the plain causal mask, with every key of [lo, b + off) in the rows' chunk: the keys
+                    # before the block's first key index (all seen) and the block's own causal triangle
+                    s = a + off
+                    parts.append(attention_with_lse(query[:, :, a:b], key[:, :, s:b + off], value[:, :, s:b + off],
+                                                    None, scale=scaling, causal=True))
+                    if s > lo:
+                        parts.append(attention_with_lse(query[:, :, a:b], key[:, :, lo:s], value[:, :, lo:s], None,
+                                                        scale=scaling))
+                    continue
                 allowed = None
                 if not (whole and kind > 0):
                     relation = self._relation(q_pos[:, a:b], k_pos[:, lo:up])

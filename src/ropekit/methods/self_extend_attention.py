@@ -36,6 +36,7 @@ import torch
 from ..core.rope_info import RopeInfo
 from ..attention.interface import PairLogits
 from ..attention.kernels import (
+    runs_cpu_flash,
     attention_with_lse,
     forward_memo,
     memoized,
@@ -163,7 +164,10 @@ class SelfExtendAttention:
         if consecutive and q_len == 1:
             out = self._attend_decode(query, key, value, mask, q_pos, k_pos, scaling)
         else:
-            attend = self._attend_banded if consecutive else self._attend_general
+            if consecutive and mask.is_causal and runs_cpu_flash(query):
+                attend = self._attend_causal
+            else:
+                attend = self._attend_banded if consecutive else self._attend_general
             self._call_memo = memo
             try:
                 out = attend(query, key, value, mask, q_pos, k_pos, scaling)
@@ -354,6 +358,77 @@ class SelfExtendAttention:
             parts = [p for p in parts if p is not None]
             outs.append(merge_attention(parts)[0] if len(parts) > 1 else parts[0][0])
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+    def _attend_causal(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
+        """LCEG Eq. 13 under the plain causal mask (no padding, position distance = index distance) on CPU, where
+        both parts are mostly causal triangles that the fused kernel computes without a mask.
+
+        With ``off = Lk − Lq``, query row ``r`` (key index ``R = r + off``) has group keys ``t ≤ R − W`` and
+        neighbour keys ``R − W < t ≤ R``.
+
+        * Group part, for all rows at once: with ``d = off − W``, row ``r`` sees keys ``[0, r + d]`` — keys
+          ``[0, d)`` (when ``d > 0``) for every row, unmasked, and a causal square of rows ``[max(0, −d), Lq)``
+          over keys from ``max(d, 0)``. Rows ``r < −d`` have no group key.
+        * Neighbour part, per chunk of ``c ≤ W`` rows ``[a, b)`` (``s = a + off``, ``e = b + off``): keys
+          ``[s − W + 1, e − W + 1)`` form a staircase (row ``s + i`` sees the ``j ≥ i`` of them: with rows and
+          keys reversed, a causal triangle; a c × c mask where key 0 cuts it),
+          keys ``[e − W + 1, s)`` are seen by every row (unmasked) and keys ``[s, e)`` are the causal c × c
+          triangle.
+
+        Every pair the formula has is computed once, as the plain causal attention computes its pairs; the parts
+        are merged exactly by log-sum-exp in float32.
+        """
+        W = self.window_size
+        q_len, k_len = query.shape[2], key.shape[2]
+        off = k_len - q_len
+        device = query.device
+        q_group, key, k_group, value = self._group_rotated(query, key, value, q_pos, k_pos)
+
+        d = off - W
+        first = max(0, -d)  # the first row with a group key
+        batch, heads, _, dim = query.shape
+        group_out = query.new_zeros(batch, heads, q_len, value.shape[-1])
+        group_lse = torch.full((batch, heads, q_len), float("-inf"), device=device)
+        if first < q_len:
+            start = max(d, 0)
+            parts = [attention_with_lse(q_group[:, :, first:], k_group[:, :, start:start + q_len - first],
+                                        value[:, :, start:start + q_len - first], None, scale=scaling, causal=True)]
+            if d > 0:
+                parts.append(attention_with_lse(q_group[:, :, first:], k_group[:, :, :d], value[:, :, :d], None,
+                                                scale=scaling))
+            group_out[:, :, first:], group_lse[:, :, first:] = merge_attention(parts) if len(parts) > 1 else parts[0]
+
+        chunk = max(1, min(self.chunk, W))
+        near_out, near_lse = [], []
+        for a in range(0, q_len, chunk):
+            b = min(a + chunk, q_len)
+            s, e = a + off, b + off
+            parts = [attention_with_lse(query[:, :, a:b], key[:, :, s:e], value[:, :, s:e], None, scale=scaling,
+                                        causal=True)]
+            mid_lo, mid_hi = max(0, e - W + 1), s
+            if mid_hi > mid_lo:
+                parts.append(attention_with_lse(query[:, :, a:b], key[:, :, mid_lo:mid_hi], value[:, :, mid_lo:mid_hi],
+                                                None, scale=scaling))
+            stair_lo, stair_hi = max(0, s - W + 1), min(max(0, e - W + 1), s)
+            if stair_hi - stair_lo == b - a and stair_hi == e - W + 1:
+                # the whole staircase, an upper triangle (diagonal included): reversing rows and keys makes it the
+                # causal lower one, which the kernel computes without a mask
+                out, lse = attention_with_lse(query[:, :, a:b].flip(2), key[:, :, stair_lo:stair_hi].flip(2),
+                                              value[:, :, stair_lo:stair_hi].flip(2), None, scale=scaling, causal=True)
+                parts.append((out.flip(2), lse.flip(2)))
+            elif stair_hi > stair_lo:  # cut by key 0 (the first W / c chunks): a c × c mask
+                rows = torch.arange(s, e, device=device)[:, None]
+                seen = torch.arange(stair_lo, stair_hi, device=device)[None, :] > rows - W
+                parts.append(attention_with_lse(query[:, :, a:b], key[:, :, stair_lo:stair_hi],
+                                                value[:, :, stair_lo:stair_hi], seen, scale=scaling))
+            out, lse = merge_attention(parts) if len(parts) > 1 else parts[0]
+            near_out.append(out)
+            near_lse.append(lse)
+        near = (torch.cat(near_out, dim=2), torch.cat(near_lse, dim=2)) if len(near_out) > 1 \
+            else (near_out[0], near_lse[0])
+        if first >= q_len:
+            return near[0]
+        return merge_attention([near, (group_out, group_lse)])[0]
 
     def _attend_traced(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
         """LCEG Eq. 13 without a host sync or a branch on tensor values (what ``torch.compile(fullgraph=True)``
