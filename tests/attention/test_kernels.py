@@ -268,14 +268,19 @@ def test_a_fused_kernel_with_float32_logits_passes_the_bf16_check(monkeypatch):
 
 
 @pytest.mark.parametrize("kv_heads", [1, 3, 6])
-@pytest.mark.parametrize("fused", [True, False])
-def test_causal_block_is_the_lower_triangle(monkeypatch, kv_heads, fused):
-    """``causal=True``: query ``i`` sees keys ``j ≤ i`` — through the CPU flash kernel's own causal mode, and through
-    the explicit triangle mask used on devices without it; grouped-query heads keep their KV head."""
+@pytest.mark.parametrize("path", ["fused", "fused, KV heads copied", "explicit"])
+def test_causal_block_is_the_lower_triangle(monkeypatch, kv_heads, path):
+    """``causal=True``: query ``i`` sees keys ``j ≤ i`` — through the CPU flash kernel's own causal mode (with
+    grouped-query heads passed as they are, or copied per query head for a torch before 2.9), and through the
+    explicit triangle mask used on devices without it; each query head keeps its KV head."""
     from ropekit.attention import kernels
 
-    if not fused:
+    if path == "explicit":
         monkeypatch.setattr(kernels, "runs_cpu_flash", lambda query: False)
+    if path == "fused, KV heads copied":
+        monkeypatch.setattr(kernels, "CPU_FLASH_TAKES_GQA", False)
+    elif path == "fused" and not kernels.CPU_FLASH_TAKES_GQA:
+        pytest.skip(f"torch {torch.__version__}'s CPU flash kernel takes no grouped-query heads")
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(2, 6, 45, 16, generator=gen)
     k, v = torch.randn(2, 2, kv_heads, 45, 16, generator=gen).unbind(0)

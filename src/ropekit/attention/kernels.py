@@ -146,12 +146,15 @@ def attention_with_lse(
     if causal:
         if allowed is not None or q_len != key.shape[2]:
             raise ValueError("attention_with_lse: causal=True takes a square block and no allowed mask")
-        if not runs_cpu_flash(query):
-            allowed = torch.ones(q_len, q_len, dtype=torch.bool, device=query.device).tril()
-            causal = False
-        elif heads != kv_heads:  # folding query heads into rows would break the triangle: share KV heads instead
-            key, value = expand_kv(key, heads), expand_kv(value, heads)
-            kv_heads = heads
+        if runs_cpu_flash(query):
+            # every row sees its diagonal key: no empty rows. Folding query heads into rows would break the triangle,
+            # so grouped-query heads go to the kernel as they are where it takes them, else as copied KV heads.
+            if heads != kv_heads and not CPU_FLASH_TAKES_GQA:
+                key, value = expand_kv(key, heads), expand_kv(value, heads)
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                query, key, value, 0.0, True, scale=1.0 / math.sqrt(dim) if scale is None else scale)
+            return out, lse.to(torch.float32)
+        allowed = torch.ones(q_len, q_len, dtype=torch.bool, device=query.device).tril()
     if heads != kv_heads:
         g = heads // kv_heads
         folded_allowed = None
@@ -173,7 +176,7 @@ def attention_with_lse(
         if bias is not None:
             bias = bias.expand(query.shape[0], heads, query.shape[2], key.shape[2])
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, 0.0, causal, attn_mask=bias, scale=scale
+            query, key, value, 0.0, False, attn_mask=bias, scale=scale
         )
         lse = lse.to(torch.float32)
     elif query.device.type in FUSED_DEVICES and query.dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -206,6 +209,11 @@ def merge_attention(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[tor
         term = part_out.to(wide) * weight
         out = term if out is None else out + term
     return out.to(dtype), total
+
+
+#: PyTorch's CPU flash kernel takes fewer KV heads than query heads from 2.9 on (pytorch/pytorch#157893, "[CPU]
+#: Support GQA for flash attention"); before, grouped-query keys and values are copied per query head.
+CPU_FLASH_TAKES_GQA = torch.__version__ >= (2, 9)  # a TorchVersion, compared as a version
 
 
 def runs_cpu_flash(query: torch.Tensor) -> bool:

@@ -36,7 +36,6 @@ import torch
 from ..core.rope_info import RopeInfo
 from ..attention.interface import PairLogits
 from ..attention.kernels import (
-    runs_cpu_flash,
     attention_with_lse,
     forward_memo,
     memoized,
@@ -45,6 +44,7 @@ from ..attention.kernels import (
     pair_scores,
     rotate_by,
     rotate_from_table,
+    runs_cpu_flash,
 )
 from ..attention.masks import AttentionMask, query_key_positions
 
@@ -386,7 +386,7 @@ class SelfExtendAttention:
 
         d = off - W
         first = max(0, -d)  # the first row with a group key
-        batch, heads, _, dim = query.shape
+        batch, heads = query.shape[:2]
         group_out = query.new_zeros(batch, heads, q_len, value.shape[-1])
         group_lse = torch.full((batch, heads, q_len), float("-inf"), device=device)
         if first < q_len:
