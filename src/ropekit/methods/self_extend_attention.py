@@ -16,7 +16,9 @@ the unrotated vectors are never needed. Both parts run through :func:`attention_
 exactly with :func:`merge_attention`; no n × n matrix is built. Queries are processed in chunks of
 :data:`QUERY_CHUNK` rows, so memory is O(chunk × keys). When position distance equals index distance
 (no padding, left/right padding, KV cache, chunked prefill) the split is structural and only O(n · chunk)
-logits go through masks; otherwise every pair is decided from its positions (exact, slower).
+logits go through masks — under the plain causal mask on CPU none but the first ``W / chunk`` blocks' (the parts
+are causal triangles the fused kernel computes unmasked, ``_attend_causal``); otherwise every pair is decided from
+its positions (exact, slower).
 
 Positions: queries use ``position_ids``; keys use :func:`~ropekit.attention.masks.key_positions` (the
 queries' own positions without a cache, else the consecutive positions ending at the last query — what
