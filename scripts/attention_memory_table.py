@@ -112,7 +112,7 @@ def _decisions():
                          (0, min(max(0, (c - 1) * L), hi), True))
                 blocks.append((a, b, tuple(span if span[1] > span[0] else None for span in spans)))
             r = end
-        return k_len - 1 < L, blocks
+        return k_len - 1 < L, blocks, True
 
     return [
         mock.patch.object(self_extend.SelfExtendAttention, "_layout", se_layout),

@@ -167,7 +167,7 @@ def test_in_order_positions_visit_each_part_only_over_its_own_keys():
     q = torch.zeros(1, 2, n, 8)
     mask = AttentionMask.for_call(None, q, q, {})
     pos = torch.arange(n)[None]
-    plain, blocks = attend._layout(mask, pos, pos, n, n)
+    plain, blocks, in_order = attend._layout(mask, pos, pos, n, n)
     assert not plain and [a for a, _, _ in blocks] == [a for s in range(0, n, L) for a in range(s, min(s + L, n), 16)]
     for a, b, ranges in blocks:
         assert a // L == (b - 1) // L and b - a <= 16  # blocks cut at chunk boundaries
@@ -211,6 +211,26 @@ def test_under_the_causal_mask_no_part_reads_a_mask(monkeypatch):
     for layer, (rec,) in records.items():
         want = naive_dca(rec["q"], rec["k"], rec["v"], pos, pos, allowed, 48, 8, _theta32(model), rec["scaling"])
         assert (rec["out"].double() - want).abs().max().item() <= ATOL, f"layer {layer}"
+
+
+def test_positions_out_of_order_under_an_all_ones_mask_keep_the_chunk_rule():
+    """An all-ones attention mask is the plain causal mask, yet positions that restart (two documents side by side)
+    are out of chunk order: the intra-chunk part must still be the keys of the row's own chunk, not every earlier key.
+    Rows of the first document are checked against the naive rule (later rows also see keys of later chunks, which
+    no chunk relation covers)."""
+    model = build_tiny_model("llama", seed=2, num_kv_heads=2)
+    sharpen(model)
+    ropekit.extend(model, "dual_chunk", chunk_size=48, local_size=8)
+    records = record_layers(model)
+    pos = torch.cat([torch.arange(120), torch.arange(80)])[None]
+    n = pos.shape[1]
+    with torch.no_grad():
+        model(_ids(1, n, seed=4), attention_mask=torch.ones(1, n, dtype=torch.long), position_ids=pos)
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()[None]
+    for layer, (rec,) in records.items():
+        want = naive_dca(rec["q"], rec["k"], rec["v"], pos, pos, allowed, 48, 8, _theta32(model), rec["scaling"])
+        err = (rec["out"].double() - want)[:, :120].abs().max().item()
+        assert err <= ATOL, f"layer {layer}: max error {err:.3g}"
 
 
 @pytest.mark.parametrize(("chunk_size", "local_size"), [(48, 8), (40, 0), (30, 5), (64, 31)])

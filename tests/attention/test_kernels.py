@@ -200,7 +200,7 @@ def test_no_cpu_only_kernel_reaches_other_devices(monkeypatch):
 
     def dc_layout(self, mask, q_pos, k_pos, q_len, k_len):  # every part over every causal key, with its mask
         return False, [(a, min(a + self.chunk, q_len), ((0, min(k_len, a + self.chunk + k_len - q_len), False),) * 3)
-                       for a in range(0, q_len, self.chunk)]
+                       for a in range(0, q_len, self.chunk)], False
 
     monkeypatch.setattr(self_extend.SelfExtendAttention, "_layout", se_layout)
     monkeypatch.setattr(self_extend.SelfExtendAttention, "_position_range", staticmethod(lambda k_pos: (-1, 0)))

@@ -101,13 +101,14 @@ class DualChunkAttention:
         memo = forward_memo(attention_mask, kwargs.get("position_ids"), q_len, k_len)
         mask = memoized(memo, ("mask", query.shape[0], query.shape[1], kwargs.get("sliding_window")),
                         lambda: AttentionMask.for_call(attention_mask, query, key, kwargs))
-        plain, blocks = memoized(memo, ("chunk layout", self.chunk_len, self.chunk),
-                                 lambda: self._layout(mask, q_pos, k_pos, q_len, k_len))
+        plain, blocks, in_order = memoized(memo, ("chunk layout", self.chunk_len, self.chunk),
+                                           lambda: self._layout(mask, q_pos, k_pos, q_len, k_len))
         if plain:  # every pair intra-chunk: the plain model, exactly
             return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         q_succ, q_inter, k_chunk = self._rotated(query, key, q_pos, k_pos)
         off = k_len - q_len
-        triangles = mask.is_causal and runs_cpu_flash(query)
+        # the intra-chunk range is exactly the rows' own chunk only in the in-order layout
+        triangles = in_order and mask.is_causal and runs_cpu_flash(query)
         outs = []
         for a, b, ranges in blocks:
             parts = []
@@ -139,12 +140,12 @@ class DualChunkAttention:
         out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
         return out.transpose(1, 2).contiguous(), None
 
-    def _layout(self, mask, q_pos, k_pos, q_len: int, k_len: int) -> tuple[bool, list[tuple]]:
+    def _layout(self, mask, q_pos, k_pos, q_len: int, k_len: int) -> tuple[bool, list[tuple], bool]:
         """One forward's host-side decisions, read in two syncs by the first layer (the others share them): whether
         every attending query lies in the first chunk (the plain kernel), and the blocks ``(a, b, ranges)`` of
         query rows ``[a, b)`` with the key index range ``(lo, up, whole)`` of their intra-, successive- and
         inter-chunk parts (``None``: the part is skipped; ``whole``: every pair of the part is allowed, so no
-        mask is built).
+        mask is built); and whether the layout is in order (below).
 
         Keys are causal by index (no row of a block attends past index ``b + Lk − Lq``). When every sequence of
         the batch has the same non-decreasing positions (no padding or packing), the blocks are cut at chunk
@@ -176,7 +177,7 @@ class DualChunkAttention:
                     spans = ((intra_lo, min(intra_up, hi), False), (succ_lo, min(succ_up, hi), mask.is_causal),
                              (0, min(inter_up, hi), mask.is_causal))
                     blocks.append((a, b, tuple(span if span[1] > span[0] else None for span in spans)))
-            return bool(read[0]), blocks
+            return bool(read[0]), blocks, True
         blocks = [(a, min(a + self.chunk, q_len)) for a in range(0, q_len, self.chunk)]
         flags = [first]
         for a, b in blocks:
@@ -187,7 +188,7 @@ class DualChunkAttention:
                                       (ok & (relation >= 2)).any()]))
         read = torch.cat(flags).tolist()
         return bool(read[0]), [(a, b, tuple((0, min(k_len, b + off), False) if read[1 + 3 * i + kind] else None
-                                            for kind in range(3))) for i, (a, b) in enumerate(blocks)]
+                                            for kind in range(3))) for i, (a, b) in enumerate(blocks)], False
 
     def pair_logits(self, module, query, key, attention_mask, *, scaling, rows, **kwargs) -> PairLogits:
         """The three chunk rules pair by pair: the logit at the true positions inside a chunk, with the query at
