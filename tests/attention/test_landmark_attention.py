@@ -196,6 +196,61 @@ def test_without_landmarks_the_grouped_softmax_is_plain_attention():
     torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize("q_len,k_len,block,chunk", [(23, 23, 4, None), (23, 23, 4, 5), (9, 30, 5, 4),
+                                                    (1, 26, 6, None), (30, 30, 7, 11)])
+def test_aligned_layout_blocks_as_a_dimension_equal_the_paper_definition(q_len, k_len, block, chunk):
+    """The aligned layout's path (blocks as a tensor dimension, the logits buffer reused in place): causal mask,
+    a cache offset, a last block without its landmark yet, chunks that cut blocks — against the key-by-key
+    reference of §3.1."""
+    q, k, v, _ = random_inputs(20 + block, q_len=q_len, k_len=k_len)
+    is_landmark = aligned(k_len, block)
+    mask, allowed = mask_of(None, q_len, k_len)
+    ref = naive_grouped(q, k, v, is_landmark, allowed, 0.35)
+    with torch.no_grad():
+        got = grouped_attention(q, k, v, is_landmark, mask, 0.35, chunk=chunk, block=block)
+    torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-10)
+
+
+def test_aligned_path_is_the_one_taken(monkeypatch):
+    """With ``block`` given and the aligned layout, the key-by-key groups are not built at all; with another
+    layout they are."""
+    import ropekit.methods.landmark_attention as landmark_attention
+    calls = []
+    real = landmark_attention.grouped_logits
+    monkeypatch.setattr(landmark_attention, "grouped_logits", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v, _ = random_inputs(3, q_len=12, k_len=12)
+    mask, _ = mask_of(None, 12, 12)
+    grouped_attention(q, k, v, aligned(12, 4), mask, 0.3, block=4)
+    assert calls == []
+    grouped_attention(q, k, v, torch.roll(aligned(12, 4), 1, dims=1), mask, 0.3, block=4)
+    assert calls
+
+
+@pytest.mark.parametrize("pads", [6, 3])
+def test_aligned_path_with_padding_and_gradients(pads):
+    """Left padding (the mask read key by key) and gradients through the blocked computation, against the
+    reference's. Three pads hide the first block's tokens but not its landmark: the gate still takes its share
+    of the main group, which its empty block then loses (§3.1's formula)."""
+    q, k, v, gen = random_inputs(21, q_len=17, k_len=17)
+    is_landmark = aligned(17, 4)
+    padding = torch.ones(2, 17, dtype=torch.long)
+    padding[1, :pads] = 0
+    mask, allowed = mask_of(padding, 17, 17)
+    weight = torch.randn(2, 4, 17, 8, generator=gen, dtype=torch.float64)
+    weight[1, :, :pads] = 0  # padded queries: their output is undefined
+    grads, outs = [], []
+    for fn in (lambda *a: grouped_attention(*a, is_landmark, mask, 0.4, block=4, chunk=5),
+               lambda *a: naive_grouped(*a, is_landmark, allowed, 0.4)):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = fn(*leaves)
+        (out * weight).sum().backward()
+        outs.append(out.detach() * (weight != 0))
+        grads.append([t.grad for t in leaves])
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-10, rtol=1e-10)
+    for got, ref in zip(*grads):
+        torch.testing.assert_close(got, ref, atol=1e-9, rtol=1e-9)
+
+
 # ---- retrieval -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("q_len", [40, 9, 1])
 def test_retrieval_covering_every_block_equals_full_attention(q_len):
@@ -232,6 +287,24 @@ def test_top_k_retrieval_equals_the_naive_definition(top_k, local_blocks):
     ref = naive_retrieval(q, k, v, allowed, pos[:, -q_len:], pos, block=block, top_k=top_k,
                           local_blocks=local_blocks, inv_freq=inv_freq, scale=0.4)
     torch.testing.assert_close(got, ref, atol=1e-9, rtol=1e-9)
+
+
+def test_top_k_retrieval_under_the_causal_mask_with_a_cache():
+    """The causal mask (no padding: the local window's diagonal masked in place), queries after a cache, the
+    last block without its landmark, chunks that cut blocks — against the reference."""
+    block, k_len, q_len = 5, 47, 29
+    q, k, v, _ = random_inputs(12, q_len=q_len, k_len=k_len)
+    inv_freq = default_inv_freq(100.0, 8)
+    pos = torch.arange(k_len)[None].expand(2, -1)
+    mask, allowed = mask_of(None, q_len, k_len)
+    q_rot, k_rot = rope(q, pos[:, None, -q_len:], inv_freq), rope(k, pos[:, None], inv_freq)
+    ref = naive_retrieval(q, k, v, allowed, pos[:, -q_len:], pos, block=block, top_k=2, local_blocks=2,
+                          inv_freq=inv_freq, scale=0.4)
+    for chunk in (None, 7):
+        with torch.no_grad():
+            got = retrieval_attention(q_rot, k_rot, v, mask, pos[:, -q_len:], pos, block=block, top_k=2,
+                                      local_blocks=2, inv_freq=inv_freq, scaling=0.4, chunk=chunk)
+        torch.testing.assert_close(got, ref, atol=1e-9, rtol=1e-9)
 
 
 def test_identical_landmark_keys_keep_the_newest_blocks():

@@ -24,14 +24,19 @@ def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
-def pair_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+def pair_scores(query: torch.Tensor, key: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``query (B, H, R, D) · key (B, H_kv, Lk, D)ᵀ`` → ``(B, H, R, Lk)`` in float32 (float64 inputs stay float64),
-    without copying the keys per query head: query head ``h`` uses KV head ``h // (H / H_kv)``, as ``repeat_kv``."""
+    without copying the keys per query head: query head ``h`` uses KV head ``h // (H / H_kv)``, as ``repeat_kv``.
+    ``out``: a contiguous tensor of that dtype with at least ``B·H·R·Lk`` elements, written instead of a new one."""
     b, heads, rows, dim = query.shape
     kv = key.shape[1]
     wide = torch.promote_types(query.dtype, torch.float32)
     q = query.to(wide).reshape(b, kv, (heads // kv) * rows, dim)
-    return torch.matmul(q, key.to(wide).transpose(-1, -2)).reshape(b, heads, rows, key.shape[2])
+    k = key.to(wide).transpose(-1, -2)
+    if out is None:
+        return torch.matmul(q, k).reshape(b, heads, rows, key.shape[2])
+    target = out.view(-1)[:b * heads * rows * key.shape[2]].view(b, kv, (heads // kv) * rows, key.shape[2])
+    return torch.matmul(q, k, out=target).view(b, heads, rows, key.shape[2])
 
 
 def pair_values(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

@@ -40,6 +40,14 @@ query (``q·R(δ)k = (R(−δ)q)·k``), and scoring at a fixed position rotates 
 pairs exist (causality, padding) comes from :class:`~ropekit.attention.masks.AttentionMask`, in any mask
 format transformers passes.
 
+**Speed.** In the aligned layout (what ropekit's landmark insertion produces, and what retrieval needs) a key's
+group is a function of its index, so the logits of a chunk are reshaped to (…, blocks, block) and the grouped
+softmax is a per-block log-sum-exp, a softmax over the per-block terms and one rescaling
+(:func:`aligned_grouped_part`): two matrix products and a few passes over the logits, which are written into one
+buffer per call and overwritten in place when no gradient is taken. Other layouts (irregular blocks in a
+hand-built batch) go key by key through :func:`grouped_logits`. Retrieved blocks are gathered per query and head
+with ``index_select`` from one row per (KV head, block).
+
 **Per pair.** Both computations are one grouped softmax over a set of kept keys with logits at some
 positions: the weights are ``exp(A − Z)`` of :func:`grouped_logits`, where for retrieval the kept keys are
 the local window and the kept blocks and the logits of a kept block are taken at its moved position.
@@ -159,15 +167,28 @@ def _chunk_rows(elements_per_row: int, limit: int = CHUNK_ELEMENTS) -> int:
 
 def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_landmark: torch.Tensor,
                       mask: AttentionMask, scaling: float, *, dropout: float = 0.0, training: bool = False,
-                      chunk: int | None = None) -> torch.Tensor:
+                      chunk: int | None = None, block: int | None = None) -> torch.Tensor:
     """Landmark attention with the grouped softmax over every block (§3.1; the training computation).
 
     ``query`` (B, H, Lq, D), ``key``/``value`` (B, H_kv, Lk, D) rotated, the queries being the last ``Lq``
     keys; ``is_landmark`` (B, Lk); ``mask`` the pairs that exist. Returns (B, H, Lq, D).
+    ``block``: when every row has the aligned layout of that block size (:func:`aligned_layout`, what ropekit's
+    landmark insertion produces), :func:`aligned_grouped_part` computes it; any other layout goes key by key.
     """
     batch, heads, q_len, _ = query.shape
     k_len = key.shape[2]
     offset = k_len - q_len  # grouped-query heads are folded into rows (pair_scores/pair_values): no K/V copy per head
+    if block is not None and aligned_layout(is_landmark, block):
+        rows = chunk or _chunk_rows(batch * heads * k_len)
+        scratch = _scratch(query, min(rows, q_len), k_len)
+        outs = []
+        for a in range(0, q_len, rows):
+            b = min(a + rows, q_len)
+            hi = -(-(b + offset) // block) * block  # causal: no row attends past key b + offset − 1
+            out, _ = aligned_grouped_part(query, key, value, mask, a, b, 0, hi, block=block, scaling=scaling,
+                                          dropout=dropout if training else 0.0, scratch=scratch)
+            outs.append(out)
+        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
     rows = chunk or _chunk_rows(batch * heads * k_len * 4)
     outs = []
     for a in range(0, q_len, rows):
@@ -181,6 +202,88 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
             probs = torch.nn.functional.dropout(probs, p=dropout)
         outs.append(pair_values(probs, value[:, :, :hi]))
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+# ---- the grouped softmax in the aligned layout: blocks as a tensor dimension -------------------------------
+def _scratch(query: torch.Tensor, rows: int, width: int) -> torch.Tensor | None:
+    """One logits buffer for every chunk of a call (``rows`` queries × ``width`` keys at most), where no gradient
+    is taken: a fresh tensor of this size per chunk costs about as much again in first-touch page faults on CPU."""
+    if torch.is_grad_enabled():
+        return None
+    batch, heads = query.shape[:2]
+    return torch.empty(batch * heads * rows * width, dtype=_score_dtype(query.dtype), device=query.device)
+
+
+def aligned_grouped_part(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: AttentionMask,
+                         a: int, b: int, k0: int, k1: int, *, block: int, scaling: float,
+                         first_local: torch.Tensor | None = None, dropout: float = 0.0,
+                         scratch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grouped softmax (§3.1) of query rows ``[a, b)`` over keys ``[k0, k1)`` in the aligned layout (key ``j`` is a
+    landmark exactly when ``j % block == block − 1``), computed with the blocks as a tensor dimension instead of
+    the per-key groups of :func:`grouped_logits`.
+
+    Returns ``(out, Z)``: ``out = Σ_j exp(A_ij − Z_i) v_j`` (B, H, c, D) and the main group's log-sum-exp ``Z``
+    (B, H, c), ``A`` and ``Z`` as in :func:`grouped_logits`. Per query ``i`` and key block ``p`` (its regular keys
+    ``R_p``, landmark ``L_p``): ``lse_ip = log Σ_{j∈R_p} exp(s_ij)``, and ``t_ip = lse_ip`` for the query's own
+    block, ``t_ip = s_{i,L_p}`` (the gate) for any other block; ``Z_i = log Σ_p exp(t_ip)``, so that
+    ``a_ij = exp(s_ij − lse_ip + t_ip − Z_i)`` — the own block's keys get ``exp(s_ij − Z_i)``, an earlier block's
+    ``exp(s_ij + s_{i,L_p} − lse_p − Z_i)`` (§3.1), landmarks 0.
+
+    ``k0`` and ``k1`` are multiples of ``block``; ``k1`` may pass the last key (the last block, whose landmark has
+    not come yet): the logits are padded with −∞ there, the keys and values are not copied.
+    ``first_local`` (c,): the first block each row may attend (§3.2's local window); earlier blocks drop out.
+    ``dropout``: applied to the weights (training). Without gradients the logits buffer is reused in place (one
+    score matrix per chunk in memory), and it is ``scratch`` when given (:func:`_scratch`).
+    """
+    batch, heads, rows, _ = query[:, :, a:b].shape
+    n, blocks = k1 - k0, (k1 - k0) // block
+    device = query.device
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    q = query[:, :, a:b].to(_score_dtype(query.dtype)) * scaling
+    real = min(k1, key.shape[2])
+    scores = pair_scores(q, key[:, :, k0:real], out=None if grad else scratch)  # (B, H, c, ·), ours to overwrite
+    key_index = torch.arange(k0, real, device=device)
+    row_index = torch.arange(a, b, device=device) + mask.offset
+    if mask.is_causal and not grad:  # only the diagonal corner holds keys some row may not see
+        d0 = max(0, a + mask.offset + 1 - k0)
+        if d0 < real - k0:
+            scores[..., d0:].masked_fill_(key_index[None, d0:] > row_index[:, None], NEG_INF)
+    else:
+        scores = scores.masked_fill(~mask.block(a, b, k0, real), NEG_INF)
+    if real < k1:  # the last, unfinished block (one chunk per call)
+        scores = torch.nn.functional.pad(scores, (0, k1 - real), value=NEG_INF)
+    tiled = scores.unflatten(-1, (blocks, block))  # (B, H, c, blocks, block)
+    gate = tiled[..., -1].clone()  # s_{i, L_p}, −∞ where the mask hides the landmark
+    if grad:
+        tiled = torch.cat([tiled[..., :-1], torch.full_like(tiled[..., -1:], NEG_INF)], dim=-1)
+    else:
+        tiled[..., -1] = NEG_INF  # a landmark only gates: it is no key of its own block's softmax
+    peak = tiled.detach().amax(-1)  # (B, H, c, blocks); −∞ for a block with nothing visible
+    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    if grad:
+        tiled = torch.exp(tiled - peak[..., None])
+    else:
+        tiled = tiled.sub_(peak[..., None]).exp_()
+    total = tiled.sum(-1)
+    filled = total > 0
+    lse = torch.log(torch.where(filled, total, torch.ones_like(total))) + peak  # finite where filled
+
+    block_index = torch.arange(k0 // block, k0 // block + blocks, device=device)
+    own = block_index[None, :] == (row_index // block)[:, None]  # (c, blocks)
+    # the main group: the own block's keys (together: their lse) and the gates of the other blocks; a gate counts
+    # even when its block shows no key (that block's share is lost, as in the paper's formula)
+    top = torch.where(own, torch.where(filled, lse, torch.full_like(lse, NEG_INF)), gate)
+    if first_local is not None:
+        top = torch.where(block_index[None, :] >= first_local[:, None], top, torch.full_like(top, NEG_INF))
+    main = torch.logsumexp(top, dim=-1)  # Z (B, H, c): −∞ when the main group is empty
+    live = filled & torch.isfinite(top) & torch.isfinite(main)[..., None]
+    zero = torch.zeros_like(top)
+    exponent = peak + torch.where(live, top - lse - main[..., None], zero)  # safe: only finite terms enter
+    factor = torch.where(live, torch.exp(exponent), zero)[..., None]  # a_ij = exp(s_ij − peak_ip) · factor_ip
+    probs = tiled * factor if grad else tiled.mul_(factor)
+    if dropout > 0.0:
+        probs = torch.nn.functional.dropout(probs, p=dropout)
+    return pair_values(probs.flatten(-2)[..., :real - k0], value[:, :, k0:real]), main
 
 
 # ---- top-k retrieval (§3.2) ------------------------------------------------------------------------------------
@@ -214,60 +317,60 @@ def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     queries and keys were rotated at; keys in the aligned layout (:func:`aligned_layout`).
     """
     batch, heads, q_len, dim = query.shape
-    kv_heads, k_len = key.shape[1], key.shape[2]
+    k_len = key.shape[2]
     device = query.device
     offset = k_len - q_len
     full_blocks = k_len // block
     landmark_index = torch.arange(full_blocks, device=device) * block + block - 1
-    kv_of_head = torch.arange(heads, device=device) // (heads // kv_heads)
     rows_b = torch.arange(batch, device=device)[:, None, None, None]
     q_pos = q_pos.expand(batch, q_len)
     k_pos = k_pos.expand(batch, k_len)
     raw_landmarks = _raw_landmarks(key, k_pos, landmark_index, heads, inv_freq)
-    key_blocks = key[:, :, :full_blocks * block].reshape(batch, kv_heads, full_blocks, block, dim)
-    value_blocks = value[:, :, :full_blocks * block].reshape(batch, kv_heads, full_blocks, block, dim)
+    # (B, H_kv, blocks, block·D) views, gathered row by row with index_select (4x the speed of advanced indexing on
+    # this path's shapes)
+    key_blocks = key[:, :, :full_blocks * block].unflatten(2, (full_blocks, block)).flatten(3)
+    value_blocks = value[:, :, :full_blocks * block].unflatten(2, (full_blocks, block)).flatten(3)
 
     picks = max(1, min(top_k, full_blocks))
     per_row = heads * (k_len + full_blocks + picks * block * (dim + 1))
     # a chunk's local part spans its own rows' keys plus the window before them, most of which only the later rows
     # keep: past a few blocks, taller chunks add work no row needs (2.5x the prefill time at 2k tokens, block 32)
     rows = chunk or min(_chunk_rows(batch * per_row), LOCAL_CHUNK_BLOCKS * block)
+    gathered = batch * heads * min(rows, q_len) * picks
+    # a chunk's local keys: its rows' own blocks and the `local_blocks` before the first row's
+    scratch = _scratch(query, min(rows, q_len), min(k_len, (local_blocks + 2) * block + min(rows, q_len)))
+    buffers = (key_blocks.new_empty(gathered, block * dim), value_blocks.new_empty(gathered, block * dim))
     outs = []
     for a in range(0, q_len, rows):
         b = min(a + rows, q_len)
         q = query[:, :, a:b]  # (B, H, c, D)
-        allowed = mask.block(a, b, 0, k_len).expand(batch, 1, b - a, k_len)
+        # the plain causal mask shows every key before the local window: nothing to read for the older blocks
+        allowed = None if mask.is_causal else mask.block(a, b, 0, k_len).expand(batch, 1, b - a, k_len)
         q_index = torch.arange(a, b, device=device) + offset  # key index of each query
         first_local = torch.clamp(q_index // block - local_blocks, min=0)  # first block of the local window
         # from shapes (no host read): first_local grows with the row, so its min/max are the first/last row's
         lo, hi = max(0, (a + offset) // block - local_blocks) * block, b + offset
 
         # the local window: own block and `local_blocks` before it, at true positions
-        in_window = torch.arange(lo, hi, device=device)[None, :] >= (first_local * block)[:, None]
-        local_ok = allowed[..., lo:hi] & in_window[None, None]
-        local_scores = pair_scores(q, key[:, :, lo:hi]).to(_score_dtype(q.dtype)) * scaling
-        local_landmark = (torch.arange(lo, hi, device=device) % block == block - 1)[None]
-        local_adjusted, main = grouped_logits(local_scores, local_landmark, local_ok, q_index - lo)
-        parts, values = [local_adjusted], [value[:, :, lo:hi]]
+        local, local_main = aligned_grouped_part(query, key, value, mask, a, b, lo,
+                                                 -(-hi // block) * block, block=block, scaling=scaling,
+                                                 first_local=first_local, scratch=scratch)
 
         older = max(0, (b - 1 + offset) // block - local_blocks)  # most older blocks any query of the chunk has
         if top_k > 0 and older > 0:
             mem_logits, mem_gates, mem_values = _retrieved_blocks(
                 q, q_index, first_local, allowed, q_pos[:, a:b], k_pos, raw_landmarks, key_blocks,
-                value_blocks, landmark_index[:older], kv_of_head, rows_b, block=block, top_k=top_k,
-                inv_freq=inv_freq, scaling=scaling, identical_landmarks=identical_landmarks)
-            parts.insert(0, mem_logits)
-            values.insert(0, mem_values)
-            main = torch.logaddexp(main, torch.logsumexp(mem_gates, dim=-1))
-        probs = _weights(torch.cat([p.flatten(3) for p in parts], dim=-1), main)
-        out, start = None, 0
-        for part, val in zip(parts, values):
-            width = part.flatten(3).shape[-1]
-            p = probs[..., start:start + width].to(val.dtype)
-            start += width
-            term = pair_values(p, val) if val.dim() == 4 else torch.einsum("bhck,bhckd->bhcd", p, val.flatten(3, 4))
-            out = term if out is None else out + term
-        outs.append(out)
+                value_blocks, landmark_index[:older], rows_b, block=block, top_k=top_k,
+                inv_freq=inv_freq, scaling=scaling, identical_landmarks=identical_landmarks, buffers=buffers)
+            main = torch.logaddexp(local_main, torch.logsumexp(mem_gates, dim=-1))
+            probs = _weights(mem_logits.flatten(3), main).to(mem_values.dtype)
+            finite = torch.isfinite(local_main)
+            share = torch.where(finite, torch.exp(local_main - torch.where(finite, main, local_main)),
+                                torch.zeros_like(local_main))  # the local part's weight in the whole main group
+            out = local.to(share.dtype) * share[..., None] + torch.einsum("bhck,bhckd->bhcd", probs,
+                                                                           mem_values.flatten(3, 4))
+            local = out.to(local.dtype)
+        outs.append(local)
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
@@ -289,13 +392,14 @@ def _select_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landmarks
     """The §3.2 choice for a block of query rows: ``picked`` block indices, ``kept`` flags and the ``shift``
     that moves each kept block next to the local window, each (B, H, c, k) with ``k = min(top_k, older)``.
 
-    ``allowed`` (B, 1, c, Lk) the rows' mask, ``q_pos`` (B, c) their positions, ``landmark_index`` the
+    ``allowed`` (B, 1, c, Lk) the rows' mask (None: every key before the window is visible), ``q_pos`` (B, c) their positions, ``landmark_index`` the
     landmarks of the ``older`` blocks that may lie before some row's window."""
     batch, heads, rows, _ = q.shape
     older = landmark_index.numel()
     device = q.device
     # candidates: blocks before the local window whose landmark the query may see (padding)
-    candidate = (torch.arange(older, device=device)[None, :] < first_local[:, None])[None] & allowed[:, 0][..., landmark_index]
+    candidate = (torch.arange(older, device=device)[None, :] < first_local[:, None])[None]
+    candidate = candidate.expand(batch, rows, older) if allowed is None else candidate & allowed[:, 0][..., landmark_index]
     chosen = torch.clamp(candidate.sum(-1), max=top_k)  # (B, c) blocks each query keeps
     picks = min(top_k, older)
     window_offset = q_index - first_local * block  # query's distance from the start of its local window
@@ -329,9 +433,12 @@ def _select_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landmarks
 
 
 def _retrieved_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landmarks, key_blocks, value_blocks,
-                      landmark_index, kv_of_head, rows_b, *, block, top_k, inv_freq, scaling, identical_landmarks):
-    """Adjusted logits (B, H, c, k, block − 1), gate logits (B, H, c, k) and values (B, H, c, k, block − 1, D)
-    of the kept older blocks of one query chunk (§3.2), in the grouped-softmax form of :func:`grouped_logits`."""
+                      landmark_index, rows_b, *, block, top_k, inv_freq, scaling, identical_landmarks,
+                      buffers):
+    """Adjusted logits (B, H, c, k, block; the landmark's −∞), gate logits (B, H, c, k) and values (B, H, c, k, block, D)
+    of the kept older blocks of one query chunk (§3.2), in the grouped-softmax form of :func:`grouped_logits`.
+    ``key_blocks``/``value_blocks`` (B, H_kv, blocks, block·D): one row per block. ``buffers``: two tensors of at
+    least ``B·H·c·k`` rows of ``block·D``, which the gathered keys and values are written to."""
     batch, heads, rows, dim = q.shape
     device = q.device
     picked, kept, shift = _select_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landmarks, landmark_index,
@@ -340,19 +447,34 @@ def _retrieved_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landma
     picks = picked.shape[-1]
     q_moved = _rotate_per_head(q[:, :, :, None, :].expand(batch, heads, rows, picks, dim), -shift, inv_freq)
 
-    kv = kv_of_head[None, :, None, None]
-    keys = key_blocks[rows_b, kv, picked]  # (B, H, c, k, block, D)
-    vals = value_blocks[rows_b, kv, picked]
+    blocks, group = key_blocks.shape[2], heads // key_blocks.shape[1]
+    # into buffers kept across the chunks (a fresh tensor this size costs as much again in first-touch page faults);
+    # query heads of one KV head are adjacent, so each (row, KV head) pair fills one contiguous slice
+    gathered = batch * heads * rows * picks
+    keys = buffers[0][:gathered].view(batch, key_blocks.shape[1], group * rows * picks, block * dim)
+    vals = buffers[1][:gathered].view(batch, key_blocks.shape[1], group * rows * picks, block * dim)
+    for b in range(batch):
+        for h in range(key_blocks.shape[1]):
+            index = picked[b, h * group:(h + 1) * group].flatten()
+            torch.index_select(key_blocks[b, h], 0, index, out=keys[b, h])
+            torch.index_select(value_blocks[b, h], 0, index, out=vals[b, h])
+    keys = keys.view(batch, heads, rows, picks, block, dim)
+    vals = vals.view(batch, heads, rows, picks, block, dim)
     logits = torch.einsum("bhckd,bhcktd->bhckt", q_moved, keys).to(_score_dtype(q.dtype)) * scaling
-    visible = allowed[:, 0][..., :key_blocks.shape[2] * block].reshape(batch, rows, -1, block)  # (B, c, blocks, block)
-    visible = visible[rows_b, torch.arange(rows, device=device)[None, None, :, None], picked]  # (B, H, c, k, block)
-    visible = visible & kept[..., None]
+    if allowed is None:
+        visible = kept[..., None].expand(*kept.shape, block)
+    else:
+        visible = allowed[:, 0][..., :blocks * block].reshape(batch, rows, -1, block)  # (B, c, blocks, block)
+        visible = visible[rows_b, torch.arange(rows, device=device)[None, None, :, None], picked]  # (B, H, c, k, block)
+        visible = visible & kept[..., None]
     gate = torch.where(visible[..., -1], logits[..., -1], torch.full_like(logits[..., -1], NEG_INF))
     regular = torch.where(visible[..., :-1], logits[..., :-1], torch.full_like(logits[..., :-1], NEG_INF))
     lse = torch.logsumexp(regular, dim=-1, keepdim=True)
     lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     adjusted = torch.where(visible[..., :-1], regular + gate[..., None] - lse, torch.full_like(regular, NEG_INF))
-    return adjusted, gate, vals[..., :-1, :]
+    # the landmark's own logit is no weight (−∞): its value, gathered with its block, is multiplied by 0
+    adjusted = torch.cat([adjusted, torch.full_like(adjusted[..., :1], NEG_INF)], dim=-1)
+    return adjusted, gate, vals
 
 
 def retrieval_pair_logits(query: torch.Tensor, key: torch.Tensor, is_landmark: torch.Tensor, mask: AttentionMask,
@@ -442,7 +564,7 @@ class LandmarkAttention:
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         if not self._retrieves(module, is_landmark):
             out = grouped_attention(query, key, value, is_landmark, mask, scale, dropout=dropout,
-                                    training=module.training, chunk=self.chunk)
+                                    training=module.training, chunk=self.chunk, block=self.block)
         else:
             q_pos, k_pos = query_key_positions(kwargs.get("position_ids"), query.shape[2], key.shape[2], query.device)
             out = retrieval_attention(query, key, value, mask, q_pos, k_pos, block=self.block, top_k=self.top_k,
