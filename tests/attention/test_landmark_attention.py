@@ -105,7 +105,7 @@ def naive_retrieval(q_raw, k_raw, v, allowed, q_pos, k_pos, *, block, top_k, loc
                 score = {p: qv @ rope(kv[p * block + block - 1], torch.tensor(scored_at), inv_freq) for p in candidates}
                 ranked = sorted(candidates, key=lambda p: -p)  # ties: newer first (sorted() is stable)
                 if not newest:
-                    ranked = sorted(ranked, key=lambda p: -float(score[p]))
+                    ranked = sorted(ranked, key=lambda p: -float(score[p].detach()))
                 chosen = sorted(ranked[:keep])
                 position = {j: int(k_pos[b, j]) for j in range(first * block, i + 1)}
                 for r, p in enumerate(chosen):
@@ -305,6 +305,31 @@ def test_top_k_retrieval_under_the_causal_mask_with_a_cache():
             got = retrieval_attention(q_rot, k_rot, v, mask, pos[:, -q_len:], pos, block=block, top_k=2,
                                       local_blocks=2, inv_freq=inv_freq, scaling=0.4, chunk=chunk)
         torch.testing.assert_close(got, ref, atol=1e-9, rtol=1e-9)
+
+
+def test_top_k_retrieval_gradients_match_the_reference():
+    """Retrieval with inputs that need gradients (eval mode under autograd): the gathered blocks keep their graph,
+    and the gradients equal those of the naive §3.2 reference."""
+    block, k_len, q_len = 4, 20, 14
+    q, k, v, gen = random_inputs(13, q_len=q_len, k_len=k_len)
+    inv_freq = default_inv_freq(100.0, 8)
+    pos = torch.arange(k_len)[None].expand(2, -1)
+    mask, allowed = mask_of(None, q_len, k_len)
+    weight = torch.randn(2, 4, q_len, 8, generator=gen, dtype=torch.float64)
+    grads = []
+    for use_kernel in (True, False):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        if use_kernel:
+            q_rot, k_rot = rope(leaves[0], pos[:, None, -q_len:], inv_freq), rope(leaves[1], pos[:, None], inv_freq)
+            out = retrieval_attention(q_rot, k_rot, leaves[2], mask, pos[:, -q_len:], pos, block=block, top_k=1,
+                                      local_blocks=1, inv_freq=inv_freq, scaling=0.4, chunk=5)
+        else:
+            out = naive_retrieval(*leaves, allowed, pos[:, -q_len:], pos, block=block, top_k=1, local_blocks=1,
+                                  inv_freq=inv_freq, scale=0.4)
+        (out * weight).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for got, ref in zip(*grads):
+        torch.testing.assert_close(got, ref, atol=1e-8, rtol=1e-8)
 
 
 def test_identical_landmark_keys_keep_the_newest_blocks():

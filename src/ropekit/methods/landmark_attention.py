@@ -453,11 +453,16 @@ def _retrieved_blocks(q, q_index, first_local, allowed, q_pos, k_pos, raw_landma
     gathered = batch * heads * rows * picks
     keys = buffers[0][:gathered].view(batch, key_blocks.shape[1], group * rows * picks, block * dim)
     vals = buffers[1][:gathered].view(batch, key_blocks.shape[1], group * rows * picks, block * dim)
-    for b in range(batch):
-        for h in range(key_blocks.shape[1]):
-            index = picked[b, h * group:(h + 1) * group].flatten()
-            torch.index_select(key_blocks[b, h], 0, index, out=keys[b, h])
-            torch.index_select(value_blocks[b, h], 0, index, out=vals[b, h])
+    if torch.is_grad_enabled() and (key_blocks.requires_grad or value_blocks.requires_grad):  # out= has no autograd
+        keys, vals = ([torch.index_select(table[b, h], 0, picked[b, h * group:(h + 1) * group].flatten())
+                       for b in range(batch) for h in range(key_blocks.shape[1])] for table in (key_blocks, value_blocks))
+        keys, vals = torch.stack(keys), torch.stack(vals)
+    else:
+        for b in range(batch):
+            for h in range(key_blocks.shape[1]):
+                index = picked[b, h * group:(h + 1) * group].flatten()
+                torch.index_select(key_blocks[b, h], 0, index, out=keys[b, h])
+                torch.index_select(value_blocks[b, h], 0, index, out=vals[b, h])
     keys = keys.view(batch, heads, rows, picks, block, dim)
     vals = vals.view(batch, heads, rows, picks, block, dim)
     logits = torch.einsum("bhckd,bhcktd->bhckt", q_moved, keys).to(_score_dtype(q.dtype)) * scaling
