@@ -324,7 +324,11 @@ def test_sigint_of_a_training_run_exits_130_without_a_traceback(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(example_yaml("tiny-full").replace("max_documents: 100", "max_documents: 5"))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "ropekit", "train", str(config), "--out", str(tmp_path / "run")],
+    # as a terminal's foreground job: SIGINT handled even when this suite was started by a launcher that ignores it
+    # (a background job of a script does), which the child would inherit and keep training through
+    foreground = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                  "sys.argv[0] = 'ropekit'; runpy.run_module('ropekit', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", foreground, "train", str(config), "--out", str(tmp_path / "run")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 180
