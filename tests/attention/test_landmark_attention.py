@@ -367,3 +367,42 @@ def test_aligned_layout():
     assert aligned_layout(aligned(12, 4), 4)
     shifted = torch.roll(aligned(12, 4), 1, dims=1)
     assert not aligned_layout(shifted, 4)
+
+
+# ---- chunk sizes per device ------------------------------------------------------------------------------------
+def test_chunk_budget_grows_with_free_accelerator_memory_and_stays_fixed_on_cpu(monkeypatch):
+    """A CPU (and the shape-only meta device) keeps 2**24 elements per query chunk; on CUDA a chunk takes 1/16 of
+    the free memory in 4-byte elements, never less than the CPU budget nor more than 2**28 (1 GiB of float32)."""
+    from ropekit.methods import landmark_attention as L
+
+    free = {"bytes": 0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 80 << 30))
+    assert L.chunk_budget(torch.device("cpu")) == 1 << 24
+    assert L.chunk_budget(torch.device("meta")) == 1 << 24
+    for free_bytes, expected in ((70 << 30, 1 << 28), (4 << 30, 1 << 26), (100 << 20, 1 << 24)):
+        free["bytes"] = free_bytes
+        assert L.chunk_budget(torch.device("cuda", 0)) == expected
+
+
+def test_retrieval_chunks_follow_the_device_budget_without_changing_the_result(monkeypatch):
+    """A larger budget means fewer, taller query chunks (what the accelerator budget buys) and the same output."""
+    from ropekit.methods import landmark_attention as L
+
+    block, k_len = 4, 96
+    q, k, v, _ = random_inputs(21, q_len=k_len, k_len=k_len)
+    inv_freq = default_inv_freq(10000.0, 8)
+    pos = torch.arange(k_len)[None]
+    mask, _ = mask_of(None, k_len, k_len)
+    calls = []
+    original = L.aligned_grouped_part
+    monkeypatch.setattr(L, "aligned_grouped_part", lambda *a, **kw: calls.append(a[5] - a[4]) or original(*a, **kw))
+    results = {}
+    for budget in (600, 1 << 24):
+        monkeypatch.setattr(L, "chunk_budget", lambda device, budget=budget: budget)
+        calls.clear()
+        results[budget] = (retrieval_attention(q, k, v, mask, pos, pos, block=block, top_k=2, local_blocks=2,
+                                               inv_freq=inv_freq, scaling=0.3), list(calls))
+    small, large = results[600][1], results[1 << 24][1]
+    assert sum(small) == sum(large) == k_len
+    assert max(small) < max(large) == 4 * block  # capped at LOCAL_CHUNK_BLOCKS blocks of rows
+    torch.testing.assert_close(results[600][0], results[1 << 24][0], rtol=1e-12, atol=1e-12)

@@ -65,13 +65,18 @@ from ..core.rope import rotate
 from ..core.rope_info import RopeInfo
 from ..errors import RopekitError
 from ..attention.interface import PairLogits, plain_pair_logits
-from ..attention.kernels import pair_scores, pair_values
+from ..attention.kernels import merge_attention, pair_scores, pair_values
 from ..attention.masks import AttentionMask, query_key_positions
 
 #: Keyword argument through which the model-side hooks hand each layer the landmark layout of its keys.
 LANDMARKS_KWARG = "ropekit_landmarks"
-#: Largest number of logits (and gathered key elements) a query chunk may hold.
+#: Largest number of logits (and gathered key elements) a query chunk may hold on a CPU, and the least anywhere.
 CHUNK_ELEMENTS = 1 << 24
+#: On a CUDA device a chunk may hold up to this share of the free memory (in 4-byte elements), and at most
+#: ACCELERATOR_CHUNK_ELEMENTS: a chunk is some fifty small kernels, so at Llama-3-8B's shapes at 32k the CPU
+#: budget would cut a layer into thousands of launches of seven query rows each.
+ACCELERATOR_FREE_SHARE = 16
+ACCELERATOR_CHUNK_ELEMENTS = 1 << 28
 #: Query rows of a retrieval chunk, in blocks (at most; fewer when CHUNK_ELEMENTS says so).
 LOCAL_CHUNK_BLOCKS = 4
 NEG_INF = float("-inf")
@@ -161,6 +166,17 @@ def _score_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def chunk_budget(device: torch.device) -> int:
+    """Elements a query chunk may hold on ``device``: :data:`CHUNK_ELEMENTS` on a CPU (larger chunks there only
+    add first-touch page faults) and on shape-only devices (``meta``, which the memory table counts on); on
+    CUDA, 1/:data:`ACCELERATOR_FREE_SHARE` of the memory free now, between :data:`CHUNK_ELEMENTS` and
+    :data:`ACCELERATOR_CHUNK_ELEMENTS`."""
+    if device.type != "cuda":
+        return CHUNK_ELEMENTS
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(min(max(CHUNK_ELEMENTS, free // (4 * ACCELERATOR_FREE_SHARE)), ACCELERATOR_CHUNK_ELEMENTS))
+
+
 def _chunk_rows(elements_per_row: int, limit: int = CHUNK_ELEMENTS) -> int:
     return max(1, limit // max(1, elements_per_row))
 
@@ -179,7 +195,7 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     k_len = key.shape[2]
     offset = k_len - q_len  # grouped-query heads are folded into rows (pair_scores/pair_values): no K/V copy per head
     if block is not None and aligned_layout(is_landmark, block):
-        rows = chunk or _chunk_rows(batch * heads * k_len)
+        rows = chunk or _chunk_rows(batch * heads * k_len, chunk_budget(query.device))
         scratch = _scratch(query, min(rows, q_len), k_len)
         outs = []
         for a in range(0, q_len, rows):
@@ -189,7 +205,7 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                                           dropout=dropout if training else 0.0, scratch=scratch)
             outs.append(out)
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
-    rows = chunk or _chunk_rows(batch * heads * k_len * 4)
+    rows = chunk or _chunk_rows(batch * heads * k_len * 4, chunk_budget(query.device))
     outs = []
     for a in range(0, q_len, rows):
         b = min(a + rows, q_len)
@@ -335,7 +351,7 @@ def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     per_row = heads * (k_len + full_blocks + picks * block * (dim + 1))
     # a chunk's local part spans its own rows' keys plus the window before them, most of which only the later rows
     # keep: past a few blocks, taller chunks add work no row needs (2.5x the prefill time at 2k tokens, block 32)
-    rows = chunk or min(_chunk_rows(batch * per_row), LOCAL_CHUNK_BLOCKS * block)
+    rows = chunk or min(_chunk_rows(batch * per_row, chunk_budget(device)), LOCAL_CHUNK_BLOCKS * block)
     gathered = batch * heads * min(rows, q_len) * picks
     # a chunk's local keys: its rows' own blocks and the `local_blocks` before the first row's
     scratch = _scratch(query, min(rows, q_len), min(k_len, (local_blocks + 2) * block + min(rows, q_len)))
@@ -362,14 +378,12 @@ def retrieval_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
                 q, q_index, first_local, allowed, q_pos[:, a:b], k_pos, raw_landmarks, key_blocks,
                 value_blocks, landmark_index[:older], rows_b, block=block, top_k=top_k,
                 inv_freq=inv_freq, scaling=scaling, identical_landmarks=identical_landmarks, buffers=buffers)
-            main = torch.logaddexp(local_main, torch.logsumexp(mem_gates, dim=-1))
-            probs = _weights(mem_logits.flatten(3), main).to(mem_values.dtype)
-            finite = torch.isfinite(local_main)
-            share = torch.where(finite, torch.exp(local_main - torch.where(finite, main, local_main)),
-                                torch.zeros_like(local_main))  # the local part's weight in the whole main group
-            out = local.to(share.dtype) * share[..., None] + torch.einsum("bhck,bhckd->bhcd", probs,
-                                                                           mem_values.flatten(3, 4))
-            local = out.to(local.dtype)
+            # the kept blocks as a part of their own: normalised over their gates, then merged with the local part
+            # by the two log-sum-exps — the main group of §3.2 is the local window's plus the kept gates
+            mem_main = torch.logsumexp(mem_gates, dim=-1)
+            probs = _weights(mem_logits.flatten(3), mem_main).to(mem_values.dtype)
+            retrieved = torch.einsum("bhck,bhckd->bhcd", probs, mem_values.flatten(3, 4))
+            local, _ = merge_attention([(local, local_main), (retrieved, mem_main)])
         outs.append(local)
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
