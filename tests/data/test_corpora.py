@@ -126,7 +126,7 @@ def test_iter_documents_is_lazy(tmp_path):
     [
         (lambda p: p / "missing.jsonl", "does not exist"),
         (lambda p: (p / "x.csv").write_text("a") and p / "x.csv", "unknown type"),
-        (lambda p: write_jsonl(p / "x.jsonl", [{"text": "a"}, "{oops"]), "line 2 is not a JSON object"),
+        (lambda p: write_jsonl(p / "x.jsonl", [{"text": "a"}, "{oops"]), "line 2 is not JSON"),
         (lambda p: write_jsonl(p / "x.jsonl", [{"body": "a"}]), "line 1 has no 'text' field"),
         (lambda p: write_jsonl(p / "x.jsonl", [{"text": 3}]), "not a string"),
         (lambda p: write_jsonl(p / "x.jsonl", ["", {"text": " "}]), "holds no text"),

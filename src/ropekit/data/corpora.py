@@ -50,11 +50,11 @@ Training on the built-in corpus would defeat its purpose (it is the held-out eva
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.jsonl import jsonl_rows
 from ..errors import RopekitError
 
 #: Label of the built-in corpus, recorded with every result computed on it.
@@ -226,23 +226,16 @@ def _file_texts(p: Path, name: str) -> Iterator[tuple[str, str]]:
 
 
 def _jsonl_texts(p: Path, name: str) -> Iterator[tuple[str, str]]:
-    with p.open("rb") as fh:
-        for number, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise RopekitError(f"'{p}' line {number} is not a JSON object", "write one JSON object per line") from None
-            if not isinstance(record, dict) or "text" not in record:
-                raise RopekitError(f"'{p}' line {number} has no 'text' field",
-                                   'give every line a string field "text" with the document')
-            text = record["text"]
-            if not isinstance(text, str):
-                raise RopekitError(f"'{p}' line {number}: 'text' is a {type(text).__name__}, not a string",
-                                   'make "text" the document as one string')
-            if text.strip():
-                yield f"{name}:{number}", text
+    for number, record in jsonl_rows(p, "write one JSON object per line"):
+        if not isinstance(record, dict) or "text" not in record:
+            raise RopekitError(f"'{p}' line {number} has no 'text' field",
+                               'give every line a string field "text" with the document')
+        text = record["text"]
+        if not isinstance(text, str):
+            raise RopekitError(f"'{p}' line {number}: 'text' is a {type(text).__name__}, not a string",
+                               'make "text" the document as one string')
+        if text.strip():
+            yield f"{name}:{number}", text
 
 
 def _parquet_texts(p: Path, name: str) -> Iterator[tuple[str, str]]:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..core.jsonl import jsonl_rows
 from ..errors import RopekitError
 from .packing import IGNORE_INDEX
 
@@ -104,16 +105,8 @@ def normalize_conversation(record, where: str) -> list[dict]:
 def _file_conversations(p: Path) -> list[list[dict]]:
     out = []
     if p.suffix.lower() == ".jsonl":
-        with p.open("rb") as fh:
-            for number, raw in enumerate(fh, 1):
-                if not raw.strip():
-                    continue
-                try:
-                    record = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    raise RopekitError(f"'{p}' line {number} is not JSON", "write one JSON object per line") from None
-                out.append(normalize_conversation(record, f"'{p}' line {number}"))
-        return out
+        return [normalize_conversation(record, f"'{p}' line {number}")
+                for number, record in jsonl_rows(p, "write one JSON object per line")]
     try:
         data = json.loads(p.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError):

@@ -27,12 +27,12 @@ ones), so the model sees up to budget + template + max new tokens positions.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..core.jsonl import jsonl_rows
 from ..errors import RopekitError
 from ..install import rope_info
 from . import text_metrics
@@ -300,21 +300,14 @@ def available(folder: Path) -> list[str]:
 def load_items(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     """The items of one official JSONL file (the first ``limit`` ones), each checked for the fields used."""
     items: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if limit is not None and len(items) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RopekitError(f"'{path}' line {number} is not JSON ({e.msg})", "re-extract the file from data.zip") from None
-            missing = [f for f in _REQUIRED if f not in item]
-            if missing or not isinstance(item.get("answers"), list):
-                what = f"lacks {', '.join(missing)}" if missing else "has 'answers' that is not a list"
-                raise RopekitError(f"'{path}' line {number} {what}", "use the official LongBench JSONL files from data.zip")
-            items.append(item)
+    for number, item in jsonl_rows(path, "re-extract the file from data.zip"):
+        if limit is not None and len(items) >= limit:
+            break
+        missing = [f for f in _REQUIRED if f not in item] if isinstance(item, dict) else list(_REQUIRED)
+        if missing or not isinstance(item.get("answers"), list):
+            what = f"lacks {', '.join(missing)}" if missing else "has 'answers' that is not a list"
+            raise RopekitError(f"'{path}' line {number} {what}", "use the official LongBench JSONL files from data.zip")
+        items.append(item)
     return items
 
 

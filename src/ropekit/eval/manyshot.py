@@ -44,7 +44,6 @@ Queries: the test items in a seeded shuffled order, the first ``samples`` (defau
 
 from __future__ import annotations
 
-import json
 import random
 import warnings
 from collections.abc import Sequence
@@ -54,6 +53,7 @@ from typing import Any
 
 import torch
 
+from ..core.jsonl import jsonl_rows
 from ..errors import RopekitError
 from ..install import rope_info
 from .common import EvalContext, accuracy_by, encode, mean, require_tokenizer, timer
@@ -192,21 +192,14 @@ def synthetic_items() -> tuple[list[Example], list[Example]]:
 # ---- user data ----------------------------------------------------------------------------------------
 def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RopekitError(f"'{path}' line {number} is not JSON ({e.msg})", "fix or remove that line") from None
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str) or not isinstance(row.get("label"), str) \
-                    or not row["text"].strip() or not row["label"].strip():
-                raise RopekitError(
-                    f"'{path}' line {number} lacks a non-empty string 'text' and 'label'",
-                    'write one {"text": "...", "label": "..."} object per line',
-                )
-            rows.append((number, row))
+    for number, row in jsonl_rows(path, "fix or remove that line"):
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str) or not isinstance(row.get("label"), str) \
+                or not row["text"].strip() or not row["label"].strip():
+            raise RopekitError(
+                f"'{path}' line {number} lacks a non-empty string 'text' and 'label'",
+                'write one {"text": "...", "label": "..."} object per line',
+            )
+        rows.append((number, row))
     if not rows:
         raise RopekitError(f"'{path}' holds no examples", 'write one {"text": "...", "label": "..."} object per line')
     return rows

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from .longlora_attention import make_s2_attn
-from .base import FACTOR, ROPE_THETA, AttentionSpec, GGUFKeys, Method, Param, register
-from ..core.rope import default_inv_freq
-from .pi import pi_inv_freq
+from .base import FACTOR, ROPE_THETA, AttentionSpec, Param, register
+from .pi import PositionInterpolation
 
 #: LongLoRA's fine-tuning recipe (Chen et al. 2024 §3–4; docs/methods-reference.md §6), for the training code to use.
 LORA_RANK = 8
@@ -29,11 +28,12 @@ RECIPE = {
 
 
 @register
-class LongLoRA(Method):
+class LongLoRA(PositionInterpolation):
     """LongLoRA (Chen et al. 2024, ICLR, arXiv 2309.12307): PI frequencies + S²-Attn for training.
 
     * Frequencies: Position Interpolation, ``θ_i/s`` (positions ``m → m/s``; LCEG Eq. 8), with
-      ``s = factor = target / C`` as in the recipe (the reference rounds it up, ``⌈L'/C⌉``).
+      ``s = factor = target / C`` as in the recipe (the reference rounds it up, ``⌈L'/C⌉``) — the rule and its
+      exports are :class:`~ropekit.methods.pi.PositionInterpolation`'s, inherited.
     * Attention during training: S²-Attn with group size ``g = ⌈n·group_size_ratio⌉`` (paper: n/4); half
       the query heads attend within groups ``[0, g), [g, 2g), …``, the other half within groups shifted by
       ``g/2`` — without the eager reference's roll wrap-around (:mod:`ropekit.methods.longlora_attention`).
@@ -74,28 +74,6 @@ class LongLoRA(Method):
     def frequencies_only(self) -> bool:
         return True  # S²-Attn runs in training only: at inference LongLoRA is its frequencies
 
-    def inv_freq(self, info, params, seq_len=None, device=None):
-        if info.is_scaled:
-            base, attention_factor = self.base(info, seq_len, device)
-            return (base if params["factor"] == 1.0 else base / params["factor"]), attention_factor
-        if params["factor"] == 1.0:
-            return default_inv_freq(params["rope_theta"], info.rotary_dim, device), 1.0
-        return pi_inv_freq(params["rope_theta"], info.rotary_dim, params["factor"], device), 1.0
-
     def attention(self, info, params):
         return AttentionSpec(layer_attention=make_s2_attn,
                              layer_attention_args={"group_size_ratio": float(params["group_size_ratio"])})
-
-    def transformers_rope(self, info, params):
-        if info.is_scaled:
-            return None
-        return {"rope_type": "linear", "factor": params["factor"], "rope_theta": params["rope_theta"]}
-
-    def exports_to(self, params=None):
-        return ["transformers", "vllm"]
-
-    def gguf_rope(self, info, params):
-        # llama.cpp's `linear` divides every frequency by the factor: PI's rule
-        if params.get("factor", 1.0) > 1.0:
-            return GGUFKeys("linear", float(params["rope_theta"]), factor=float(params["factor"]))
-        return None
