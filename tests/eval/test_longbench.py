@@ -224,3 +224,21 @@ def test_cli_runs_longbench_from_a_data_dir(run_cli, data_dir):
 
     code, _, err = run_cli("eval", "longbench", "tiny", "--data", str(data_dir / "missing"), "--lengths", "256")
     assert code == 2 and "data.zip" in err
+
+
+def test_samsum_gets_one_token_before_an_end_token_can_stop_it():
+    """pred.py decodes samsum with min_length = context + 1: a model whose favourite next token is EOS still
+    says one token (its second choice) before stopping; the other datasets stop at once."""
+    import torch
+
+    from ropekit.eval.common import greedy_generate
+
+    model = build_tiny_model("llama")
+    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[0], head.bias[7] = 2.0, 1.0  # EOS first, then token 7
+    model.lm_head = head
+    assert greedy_generate(model, [3, 4, 5], 8, eos_token_ids=[0]) == []
+    assert greedy_generate(model, [3, 4, 5], 8, eos_token_ids=[0], min_new_tokens=1) == [7]

@@ -77,8 +77,10 @@ def encode(tokenizer, text: str, *, add_special_tokens: bool = True) -> list[int
     return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
 
 
-def greedy_generate(model, input_ids: list[int], max_new_tokens: int, *, eos_token_ids: list[int] | None = None) -> list[int]:
-    """Greedy continuation of one prompt (the new token ids only), with an explicit attention mask.
+def greedy_generate(model, input_ids: list[int], max_new_tokens: int, *, eos_token_ids: list[int] | None = None,
+                    min_new_tokens: int = 0) -> list[int]:
+    """Greedy continuation of one prompt (the new token ids only, cut at the first end token), with an explicit
+    attention mask. ``min_new_tokens``: end tokens are suppressed until that many tokens are out.
 
     The mask matters: transformers reads position_ids without one as packed sequences (methods.md §9).
     """
@@ -91,6 +93,7 @@ def greedy_generate(model, input_ids: list[int], max_new_tokens: int, *, eos_tok
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens or None,
             do_sample=False,
             num_beams=1,
             temperature=None,

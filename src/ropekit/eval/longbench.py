@@ -30,13 +30,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..core.jsonl import jsonl_rows
 from ..errors import RopekitError
 from ..install import rope_info
 from . import text_metrics
-from .common import EvalContext, encode, eos_ids, mean, require_tokenizer, timer
+from .common import EvalContext, encode, eos_ids, greedy_generate, mean, require_tokenizer, timer
 
 KEY_FIELDS = ("dataset", "sample")
 
@@ -221,36 +219,6 @@ def build_input(tokenizer, dataset: str, item: dict[str, Any], max_length: int, 
     return ids, {"prompt_tokens_full": original, "prompt_tokens": len(ids), "truncated": truncated}
 
 
-def generate(model, input_ids: list[int], max_new_tokens: int, eos_token_ids: list[int], min_new_tokens: int = 0) -> list[int]:
-    """Greedy decoding (``num_beams=1, do_sample=False``) of the new tokens, cut at the first end token.
-
-    As :func:`ropekit.eval.common.greedy_generate`, plus ``min_new_tokens`` (samsum's
-    ``min_length=context_length+1``: end tokens are suppressed until one token is out).
-    """
-    device = next(model.parameters()).device
-    ids = torch.tensor([input_ids], device=device)
-    eos = [int(e) for e in eos_token_ids if e is not None]
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens or None,
-            do_sample=False,
-            num_beams=1,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-            eos_token_id=eos or None,
-            pad_token_id=eos[0] if eos else 0,
-        )
-    new = out[0, ids.shape[1]:].tolist()
-    for i, t in enumerate(new):
-        if t in eos:
-            return new[:i]
-    return new
-
-
 def end_tokens(tokenizer, dataset: str) -> list[int]:
     """The ids that end generation: the tokenizer's end tokens, plus the id of "\\n" for samsum (pred.py)."""
     ids = eos_ids(tokenizer)
@@ -370,7 +338,9 @@ def run(
                     continue
                 with timer() as elapsed:
                     ids, facts = build_input(tokenizer, name, item, budget, chat=chat)
-                    new = generate(ctx.model, ids, MAX_NEW_TOKENS[base], stop, min_new_tokens=1 if base == "samsum" else 0)
+                    # samsum: pred.py's min_length=context_length+1 — no end token before the first new one
+                    new = greedy_generate(ctx.model, ids, MAX_NEW_TOKENS[base], eos_token_ids=stop,
+                                          min_new_tokens=1 if base == "samsum" else 0)
                     prediction = tokenizer.decode(new, skip_special_tokens=True)
                     score = score_item(name, prediction, item)
                     seconds = elapsed()
