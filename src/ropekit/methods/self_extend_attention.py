@@ -438,33 +438,25 @@ class SelfExtendAttention:
         over the keys up to the chunk's last key index — both always computed (an empty part has
         ``lse = −∞`` and merges as nothing). Memory O(chunk × Lk); the mask must be one whose reading needs no
         sync (none, or transformers' 4-D boolean mask)."""
-        W = self.window_size
-        q_len, k_len = query.shape[2], key.shape[2]
-        off = k_len - q_len
         inv_freq = self.inv_freq().to(query.device)
-        q_group = rotate_by(query, group_query_position(q_pos, self.group_size, W) - q_pos, inv_freq)
+        q_group = rotate_by(query, group_query_position(q_pos, self.group_size, self.window_size) - q_pos, inv_freq)
         k_group = rotate_by(key, group_key_position(k_pos, self.group_size) - k_pos, inv_freq)
-        outs = []
-        for a in range(0, q_len, self.chunk):
-            b = min(a + self.chunk, q_len)
-            hi = min(k_len, b + off)
-            near = (q_pos[:, a:b, None] - k_pos[:, None, :hi] < W)[:, None]
-            ok = mask.block(a, b, 0, hi)
-            parts = [attention_with_lse(query[:, :, a:b], key[:, :, :hi], value[:, :, :hi], ok & near, scale=scaling),
-                     attention_with_lse(q_group[:, :, a:b], k_group[:, :, :hi], value[:, :, :hi], ok & ~near,
-                                        scale=scaling)]
-            outs.append(merge_attention(parts)[0])
-        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+        return self._two_parts_by_chunk(query, key, value, q_group, k_group, mask, q_pos, k_pos, scaling)
 
     def _attend_general(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
         """LCEG Eq. 13 pair by pair from positions (any position pattern): per chunk of query rows, the
         neighbour part (``i − j < W``) and the group part (``i − j ≥ W``) over all keys up to the chunk's
         last key index, merged by log-sum-exp. Memory O(chunk × Lk)."""
+        q_group, key, k_group, value = self._group_rotated(query, key, value, q_pos, k_pos)
+        return self._two_parts_by_chunk(query, key, value, q_group, k_group, mask, q_pos, k_pos, scaling)
+
+    def _two_parts_by_chunk(self, query, key, value, q_group, k_group, mask, q_pos, k_pos, scaling) -> torch.Tensor:
+        """Per chunk of query rows, the neighbour part (``i − j < W``, true positions) and the group part
+        (``i − j ≥ W``, the group-rotated ``q_group``/``k_group``) over every key up to the chunk's last key
+        index, merged by log-sum-exp (LCEG Eq. 13)."""
         W = self.window_size
         q_len, k_len = query.shape[2], key.shape[2]
         off = k_len - q_len
-        q_group, key, k_group, value = self._group_rotated(query, key, value, q_pos, k_pos)
-
         outs = []
         for a in range(0, q_len, self.chunk):
             b = min(a + self.chunk, q_len)
