@@ -42,9 +42,9 @@ format transformers passes.
 
 **Speed.** In the aligned layout (what ropekit's landmark insertion produces, and what retrieval needs) a key's
 group is a function of its index, so the logits of a chunk are reshaped to (…, blocks, block) and the grouped
-softmax is a per-block log-sum-exp, a softmax over the per-block terms and one rescaling
-(:func:`aligned_grouped_part`): two matrix products and a few passes over the logits, which are written into one
-buffer per call and overwritten in place when no gradient is taken. Other layouts (irregular blocks in a
+softmax is a softmax within every block rescaled by the block's share of the main group (its gate, or the own
+block's log-sum-exp; :func:`aligned_grouped_part`): two matrix products and a few passes over the logits, which are
+written into one buffer per call and overwritten in place when no gradient is taken. Other layouts (irregular blocks in a
 hand-built batch) go key by key through :func:`grouped_logits`. Retrieved blocks are gathered per query and head
 with ``index_select`` from one row per (KV head, block).
 
@@ -240,63 +240,81 @@ def aligned_grouped_part(query: torch.Tensor, key: torch.Tensor, value: torch.Te
 
     Returns ``(out, Z)``: ``out = Σ_j exp(A_ij − Z_i) v_j`` (B, H, c, D) and the main group's log-sum-exp ``Z``
     (B, H, c), ``A`` and ``Z`` as in :func:`grouped_logits`. Per query ``i`` and key block ``p`` (its regular keys
-    ``R_p``, landmark ``L_p``): ``lse_ip = log Σ_{j∈R_p} exp(s_ij)``, and ``t_ip = lse_ip`` for the query's own
-    block, ``t_ip = s_{i,L_p}`` (the gate) for any other block; ``Z_i = log Σ_p exp(t_ip)``, so that
-    ``a_ij = exp(s_ij − lse_ip + t_ip − Z_i)`` — the own block's keys get ``exp(s_ij − Z_i)``, an earlier block's
-    ``exp(s_ij + s_{i,L_p} − lse_p − Z_i)`` (§3.1), landmarks 0.
+    ``R_p``, landmark ``L_p``), the weights factor into the softmax within the block and the block's share of the
+    main group:
+
+        ``a_ij = σ_p(j) · exp(t_ip − Z_i)``,  ``σ_p(j) = exp(s_ij − lse_ip)``,  ``Z_i = log Σ_p exp(t_ip)``,
+
+    with ``t_ip = lse_ip`` (``log Σ_{j∈R_p} exp(s_ij)``) for the query's own block and ``t_ip = s_{i,L_p}`` (the gate)
+    for any other — the own block's keys get ``exp(s_ij − Z_i)``, an earlier block's
+    ``exp(s_ij − lse_p + s_{i,L_p} − Z_i)`` (§3.1), landmarks 0. So one softmax over each block's ``block`` logits
+    (PyTorch's fused kernel: one pass over them) and one rescaling by a (query, block) factor; the log-sum-exp of a
+    block is needed only for the own block. Keys the mask hides are set to the dtype's lowest finite value, not
+    −∞, so that the softmax of a block with nothing visible stays finite — its factor is 0.
 
     ``k0`` and ``k1`` are multiples of ``block``; ``k1`` may pass the last key (the last block, whose landmark has
-    not come yet): the logits are padded with −∞ there, the keys and values are not copied.
+    not come yet): the logits are padded there, the keys and values are not copied.
     ``first_local`` (c,): the first block each row may attend (§3.2's local window); earlier blocks drop out.
-    ``dropout``: applied to the weights (training). Without gradients the logits buffer is reused in place (one
-    score matrix per chunk in memory), and it is ``scratch`` when given (:func:`_scratch`).
+    ``dropout``: applied to the weights (training). Without gradients the logits buffer is reused in place on CPU
+    (one score matrix per chunk in memory), and it is ``scratch`` when given (:func:`_scratch`).
     """
     batch, heads, rows, _ = query[:, :, a:b].shape
-    n, blocks = k1 - k0, (k1 - k0) // block
+    blocks = (k1 - k0) // block
     device = query.device
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     q = query[:, :, a:b].to(_score_dtype(query.dtype)) * scaling
     real = min(k1, key.shape[2])
-    scores = pair_scores(q, key[:, :, k0:real], out=None if grad else scratch)  # (B, H, c, ·), ours to overwrite
+    scores = pair_scores(q, key[:, :, k0:real], out=None if grad else scratch)  # (B, H, c, ·)
+    hidden = torch.finfo(scores.dtype).min
     key_index = torch.arange(k0, real, device=device)
     row_index = torch.arange(a, b, device=device) + mask.offset
-    if mask.is_causal and not grad:  # only the diagonal corner holds keys some row may not see
+    block_index = torch.arange(k0 // block, k0 // block + blocks, device=device)
+    if mask.is_causal:  # only the diagonal corner holds keys some row may not see
         d0 = max(0, a + mask.offset + 1 - k0)
         if d0 < real - k0:
-            scores[..., d0:].masked_fill_(key_index[None, d0:] > row_index[:, None], NEG_INF)
+            future = key_index[None, d0:] > row_index[:, None]
+            if grad:
+                scores = torch.cat([scores[..., :d0], scores[..., d0:].masked_fill(future, hidden)], dim=-1)
+            else:
+                scores[..., d0:].masked_fill_(future, hidden)
+        # a block shows a regular key to a row exactly when its first key is not in the row's future
+        filled = (block_index * block)[None, :] <= row_index[:, None]  # (c, blocks)
     else:
-        scores = scores.masked_fill(~mask.block(a, b, k0, real), NEG_INF)
+        seen = mask.block(a, b, k0, real)
+        scores = scores.masked_fill(~seen, hidden)
+        seen = torch.nn.functional.pad(seen, (0, k1 - real), value=False) if real < k1 else seen
+        filled = seen.unflatten(-1, (blocks, block))[..., :-1].any(-1)  # (B|1, 1|H, c, blocks)
     if real < k1:  # the last, unfinished block (one chunk per call)
-        scores = torch.nn.functional.pad(scores, (0, k1 - real), value=NEG_INF)
+        scores = torch.nn.functional.pad(scores, (0, k1 - real), value=hidden)
     tiled = scores.unflatten(-1, (blocks, block))  # (B, H, c, blocks, block)
-    gate = tiled[..., -1].clone()  # s_{i, L_p}, −∞ where the mask hides the landmark
+    gate = tiled[..., -1]  # s_{i, L_p}; a hidden landmark gates nothing
+    gate = torch.where(gate > hidden, gate, torch.full_like(gate, NEG_INF))
     if grad:
-        tiled = torch.cat([tiled[..., :-1], torch.full_like(tiled[..., -1:], NEG_INF)], dim=-1)
+        tiled = torch.cat([tiled[..., :-1], torch.full_like(tiled[..., -1:], hidden)], dim=-1)
     else:
-        tiled[..., -1] = NEG_INF  # a landmark only gates: it is no key of its own block's softmax
-    peak = tiled.detach().amax(-1)  # (B, H, c, blocks); −∞ for a block with nothing visible
-    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
-    if grad:
-        tiled = torch.exp(tiled - peak[..., None])
+        tiled[..., -1] = hidden  # a landmark only gates: it is no key of its own block's softmax
+    own_block = row_index // block - k0 // block  # (c,) in [0, blocks)
+    own_logits = tiled[:, :, torch.arange(rows, device=device), own_block]  # (B, H, c, block)
+    own_filled = filled[..., torch.arange(rows, device=device), own_block]  # (B|1, 1|H, c) or (c,)
+    own_lse = torch.where(own_filled, torch.logsumexp(own_logits, dim=-1), torch.full_like(own_logits[..., 0], NEG_INF))
+    if not grad and tiled.device.type == "cpu":
+        # PyTorch's CPU softmax over the last dimension reads each row before it writes it, so in place is exact
+        # (tested against the paper's reference) and keeps one logits buffer per chunk
+        probs = torch.softmax(tiled, dim=-1, out=tiled)
     else:
-        tiled = tiled.sub_(peak[..., None]).exp_()
-    total = tiled.sum(-1)
-    filled = total > 0
-    lse = torch.log(torch.where(filled, total, torch.ones_like(total))) + peak  # finite where filled
+        probs = torch.softmax(tiled, dim=-1)
 
-    block_index = torch.arange(k0 // block, k0 // block + blocks, device=device)
     own = block_index[None, :] == (row_index // block)[:, None]  # (c, blocks)
     # the main group: the own block's keys (together: their lse) and the gates of the other blocks; a gate counts
     # even when its block shows no key (that block's share is lost, as in the paper's formula)
-    top = torch.where(own, torch.where(filled, lse, torch.full_like(lse, NEG_INF)), gate)
+    top = torch.where(own, own_lse[..., None], gate)
     if first_local is not None:
         top = torch.where(block_index[None, :] >= first_local[:, None], top, torch.full_like(top, NEG_INF))
     main = torch.logsumexp(top, dim=-1)  # Z (B, H, c): −∞ when the main group is empty
     live = filled & torch.isfinite(top) & torch.isfinite(main)[..., None]
     zero = torch.zeros_like(top)
-    exponent = peak + torch.where(live, top - lse - main[..., None], zero)  # safe: only finite terms enter
-    factor = torch.where(live, torch.exp(exponent), zero)[..., None]  # a_ij = exp(s_ij − peak_ip) · factor_ip
-    probs = tiled * factor if grad else tiled.mul_(factor)
+    factor = torch.where(live, torch.exp(torch.where(live, top - main[..., None], zero)), zero)[..., None]
+    probs = probs * factor if grad else probs.mul_(factor)
     if dropout > 0.0:
         probs = torch.nn.functional.dropout(probs, p=dropout)
     return pair_values(probs.flatten(-2)[..., :real - k0], value[:, :, k0:real]), main
