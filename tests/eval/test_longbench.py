@@ -242,3 +242,14 @@ def test_samsum_gets_one_token_before_an_end_token_can_stop_it():
     model.lm_head = head
     assert greedy_generate(model, [3, 4, 5], 8, eos_token_ids=[0]) == []
     assert greedy_generate(model, [3, 4, 5], 8, eos_token_ids=[0], min_new_tokens=1) == [7]
+
+
+def test_items_past_the_limit_are_not_read(tmp_path):
+    """--samples N reads the first N items only: a broken line after them does not stop the run."""
+    path = tmp_path / "hotpotqa.jsonl"
+    write_jsonl(path, [item(0), item(1)])
+    with path.open("a") as fh:
+        fh.write("{broken\n")
+    assert [i["_id"] for i in lb.load_items(path, limit=2)] == [item(0)["_id"], item(1)["_id"]]
+    with pytest.raises(RopekitError):
+        lb.load_items(path)

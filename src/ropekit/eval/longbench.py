@@ -268,14 +268,16 @@ def available(folder: Path) -> list[str]:
 def load_items(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     """The items of one official JSONL file (the first ``limit`` ones), each checked for the fields used."""
     items: list[dict[str, Any]] = []
+    if limit is not None and limit <= 0:
+        return items
     for number, item in jsonl_rows(path, "re-extract the file from data.zip"):
-        if limit is not None and len(items) >= limit:
-            break
         missing = [f for f in _REQUIRED if f not in item] if isinstance(item, dict) else list(_REQUIRED)
         if missing or not isinstance(item.get("answers"), list):
             what = f"lacks {', '.join(missing)}" if missing else "has 'answers' that is not a list"
             raise RopekitError(f"'{path}' line {number} {what}", "use the official LongBench JSONL files from data.zip")
         items.append(item)
+        if limit is not None and len(items) >= limit:
+            break  # the lines after the last one used are not read
     return items
 
 
