@@ -24,8 +24,11 @@ EXTRA_ONLY = ("accelerate", "peft", "datasets", "scipy", "matplotlib", "jieba", 
 
 
 def _run(args, **kwargs) -> subprocess.CompletedProcess:
-    # the fresh environment alone: no PYTHONPATH leading back to this checkout's sources
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # the fresh environment alone: no PYTHONPATH leading back to this checkout's sources. pip installs without
+    # byte-compiling (torch's thousands of modules were most of the install); the first command then writes the
+    # bytecode of what it imports, unless PYTHONDONTWRITEBYTECODE stops it, which would make every command
+    # compile torch again
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=840, check=False, env=env,
                           **kwargs)
 
@@ -38,7 +41,7 @@ def test_the_core_wheel_alone_extends_and_exports(tmp_path):
     venv = tmp_path / "venv"
     assert _run([sys.executable, "-m", "venv", venv]).returncode == 0
     python, ropekit = venv / "bin" / "python", venv / "bin" / "ropekit"
-    installed = _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", f"torch=={version('torch')}", wheel])
+    installed = _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile", f"torch=={version('torch')}", wheel])
     assert installed.returncode == 0, installed.stderr[-2000:]
     probe = _run([python, "-c", "import importlib.util as u, json, sys; "
                   f"print(json.dumps([m for m in {list(EXTRA_ONLY)!r} if u.find_spec(m)]))"])

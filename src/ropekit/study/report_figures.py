@@ -71,29 +71,33 @@ def _visible_texts(fig) -> list:
     return [t for t in unique if t.get_visible() and t.get_text().strip()]
 
 
-def text_overlaps(fig, tolerance: float = 1.0) -> list[tuple[str, str]]:
+def text_overlaps(fig, tolerance: float = 1.0, *, drawn: bool = False) -> list[tuple[str, str]]:
     """Pairs of visible texts of ``fig`` whose boxes overlap by more than ``tolerance`` pixels each way, and
-    ``(text, "(outside the figure)")`` for a text cut off by the figure's edge."""
+    ``(text, "(outside the figure)")`` for a text cut off by the figure's edge. ``drawn``: the figure's canvas
+    has just been drawn, so its layout is final and is measured as it is."""
+    import numpy as np
     from matplotlib.text import Text
 
-    fig.draw_without_rendering()  # lays the figure out as savefig will, without rasterising it
+    if not drawn:
+        fig.draw_without_rendering()  # lays the figure out as savefig will, without rasterising it
     renderer = fig.canvas.get_renderer()
-    boxes = []
+    names, boxes = [], []
     out = []
     page = fig.bbox
     for t in _visible_texts(fig):
         bb = Text.get_window_extent(t, renderer)  # an annotation's text, without its leader line
         if bb.width > 0 and bb.height > 0:
-            boxes.append((t.get_text(), bb))
+            names.append(t.get_text())
+            boxes.append((bb.x0, bb.x1, bb.y0, bb.y1))
             if bb.x0 < page.x0 - tolerance or bb.x1 > page.x1 + tolerance or bb.y0 < page.y0 - tolerance or bb.y1 > page.y1 + tolerance:
                 out.append((t.get_text(), "(outside the figure)"))
-    for i in range(len(boxes)):
-        for j in range(i + 1, len(boxes)):
-            a, b = boxes[i][1], boxes[j][1]
-            w = min(a.x1, b.x1) - max(a.x0, b.x0)
-            h = min(a.y1, b.y1) - max(a.y0, b.y0)
-            if w > tolerance and h > tolerance:
-                out.append((boxes[i][0], boxes[j][0]))
+    if len(boxes) > 1:
+        # every pair at once: a heatmap grid has hundreds of cell labels, too many pairs for a Python loop
+        x0, x1, y0, y1 = (np.asarray(c)[:, None] for c in zip(*boxes))
+        w = np.minimum(x1, x1.T) - np.maximum(x0, x0.T)
+        h = np.minimum(y1, y1.T) - np.maximum(y0, y0.T)
+        hit = np.triu((w > tolerance) & (h > tolerance), k=1)
+        out += [(names[i], names[j]) for i, j in zip(*np.nonzero(hit))]
     return out
 
 
@@ -174,9 +178,14 @@ class _Figures:
         return fig, axes
 
     def save(self, fig, name: str) -> Path:
-        self.overlaps[name] = text_overlaps(fig)
+        from matplotlib.image import imsave
+
+        # One layout and one rasterisation (savefig after the overlap check's own layout drew every figure twice):
+        # the check measures this drawing and the PNG holds its pixels, as savefig at the figure's dpi would.
+        fig.canvas.draw()
+        self.overlaps[name] = text_overlaps(fig, drawn=True)
         path = self.out / name
-        fig.savefig(path, format="png", dpi=DPI)
+        imsave(path, fig.canvas.buffer_rgba(), format="png", origin="upper", dpi=fig.dpi)
         self.paths.append(path)
         return path
 
