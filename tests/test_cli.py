@@ -31,6 +31,36 @@ def test_methods_json_lists_every_method_with_defaults(run_cli):
     assert all(isinstance(d["needs_training"], bool) for d in data)
 
 
+def test_methods_name_prints_one_card_with_what_each_parameter_accepts(run_cli, monkeypatch):
+    from ropekit.cli import common
+
+    monkeypatch.setattr(common.out, "width", 240)  # one table row per parameter, nothing folded
+    code, out, err = run_cli("methods", "yarn")
+    assert code == 0 and err == ""
+    assert out.startswith("yarn — YaRN") and "arXiv 2309.00071" in out and "exports to: transformers, vllm" in out
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in out.splitlines() if line.startswith("│")}
+    assert list(rows) == [p.name for p in ropekit.get_method("yarn").params]  # every parameter, in order
+    # default, accepted values, meaning: the values YaRN's parameters are declared with
+    assert rows["factor"][:2] == ["1.0", "1 ≤ x ≤ 16,777,216"]
+    assert rows["beta_fast"][:2] == ["32.0", "> 0"] and rows["beta_slow"][:2] == ["1.0", "> 0"]
+    assert rows["original_max_position_embeddings"][1] == "≥ 2"
+    assert rows["ramp"][1] == "ratio | dim" and rows["blend"][1] == "frequency | wavelength"
+    assert rows["truncate"][:2] == ["true", "true | false"] and rows["attention_factor"][0] == "unset"
+    assert rows["beta_fast"][2] == ropekit.get_method("yarn").param("beta_fast").help
+
+    code, out, _ = run_cli("methods", "Self-Extend", "--json")  # the names extend accepts, as JSON
+    card = json.loads(out)
+    assert code == 0 and card["name"] == "self_extend" and set(card["params"]) == {p.name for p in ropekit.get_method("self_extend").params}
+
+
+@pytest.mark.parametrize("args, says", [(("methods", "yarm"), "did you mean yarn?"),
+                                        (("methods", "yarn", "--families"), "takes no method name")])
+def test_methods_name_refusals_are_one_line(run_cli, args, says):
+    code, out, err = run_cli(*args)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and says in err
+
+
 def test_inspect_tiny_json(run_cli):
     code, out, _ = run_cli("inspect", "tiny", "--json")
     assert code == 0

@@ -53,6 +53,8 @@ LIGHT = {
     "--version": 0,
     "methods": 0,
     "methods --json": 0,
+    "methods yarn": 0,
+    "methods yarm": 2,  # a typo'd method: the closest names, from the catalog
     "engines list": 0,
     "extend tiny --method yarnn --out /nonexistent/out": 2,  # a typo'd method: refused before the model loads
     "extend tiny --method yarn -p beta_fst=1 --out /nonexistent/out": 2,  # a typo'd parameter

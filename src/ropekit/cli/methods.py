@@ -1,26 +1,40 @@
-"""``ropekit methods``: the registry of context-extension methods, as a table or JSON, and which model family takes
-which method (``--families``)."""
+"""``ropekit methods``: the registry of context-extension methods, as a table or JSON; one method's card with what
+each parameter means and accepts (``ropekit methods NAME``); and which model family takes which method
+(``--families``)."""
 
 from __future__ import annotations
+
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
 
+from ..errors import InvalidParameterError
 from .common import out, print_json
 
 
 def methods_cmd(
+    name: Annotated[Optional[str], typer.Argument(help="One method (e.g. yarn): its card, with what each parameter "
+                                                  "means and which values it accepts.", show_default=False)] = None,
     json_out: bool = typer.Option(False, "--json", help="Print the registry (or the family table) as JSON."),
     families: bool = typer.Option(False, "--families", help="Which model family takes which method, and the feature "
                                   "that rules a method out (the capability check on each family's tiny model)."),
 ):
-    """List every context-extension method with its parameters, defaults and composition rule."""
+    """List every context-extension method with its parameters, defaults and composition rule; with NAME, one
+    method's card: what each parameter means and which values it accepts."""
     if families:
+        if name is not None:
+            raise InvalidParameterError("--families lists every method; it takes no method name",
+                                        f"run `ropekit methods {name}` or `ropekit methods --families`")
         _families(json_out)
         return
-    from .catalog import load
+    from .catalog import check, load
 
     described = load()  # the registry as data (ropekit.cli.catalog): no torch, answers at once
+    if name is not None:
+        key = check(name, {})  # an unknown name: one line with the closest names
+        _card(next(d for d in described if d["name"] == key), json_out)
+        return
     for d in described:
         d.pop("bounds", None)
     if json_out:
@@ -42,6 +56,56 @@ def methods_cmd(
             "needed" if d["needs_training"] else "optional",
             ", ".join(d["exports_to"]) or "ropekit only",
         )
+    out.print(table)
+
+
+def _number(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+def _value(v: Any) -> str:
+    """A default as it is written on the command line (``-p truncate=false``)."""
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _accepts(bounds: dict[str, Any]) -> str:
+    """A parameter's accepted values as a reader writes them: ``> 0``, ``≥ 1``, ``1 ≤ x ≤ 8``, ``ratio | dim``."""
+    if bounds.get("choices"):
+        return " | ".join(_value(c) for c in bounds["choices"])
+    if bounds["type"] == "bool":
+        return "true | false"
+    low, high = bounds.get("minimum"), bounds.get("maximum")
+    strict = "<" if bounds.get("exclusive_minimum") else "≤"
+    if high is None:
+        return "any" if low is None else f"{'>' if strict == '<' else '≥'} {_number(low)}"
+    return f"{_number(low)} {strict} x ≤ {_number(high)}" if low is not None else f"≤ {_number(high)}"
+
+
+def _card(entry: dict[str, Any], json_out: bool) -> None:
+    """One method: what it changes, where it comes from, how it composes and exports, and every parameter."""
+    if json_out:
+        print_json(entry)
+        return
+    from rich.markup import escape
+
+    out.print(f"[bold cyan]{entry['name']}[/] — [bold]{escape(entry['title'])}[/]")
+    out.print(escape(entry["summary"]), highlight=False)
+    facts = [("training", "needed" if entry["needs_training"] else "optional"),
+             ("changes", ", ".join(entry.get("changes") or []) or "—"),
+             ("exports to", ", ".join(entry["exports_to"]) or "ropekit only (ropekit.load reads it back)"),
+             ("on a pre-scaled model", entry["composition"] or "—"),
+             ("source", entry["reference"])]
+    for label, value in facts:
+        out.print(f"[dim]{label}:[/] {escape(str(value))}", highlight=False)
+    table = Table(title="parameters (ropekit extend … -p NAME=VALUE)", title_justify="left")
+    table.add_column("parameter", style="bold", overflow="fold")
+    table.add_column("default", overflow="fold")
+    table.add_column("accepts")
+    table.add_column("meaning")
+    for pname, spec in entry["params"].items():
+        default = spec["default"]
+        table.add_row(pname, "unset" if default is None else escape(_value(default)),
+                      escape(_accepts(entry["bounds"][pname])), escape(spec.get("help") or ""))
     out.print(table)
 
 

@@ -76,7 +76,7 @@ class Landmark(Method):
     title = "Landmark attention"
     summary = ("A landmark token after every block; grouped softmax gates each block by its landmark; "
                "top-k block retrieval at inference.")
-    reference = "Mohtashami & Jaggi 2023, arXiv 2305.16300 §3; LCEG (LCEG, Lu et al. 2024) §3"
+    reference = "Mohtashami & Jaggi 2023, arXiv 2305.16300 §3; LCEG (Lu et al. 2024, arXiv 2409.12181) §3"
     params = (
         Param("mem_freq", int, DEFAULT_MEM_FREQ, "tokens per block: a landmark follows every mem_freq tokens", minimum=1),
         Param("top_k", int, DEFAULT_TOP_K, "blocks retrieved per query and head at inference (0: every block)", minimum=0),

@@ -50,7 +50,7 @@ class SelfExtend(Method):
     name = "self_extend"
     title = "Self-Extend"
     summary = "Tuning-free: neighbours keep true positions, far keys are seen at grouped (floor(pos/G)) positions."
-    reference = "Jin et al. 2024, arXiv 2401.01325 §3; LCEG (LCEG, Lu et al. 2024) Eq. 13"
+    reference = "Jin et al. 2024, arXiv 2401.01325 §3; LCEG (Lu et al. 2024, arXiv 2409.12181) Eq. 13"
     params = (
         Param("group_size", int, None, "G: far keys are seen at floor(position/G) (default: smallest G whose "
               "reach covers factor·C, else 32)", minimum=1),

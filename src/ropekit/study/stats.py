@@ -54,7 +54,7 @@ The same rule decides ties in the ranking (:func:`rank_methods`) and the best va
 Kendall τ (:func:`kendall_tau`) is τ-b (ties in either list corrected for) with its two-sided p-value, from
 :func:`scipy.stats.kendalltau` (exact for small samples without ties, the normal approximation with the
 tie-corrected variance otherwise). :func:`perplexity_correlations` computes it across methods between
-perplexity and each downstream accuracy, as LCEG (LCEG, Lu et al. 2024) Table 6 does, and pooled over the accuracy
+perplexity and each downstream accuracy, as LCEG (Lu et al. 2024, arXiv 2409.12181) Table 6 does, and pooled over the accuracy
 tasks; its 95 % interval is a two-level bootstrap: resample ``b`` draws the methods with replacement
 (``numpy.random.default_rng(BOOTSTRAP_SEED + 1).integers(0, n, size=(B, n))``) and takes each drawn
 method's perplexity and accuracy from resample ``b`` of the evaluation samples above, then recomputes τ-b
