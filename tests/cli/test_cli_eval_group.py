@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 
 import pytest
 import typer
@@ -101,3 +102,19 @@ def test_options_may_come_before_the_task(run_cli, tmp_path):
     # the task name is found past an option's value, and short options with attached values are one token
     line = _one_line_error(run_cli, "eval", "-l64", "--seed", "3", "passkey", "tiny", "--stride", "4")
     assert "'passkey' evaluation" in line
+
+
+def test_in_a_log_an_evaluation_prints_plain_progress_lines_and_a_refusal_is_one_line(run_cli):
+    """Without a terminal (a pipe, a CI log) a rich bar shows nothing until it stops, then leaves an empty line: the
+    evaluations print timestamped lines instead, and a refusal after the model has loaded stays one line."""
+    code, _, err = run_cli("eval", "passkey", "tiny", "--lengths", "512", "--depths", "0.5", "--trials", "2")
+    assert code == 0
+    lines = err.splitlines()
+    assert "" not in lines and any(re.fullmatch(r"\[\d+:\d\d:\d\d\] passkey: 2/2", line) for line in lines), err
+
+    code, _, err = run_cli("eval", "speed", "tiny", "--lengths", "128,256", "--methods", "yarn")
+    assert code == 0 and "" not in err.splitlines()
+    assert any(re.fullmatch(r"\[\d+:\d\d:\d\d\] speed: 4  measured", line) for line in err.splitlines()), err  # 2 methods × 2 lengths
+
+    code, out, err = run_cli("eval", "passkey", "tiny", "--lengths", "512", "--depths", "1.5")
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: depth 1.5"), repr(err)

@@ -127,17 +127,18 @@ def load_model(model: str, device: Optional[str] = None, dtype: Optional[str] = 
                     attn_implementation=plan.attn, device_map=plan.device_map)
 
 
-class RichProgress:
-    """A rich progress bar as :class:`ropekit.eval.common.ProgressSink`."""
+class TaskProgress:
+    """A :func:`ropekit.runtime.progress.progress` task as :class:`ropekit.eval.common.ProgressSink`: a rich bar on
+    a terminal, a plain line at most every 30 s in a log or a pipe (a bar there would show nothing until the end)."""
 
-    def __init__(self, bar, job):
-        self.bar, self.job = bar, job
+    def __init__(self, task):
+        self.task = task
 
     def set_total(self, total: int) -> None:
-        self.bar.update(self.job, total=total)
+        self.task.update(total=total)
 
     def advance(self, n: int = 1, description: str | None = None) -> None:
-        self.bar.update(self.job, advance=n, **({"description": description} if description else {}))
+        self.task.update(advance=n, description=description)
 
 
 def parse_params(items: list[str] | None) -> dict[str, str]:

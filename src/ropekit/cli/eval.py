@@ -24,7 +24,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from ..errors import RopekitError
-from .common import (MODEL_HELP, AttnOpt, Command, DeviceMapOpt, DeviceOpt, DtypeOpt, RichProgress, err, float_list, int_list, load_model, out, parse_params,
+from .common import (MODEL_HELP, AttnOpt, Command, DeviceMapOpt, DeviceOpt, DtypeOpt, TaskProgress, err, float_list, int_list, load_model, out, parse_params,
                      print_json, print_rows, split_list)
 
 
@@ -163,18 +163,15 @@ def _run(task: str, model: str, lengths: Optional[str], method: Optional[str], p
 
         get_method(method)  # an unknown name fails before the model loads
     loaded = load_model(model, *placement)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from ..eval.common import make_context
+    from ..runtime.progress import progress
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=err, transient=True) as bar:
-        job = bar.add_task(task, total=None)
+    with progress(task, console=err) as shown:
         ctx = make_context(
             task, loaded.model, loaded.tokenizer, method=method, params=params,
             lengths=given.get("lengths") or getattr(module, "DEFAULT_LENGTHS", [loaded.model.config.max_position_embeddings]),
             key_fields=module.KEY_FIELDS, seed=seed, out=str(out_file) if out_file else None, resume=resume,
-            progress=RichProgress(bar, job),
+            progress=TaskProgress(shown),
         )
         module.run(ctx, **given)
     rows = module.summarize(list(ctx.writer.records()))
@@ -408,17 +405,19 @@ def speed_cmd(
     method_list = (methods or method or "plain").split(",")
     parse_method_specs(method_list, params)  # validate names before loading anything
     loaded = load_model(model, device, dtype, attn, device_map)
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from itertools import count
 
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
-                  transient=True) as bar:
-        job = bar.add_task("speed", total=None)
+    from ..runtime.progress import progress
+
+    with progress("speed", console=err) as shown:
+        started = count()  # measurements begun: the count shown beside the one in progress
         rows = run_speed(
             loaded.model, methods=method_list, lengths=lengths_list, params=params,
             decode_tokens=8 if decode_tokens is None else decode_tokens, repeats=repeats or 1, seed=seed,
             out=str(out_file) if out_file else None, resume=resume,
-            progress=lambda text: bar.update(job, description=text),
+            progress=lambda text: shown.update(completed=next(started), info=text),
         )
+        shown.update(completed=next(started), info="measured")
     slopes = None
     if plot is not None or len(set(lengths_list)) > 1:
         from ..eval.speed import cost_slopes, plot_cost
