@@ -40,7 +40,8 @@ def methods_cmd(
     if json_out:
         print_json(described)
         return
-    table = Table(title="ropekit methods", show_lines=True)
+    table = Table(title="ropekit methods", show_lines=True,
+                  caption="`ropekit methods NAME`: one method's card, with what each parameter means and accepts")
     table.add_column("method", style="bold cyan")
     table.add_column("what it does")
     table.add_column("parameters (default)")
