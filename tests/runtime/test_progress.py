@@ -40,3 +40,42 @@ def test_a_line_per_interval_and_the_last_state_on_exit():
     with progress("train", total=10, console=console, interval=3600) as task:
         task.update(advance=4)
     assert lines(buffer) == ["train: 4/10"]  # not printed during the interval, printed at the end
+
+
+def test_a_silent_log_gets_the_current_line_again_and_nothing_after_the_block():
+    """A step of many minutes: the heartbeat repeats the current line with its clock moved on (here every 0.2 s);
+    the thread stops with the block, so no line follows the block's own."""
+    import time
+
+    console, buffer = plain_console()
+    with progress("passkey", total=4, console=console, interval=3600, heartbeat=0.2) as task:
+        task.update(advance=1)
+        time.sleep(1.0)
+    beats = lines(buffer)
+    assert 2 <= len(beats) <= 7 and set(beats) == {"passkey: 1/4"}, beats
+    stamps = [line.split("]")[0] for line in buffer.getvalue().splitlines()]
+    assert stamps == sorted(stamps)
+    time.sleep(0.4)
+    assert lines(buffer) == beats  # nothing once the block has ended
+
+    console, buffer = plain_console()
+    with progress("passkey", total=4, console=console, interval=3600, heartbeat=None) as task:
+        time.sleep(0.4)
+    assert lines(buffer) == ["passkey: 0/4"]  # no heartbeat: the last state only
+
+    console, buffer = plain_console()
+    with progress("passkey", total=4, console=console, interval=3600, heartbeat=0.6) as task:
+        for _ in range(4):
+            time.sleep(0.1)
+            task.log("a sample")  # a log that is not silent: no heartbeat between these lines
+        task.update(completed=4)
+    assert lines(buffer) == ["a sample"] * 4 + ["passkey: 4/4"]
+
+
+def test_on_a_terminal_there_is_a_bar_and_no_heartbeat_thread():
+    import threading
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    with progress("train", total=3, console=console, heartbeat=0.05) as task:
+        assert not [t for t in threading.enumerate() if t.name == "ropekit-progress"]
+        task.update(advance=1)
