@@ -395,6 +395,18 @@ def test_cli_study_status_show_and_errors(run_cli, reference_study, tmp_path):
     assert code == 0 and "7/7 pieces done" in stdout and "eval:passkey:pi-ft" in stdout
     code, stdout, _ = run_cli("study", "status", str(out), "--json")
     assert code == 0 and json.loads(stdout)["by_status"]["done"] == 7
+    # what each piece stored, against the database counted directly
+    db = sqlite3.connect(out / "study.sqlite")
+    samples = dict(db.execute("SELECT piece, COUNT(*) FROM samples GROUP BY piece").fetchall())
+    steps = dict(db.execute("SELECT piece, COUNT(*) FROM train_metrics GROUP BY piece").fetchall())
+    ids = [i for (i,) in db.execute("SELECT id FROM pieces")]
+    db.close()
+    stored = json.loads(stdout)["stored"]
+    assert stored == {i: {"samples": samples.get(i, 0), "train_steps": steps.get(i, 0)} for i in ids}
+    assert any(v["samples"] for v in stored.values()) and any(v["train_steps"] for v in stored.values())
+    code, stdout, _ = run_cli("study", "status", str(out))
+    assert all(f"{v['samples']} samples" in stdout for v in stored.values() if v["samples"] and not v["train_steps"])
+    assert all(f"{v['train_steps']} steps" in stdout for v in stored.values() if v["train_steps"])
     code, stdout, _ = run_cli("study", "--preset", "quick", "--show")
     assert code == 0 and yaml.safe_load(stdout)["name"] == "quick"
     code, _, stderr = run_cli("study", "status", str(tmp_path))

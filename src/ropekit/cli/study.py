@@ -33,11 +33,15 @@ def _status(study_dir: Path, json_out: bool) -> None:
               f"{by['running']} running, {by['failed']} failed, {by['pending']} pending; "
               f"{status['samples']} samples, {status['train_steps']} training steps, {status['seconds'] / 60:.1f} min of compute")
     table = Table()
-    for col in ("piece", "status", "seconds", "note"):
-        table.add_column(col, justify="right" if col == "seconds" else "left")
+    for col in ("piece", "status", "stored", "seconds", "note"):
+        # a piece's id is what one looks up and passes on: wrapped in a narrow console, never cut short
+        table.add_column(col, justify="right" if col in ("stored", "seconds") else "left", overflow="fold")
     for p in pieces:
         note = p["error"] or (p["worker"] if p["status"] == "running" else "")
-        table.add_row(p["id"], f"[{_COLORS[p['status']]}]{p['status']}[/]",
+        kept = status["stored"].get(p["id"], {})
+        stored = (f"{kept['train_steps']} steps" if kept.get("train_steps") else
+                  f"{kept['samples']} samples" if kept.get("samples") else "—")
+        table.add_row(p["id"], f"[{_COLORS[p['status']]}]{p['status']}[/]", stored,
                       f"{p['seconds']:.1f}" if p["seconds"] is not None else "—", note or "")
     out.print(table)
 
