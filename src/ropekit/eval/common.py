@@ -132,7 +132,8 @@ def first_integer(text: str) -> int | None:
 
 
 class ProgressSink:
-    """Where a task reports progress; the CLI passes a rich progress bar, the API nothing."""
+    """Where a task reports progress; the CLI passes its progress display (a bar on a terminal, log lines
+    otherwise), the API nothing."""
 
     def set_total(self, total: int) -> None:  # pragma: no cover - interface
         pass
