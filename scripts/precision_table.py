@@ -55,20 +55,24 @@ def perplexity_rows(fp32: Path, bf16: Path) -> list[str]:
 
 
 def passkey_rows(fp32: Path, bf16: Path) -> list[str]:
+    """Accuracy in each dtype with the paired difference; how many prompts got another answer (the first integer
+    of the reply) and how many another reply at all (beyond the window the replies are not numbers, and rounding
+    can change them without changing any answer)."""
     a, b = _by_unit(fp32, "passkey"), _by_unit(bf16, "passkey")
     cells: dict[tuple, list[tuple]] = {}
     for unit in sorted(set(a) & set(b), key=str):
-        cells.setdefault(unit[:2], []).append((a[unit]["score"], b[unit]["score"]))
+        cells.setdefault(unit[:2], []).append((a[unit]["score"], b[unit]["score"], a[unit].get("answer") != b[unit].get("answer"),
+                                               a[unit].get("prediction") != b[unit].get("prediction")))
     rows = ["| method | length | n prompts | passkey float32 | passkey bfloat16 | bf16 − fp32 (points) [95 % CI] | "
-            "answers differ |", "|---|---:|---:|---:|---:|---:|---:|"]
+            "answers differ | replies differ |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (method, length), values in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        x = np.array(values, dtype=float)
+        x = np.array([v[:2] for v in values], dtype=float)
         idx = _draws(len(x))
         diff = (x[idx, 1] - x[idx, 0]).mean(1) * 100
         ci = percentile_interval(diff)
         rows.append(f"| {method} | {length} | {len(x)} | {x[:, 0].mean():.0%} | {x[:, 1].mean():.0%} | "
                     f"{(x[:, 1].mean() - x[:, 0].mean()) * 100:+.1f} {'—' if ci is None else f'[{ci[0]:+.1f}, {ci[1]:+.1f}]'} | "
-                    f"{int((x[:, 0] != x[:, 1]).sum())} |")
+                    f"{sum(v[2] for v in values)} | {sum(v[3] for v in values)} |")
     return rows
 
 
