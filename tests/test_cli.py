@@ -49,6 +49,11 @@ def test_methods_name_prints_one_card_with_what_each_parameter_accepts(run_cli, 
     assert rows["truncate"][:2] == ["true", "true | false"] and rows["attention_factor"][0] == "unset"
     assert rows["beta_fast"][2] == ropekit.get_method("yarn").param("beta_fast").help
 
+    code, out, _ = run_cli("methods", "longrope")
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in out.splitlines() if line.startswith("│")}
+    assert rows["long_factor"][1] == "numbers, comma-separated" and rows["start_tokens"][:2] == ["0", "≥ 0"]
+
     code, out, _ = run_cli("methods", "Self-Extend", "--json")  # the names extend accepts, as JSON
     card = json.loads(out)
     assert code == 0 and card["name"] == "self_extend" and set(card["params"]) == {p.name for p in ropekit.get_method("self_extend").params}

@@ -75,6 +75,8 @@ def _accepts(bounds: dict[str, Any]) -> str:
         return " | ".join(_value(c) for c in bounds["choices"])
     if bounds["type"] == "bool":
         return "true | false"
+    if bounds["type"] == "list":
+        return "numbers, comma-separated"
     low, high = bounds.get("minimum"), bounds.get("maximum")
     strict = "<" if bounds.get("exclusive_minimum") else "≤"
     if high is None:
