@@ -23,10 +23,11 @@ def _status(study_dir: Path, json_out: bool) -> None:
         raise RopekitError(f"no study in '{study_dir}' (no {DB_NAME})", "pass the --out directory of a `ropekit study` run")
     with open_study(study_dir) as store:
         status = store.status()
+        stored = store.stored_by_piece()
         pieces = store.pieces()
         name = store.get_manifest("name")
     if json_out:
-        print_json({"study": name, **status, "pieces_detail": pieces})
+        print_json({"study": name, **status, "stored": stored, "pieces_detail": pieces})
         return
     by = status["by_status"]
     out.print(f"[bold]study {name}[/] in {study_dir}: {by['done']}/{status['pieces']} pieces done, "
@@ -38,10 +39,10 @@ def _status(study_dir: Path, json_out: bool) -> None:
         table.add_column(col, justify="right" if col in ("stored", "seconds") else "left", overflow="fold")
     for p in pieces:
         note = p["error"] or (p["worker"] if p["status"] == "running" else "")
-        kept = status["stored"].get(p["id"], {})
-        stored = (f"{kept['train_steps']} steps" if kept.get("train_steps") else
+        kept = stored.get(p["id"], {})
+        so_far = (f"{kept['train_steps']} steps" if kept.get("train_steps") else
                   f"{kept['samples']} samples" if kept.get("samples") else "—")
-        table.add_row(p["id"], f"[{_COLORS[p['status']]}]{p['status']}[/]", stored,
+        table.add_row(p["id"], f"[{_COLORS[p['status']]}]{p['status']}[/]", so_far,
                       f"{p['seconds']:.1f}" if p["seconds"] is not None else "—", note or "")
     out.print(table)
 

@@ -703,8 +703,7 @@ class StudyStore:
 
     def status(self, only: Iterable[str] | None = None) -> dict[str, Any]:
         """Counts for ``ropekit study status``: pieces per status and per kind × status, the failed pieces
-        with their errors, the running ones with their workers, stored samples and compute seconds, and what each
-        piece has stored (``stored``: its samples and training steps, a running piece's too). ``only``:
+        with their errors, the running ones with their workers, stored samples and compute seconds. ``only``:
         count these pieces alone (the study's plan, without the pieces of variants it dropped)."""
         keep = None if only is None else set(only)
         rows = [r for r in self._conn.execute("SELECT id, kind, status, error, worker, started, seconds FROM pieces "
@@ -717,9 +716,6 @@ class StudyStore:
         failed = [{"piece": r["id"], "error": r["error"]} for r in rows if r["status"] == "failed"]
         running = [{"piece": r["id"], "worker": r["worker"], "started": r["started"]} for r in rows if r["status"] == "running"]
         seconds = sum(r["seconds"] or 0 for r in rows if r["status"] == "done")
-        # what each piece has stored so far: a running piece's finished samples (or training steps) survive a crash
-        stored = {piece: n for piece, n in self._conn.execute("SELECT piece, COUNT(*) FROM samples GROUP BY piece")}
-        steps = {piece: n for piece, n in self._conn.execute("SELECT piece, COUNT(*) FROM train_metrics GROUP BY piece")}
         return {
             "pieces": sum(by_status.values()),
             "by_status": by_status,
@@ -729,8 +725,16 @@ class StudyStore:
             "samples": self._conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0],
             "train_steps": self._conn.execute("SELECT COUNT(*) FROM train_metrics").fetchone()[0],
             "seconds": float(seconds),
-            "stored": {r["id"]: {"samples": stored.get(r["id"], 0), "train_steps": steps.get(r["id"], 0)} for r in rows},
         }
+
+    def stored_by_piece(self) -> dict[str, dict[str, int]]:
+        """What each piece has stored so far, ``{piece: {"samples": n, "train_steps": n}}``: a running piece's
+        finished samples (or training steps) survive a crash. Scans every sample: for ``ropekit study status``,
+        not for :meth:`status`, which the study polls every second."""
+        samples = dict(self._conn.execute("SELECT piece, COUNT(*) FROM samples GROUP BY piece").fetchall())
+        steps = dict(self._conn.execute("SELECT piece, COUNT(*) FROM train_metrics GROUP BY piece").fetchall())
+        return {piece: {"samples": samples.get(piece, 0), "train_steps": steps.get(piece, 0)}
+                for (piece,) in self._conn.execute("SELECT id FROM pieces ORDER BY rowid")}
 
     # ---- samples ----------------------------------------------------------------------------------------
     def _insert_samples(self, db: sqlite3.Connection, piece_row: sqlite3.Row, records: Iterable[Mapping[str, Any]],
