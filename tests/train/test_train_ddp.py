@@ -264,3 +264,24 @@ def test_context_parallel_resumes_bit_for_bit(tmp_path):
     a = load_file(tmp_path / "whole" / "final" / "model.safetensors")
     b = load_file(tmp_path / "resumed" / "final" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_process_group_the_run_set_up_is_destroyed_and_one_the_caller_set_up_is_kept(tmp_path):
+    """After a multi-process run the group it set up is destroyed by ropekit, not left to the interpreter's exit
+    (where one rank of a finished FSDP2 run aborted); a group the caller set up before calling train() survives."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from ropekit.train import strategy
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        two_ranks = SimpleNamespace(num_processes=2)
+        strategy.reset_accelerate(two_ranks, destroy_group=False)
+        assert dist.is_initialized()
+        strategy.reset_accelerate(two_ranks, destroy_group=True)
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

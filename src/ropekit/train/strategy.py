@@ -320,14 +320,22 @@ def make_accelerator(precision_setting: str):
     return accelerator
 
 
-def reset_accelerate(accelerator) -> None:
-    """Forget accelerate's process-wide state after a single-process run, so a later run in the same process
-    may use another precision (a distributed run keeps it: its process group lives on)."""
-    if accelerator.num_processes == 1:
-        from accelerate.state import AcceleratorState, GradientState
+def reset_accelerate(accelerator, *, destroy_group: bool = False) -> None:
+    """Forget accelerate's process-wide state after a run, so a later run in the same process may use another
+    precision. ``destroy_group``: the run set up a torch.distributed group (a multi-process launch) and it is
+    destroyed here. Left to the interpreter's exit, the group's C++ threads were torn down in no fixed order, and
+    one rank of a finished FSDP2 run on gloo aborted with "terminate called without an active exception"
+    (exit -6, once in CI). A group set up by the caller is kept, and with it accelerate's state."""
+    import torch.distributed as dist
 
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+    if accelerator.num_processes > 1 and not destroy_group:
+        return
+    if accelerator.num_processes > 1 and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
 
 
 def device_ids() -> list[Any]:

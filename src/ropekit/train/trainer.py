@@ -461,6 +461,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, dataset=None, model=None, t
     called after every optimizer step with a :class:`StepInfo`. ``resume`` continues from the newest
     checkpoint in ``output.dir`` (or starts at step 0 when there is none).
     """
+    # a process group this call sets up is torn down by it (below); one the caller set up is the caller's
+    group_was_up = torch.distributed.is_available() and torch.distributed.is_initialized()
     accelerator = make_accelerator(cfg.train.precision)
     threads = cfg.train.threads
     if threads is None:  # one CPU process: 2, or 1 on a busy machine; under a launcher torch's setting is kept
@@ -471,6 +473,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, dataset=None, model=None, t
             torch.manual_seed(cfg.train.seed)
             trainer = Trainer(cfg, accelerator, resume=resume, dataset=dataset, model=model, tokenizer=tokenizer,
                               callbacks=callbacks, progress=progress, console=console)
-            return trainer.run()
+            result = trainer.run()
+        if accelerator.num_processes > 1:
+            accelerator.wait_for_everyone()  # no rank tears the group down while another still uses it
+        return result
     finally:
-        reset_accelerate(accelerator)
+        reset_accelerate(accelerator, destroy_group=not group_was_up)
