@@ -50,3 +50,20 @@ def test_overhead_pairs_each_method_with_plain_of_the_same_repeat(tmp_path):
                          text=True, check=True).stdout
     assert "| 8,192 | self_extend | 1.30× [1.20, 1.30] (3 repeats) | 1.10× [1.10, 1.10] (2 repeats) |" in out
     assert "| 8,192 | dual_chunk | — | 1.50× (1 repeat) |" in out
+
+
+def test_the_readme_speed_rows_are_what_the_committed_records_give():
+    """The README's speed table quotes scripts/speed_table.py on the committed records, cell for cell."""
+    root = SCRIPT.parents[1]
+    readme = (root / "README.md").read_text()
+    for folder, base, new in [("speed-amx", "speed-cpu-float32", "speed-cpu-auto"),
+                              ("speed-amx-2core", "plain-fp32", "plain-auto")]:
+        records = root / "docs" / "results" / folder
+        out = subprocess.run([sys.executable, str(SCRIPT), str(records / f"{base}.jsonl"), str(records / f"{new}.jsonl")],
+                             capture_output=True, text=True, check=True).stdout
+        rows = [line.strip("|").split("|") for line in out.splitlines()
+                if line.startswith(("| 16,384", "| 32,768")) and line.count("|") == 8]  # the plain rows, not the methods'
+        assert len(rows) == 2
+        for length, fp32, auto, speed_up, tflops, peak, share in ([c.strip() for c in row] for row in rows):
+            quoted = f"| {length} | {fp32} s | {auto} s | {speed_up} | {tflops} | {share.replace('%', ' %')} (of {peak}"
+            assert quoted in readme, quoted
