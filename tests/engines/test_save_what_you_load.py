@@ -86,3 +86,27 @@ def test_extend_from_a_gguf_on_the_command_line_saves_its_precision_class(ggufs,
     assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "float16"
     card = (tmp_path / "out" / "README.md").read_text()  # the flags name the GGUF the model came from
     assert f"llama-server -m {ggufs / 'm-q8_0.gguf'} --rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 64 -c 128" in card
+
+
+def test_ropekit_loads_a_gguf_as_plain_float_weights_and_asks_transformers_for_them(ggufs, monkeypatch):
+    """transformers 5.24 can keep a GGUF's weights packed (GgufLinear, computed in float32 whatever the dtype); a
+    model ropekit loads is always an ordinary one: every projection a torch Linear holding transformers' own
+    dequantization in the dtype asked for, and the loader asks for dequantized weights where transformers offers
+    the choice."""
+    import transformers
+
+    from ropekit.models import loading
+
+    path = ggufs / "m-q8_0.gguf"
+    reference = {k: v.to(torch.bfloat16) for k, v in _plain(path).state_dict().items()}
+    model = ropekit.load_model(str(path), dtype="bfloat16").model
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is torch.nn.Linear for m in linears)
+    for name, value in model.state_dict().items():
+        assert value.dtype == torch.bfloat16 and torch.equal(value, reference[name]), name
+    asked = {}
+    real = loading._from_pretrained
+    monkeypatch.setattr(loading, "_from_pretrained", lambda what, loader, *a, **kw: asked.update(kw) or real(what, loader, *a, **kw))
+    ropekit.load_model(str(path), dtype="bfloat16", with_tokenizer=False)
+    if hasattr(transformers, "GgufConfig"):
+        assert asked["quantization_config"].dequantize is True

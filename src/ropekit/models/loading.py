@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -534,6 +535,20 @@ def _load_dir(directory: str, *, dtype, attn_implementation: str, with_tokenizer
     return model, tokenizer
 
 
+def _gguf_dequantized(name: str) -> dict:
+    """Ask transformers for plain float weights. transformers 5.24 can keep a GGUF's weights packed (``GgufLinear``,
+    computed in float32 whatever dtype was asked for), so far for architectures ropekit does not load (Qwen3.5,
+    LFM2); a model of ropekit's is an ordinary ``...ForCausalLM`` that methods, LoRA and exports rewrite, so it is
+    always asked for dequantized. Older transformers dequantize anyway and have no such option."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {}
+    if "dequantize" not in inspect.signature(GgufConfig.__init__).parameters:
+        return {}
+    return {"quantization_config": GgufConfig(gguf_file=name, dequantize=True)}
+
+
 def _forget_gguf_quantization(model) -> None:
     """transformers dequantizes GGUF weights into ordinary float tensors but keeps a GGUF "quantizer"
     attached, which makes ``save_pretrained`` refuse the model. The weights are plain, so drop it."""
@@ -585,6 +600,7 @@ def _load_gguf(file: str, *, dtype, attn_implementation: str, with_tokenizer: bo
             adapter_kwargs=_adapter_kwargs(True),
             dtype=torch.float32 if dtype in (None, "auto") else dtype,
             attn_implementation=attn_implementation,
+            **_gguf_dequantized(name),
         )
     _forget_gguf_quantization(model)
     tokenizer = None
