@@ -522,3 +522,25 @@ def test_base_model_is_loaded_once_per_process_and_each_piece_gets_a_private_cop
     with torch.no_grad():
         assert torch.equal(second(input_ids=ids).logits, fresh(input_ids=ids).logits)
         assert not torch.equal(first(input_ids=ids).logits, fresh(input_ids=ids).logits)
+
+
+def test_a_missing_eval_data_file_is_refused_up_front_unless_its_pieces_are_done(run_cli, tmp_path):
+    """An evaluation whose data file is missing is refused before anything is written (one line, exit 2), not
+    failed when its piece's turn comes; once its pieces are done the file is no longer needed."""
+    data = tmp_path / "docs.jsonl"
+    raw = {**SMALL, "variants": [{"label": "base"}, {"label": "pi", "method": "pi", "params": {"factor": 4}}],
+           "evals": {"ppl": {"lengths": [64], "samples": 2, "score_mode": "truncate", "data": str(data)}}}
+    raw.pop("recipe")
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    code, stdout, stderr = run_cli("study", str(config), "--out", str(tmp_path / "never"))
+    assert code == 2 and stderr.strip().count("\n") == 0 and "Traceback" not in stderr
+    assert f"evaluation 'ppl' reads '{data}', which does not exist" in stderr and not (tmp_path / "never").exists()
+    data.write_text("".join(json.dumps({"text": f"document {i}: " + "the quick brown fox jumps. " * 40}) + "\n"
+                            for i in range(2)))
+    pieces = len(plan(parse_study(raw)))  # the base model's and PI's ppl
+    status = run_study(parse_study(raw), tmp_path / "out", progress=False)
+    assert pieces == 2 and status["by_status"]["done"] == pieces and status["by_status"]["failed"] == 0
+    data.unlink()
+    again = run_study(parse_study(raw), tmp_path / "out", progress=False)  # every ppl piece is done: accepted
+    assert again["by_status"]["done"] == pieces

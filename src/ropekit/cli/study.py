@@ -108,6 +108,9 @@ def study_cmd(
     from ..runtime.atomic import check_target
 
     check_target(study_dir, kind="dir")  # a file, a FIFO, a read-only place: one line before any work
+    from ..study.runner import require_eval_data
+
+    require_eval_data(cfg, study_dir)  # a missing data file that an unfinished piece reads: one line, here
     err.print(f"study [bold]{cfg.name}[/]: {len(cfg.variants)} variants × {len(cfg.evals)} evaluations → {study_dir}/study.sqlite")
     status = run_study(cfg, study_dir, workers=workers, backend=backend, address=address)
     paths = None

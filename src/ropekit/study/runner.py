@@ -51,7 +51,7 @@ from .pieces import (
     plan,
 )
 from .ray_backend import require_ray, run_on_ray
-from .store import StudyStore, open_study
+from .store import DB_NAME, StudyStore, open_study
 
 __all__ = ["BACKENDS", "PRETRAIN", "PlannedPiece", "initialize", "plan", "run_piece", "run_study", "work"]
 
@@ -196,6 +196,32 @@ def initialize(study_dir: str | Path, config: StudyConfig) -> StudyStore:
     return store
 
 
+def require_eval_data(config: StudyConfig, study_dir: Path) -> None:
+    """Refuse, before anything is written, an evaluation whose ``data:`` path does not exist while a piece of it is
+    unfinished: otherwise that piece fails only when its turn comes, perhaps hours into the run (a study continued
+    on a fresh checkout, whose data file is not committed). Finished pieces no longer read their data."""
+    from ..data.corpora import is_builtin
+
+    missing = {name: str(options["data"]) for name, options in config.evals.items()
+               if isinstance(options.get("data"), (str, Path)) and not is_builtin(options["data"])
+               and not Path(options["data"]).expanduser().exists()}
+    if not missing:
+        return
+    done: set[str] = set()
+    if (study_dir / DB_NAME).is_file():
+        store = open_study(study_dir)
+        try:
+            done = {p["id"] for p in store.pieces() if p["status"] == "done"}
+        finally:
+            store.close()
+    for piece in plan(config):
+        if piece.kind == "eval" and piece.task in missing and piece.id not in done:
+            raise RopekitError(f"evaluation '{piece.task}' reads '{missing[piece.task]}', which does not exist "
+                               f"(relative paths are read from {Path.cwd()})",
+                               "write that file first (the study's YAML may say how it was made), or run the study "
+                               "from the directory that holds it")
+
+
 def _record_window(config: StudyConfig, store: StudyStore) -> None:
     """The base model's pretrained window, for the report's dashed lines (known once the base model exists)."""
     if store.get_manifest("window") is not None:
@@ -266,6 +292,7 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                                "the cluster's resources allow")
         require_ray()  # a missing package fails here, before the study directory exists
     placement(config)  # an impossible device/dtype/attn fails here, in one line, before anything loads
+    require_eval_data(config, study_dir)
     fresh = not study_dir.exists()
     store = initialize(study_dir, config)
     started = time.time()
