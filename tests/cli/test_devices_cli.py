@@ -37,6 +37,7 @@ COMMANDS = [
     ["eval", "short", "tiny"],
     ["eval", "speed", "tiny", "--lengths", "64"],
     ["study", "--preset", "quick", "--out", "OUT"],
+    ["search", "tiny", "--target-length", "256", "--out", "OUT"],
 ]
 BAD = [
     (["--device", "cuda"], "no CUDA GPU"),
@@ -80,3 +81,20 @@ def test_a_run_says_where_it_ran_in_which_dtype_and_why(run_cli, monkeypatch):
     lines = [line for line in stderr.splitlines() if line.startswith("running on ")]
     assert code == 0 and lines == ["running on cpu in float32 (auto: a small model (0.1M parameters) stays in float32, "
                                    "bfloat16 is for models of 20M or more), attention sdpa"], stderr
+
+
+def test_a_study_says_where_its_pieces_run_before_they_start(run_cli, monkeypatch, tmp_path):
+    """A study runs for hours: its placement line comes first, from the model's size (the built-in base model is
+    small, so float32 even on a CPU with native bf16)."""
+    import ropekit.study.runner as runner
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(devices, "native_cpu_bf16", lambda: "AMX-BF16")
+    order = []
+    monkeypatch.setattr(runner, "run_study", lambda *a, **k: order.append("run") or {
+        "pieces": 0, "by_status": {"done": 0, "failed": 0}, "failed": []})
+    code, _, stderr = run_cli("study", "--preset", "quick", "--out", str(tmp_path / "s"), "--no-report")
+    assert code == 0 and order == ["run"], stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("running on ")]
+    assert lines == ["running on cpu in float32 (auto: a small model (1.1M parameters) stays in float32, bfloat16 is "
+                     "for models of 20M or more), attention sdpa"], stderr

@@ -235,3 +235,40 @@ def test_built_in_rows_pack_training_documents_to_a_target_longer_than_any_of_th
         cuts = [i + 1 for i, t in enumerate(row) if t == eos and i + 201 <= len(row)]
         assert cuts and all(tuple(row[i:i + 200]) in heads for i in cuts)
     assert rows[0] != rows[1]
+
+
+# ---- where the objectives are computed ------------------------------------------------------------------------------
+
+
+def test_the_result_records_the_dtype_and_a_resume_in_another_dtype_is_refused(run_cli, tmp_path):
+    """A bf16 perplexity differs from a float32 one by about what separates neighbouring candidates, so a search
+    continues only in the dtype it began in; the refusal is one line, before anything loads, and changes nothing."""
+    out = tmp_path / "s"
+    args = ["search", "tiny", "--target-length", "256", "--out", str(out), "--evaluations", "4", "--documents", "1"]
+    code, stdout, stderr = run_cli(*args, "--json")
+    assert code == 0, stderr
+    result = json.loads(stdout)
+    assert result["computed_on"]["dtype"] == "float32" and result["computed_on"]["device"] == "cpu"
+    # --dtype auto keeps a small model in float32, and the run says so in one line
+    assert [line for line in stderr.splitlines() if line.startswith("running on ")] == [
+        "running on cpu in float32 (auto: a small model (0.1M parameters) stays in float32, bfloat16 is for models "
+        "of 20M or more), attention sdpa"]
+    before = _rows(out / "search.sqlite")
+    code, stdout, stderr = run_cli(*args, "--dtype", "bfloat16")
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "computed in float32" in lines[0] and "--dtype float32" in lines[0], stderr
+    assert _rows(out / "search.sqlite") == before and not stdout
+    code, stdout, stderr = run_cli(*args, "--dtype", "float32", "--json")  # the same dtype resumes, evaluating nothing
+    assert code == 0 and json.loads(stdout)["evaluated_here"] == 0, stderr
+
+
+def test_a_search_worker_loads_the_model_in_the_parents_dtype():
+    from ropekit.search import longrope
+
+    longrope.worker_init("tiny", SearchSettings(**SETTINGS), 1, {"device": "cpu", "dtype": "bfloat16", "attn": "eager"})
+    try:
+        model = longrope._WORKER["model"]
+        assert next(model.parameters()).dtype == torch.bfloat16
+        assert model.config._attn_implementation == "eager"
+    finally:
+        longrope._WORKER.clear()

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .common import MODEL_HELP, err, out, print_json
+from .common import MODEL_HELP, AttnOpt, DeviceOpt, DtypeOpt, err, out, print_json, resolve_placement
 
 BUILTIN_BASE = "builtin-base"
 
@@ -27,17 +27,21 @@ def search_cmd(
     start_tokens: str = typer.Option("0", "--start-tokens", help="n̂, the first positions kept un-interpolated "
                                      "(LongRoPE §3.2): N (fixed), a,b,c (searched among them) or 'paper' (searched "
                                      "among 0,1,2,4,8,12,16,20,24,28,32,64,128,256 below the target)."),
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ):
     """Search LongRoPE rescale factors for TARGET_LENGTH tokens and export the best as a native longrope model
     (with start tokens n̂ > 0: as rope type ropekit_longrope, which ropekit loads).
 
     Every evaluated candidate is stored as it finishes in OUT/search.sqlite; run the same command again after an
-    interruption to continue. The result: OUT/model (plain transformers loads it) and OUT/result.json."""
-    from ..models.loading import load_model, resolve_model
+    interruption to continue (on any device, in the dtype it began in). The result: OUT/model (plain transformers
+    loads it) and OUT/result.json, which records where the objectives were computed."""
+    from ..models.loading import load_model, parameter_count, resolve_model
     from ..runtime import default_threads, quiet_transformers
-    from ..search.longrope import (SearchSettings, check_settings, parse_start_tokens, pool_evaluator, run_search,
-                                   worker_init)
+    from ..search.longrope import (SearchSettings, SearchStore, check_settings, parse_start_tokens, pool_evaluator,
+                                   run_search, worker_init)
 
     starts = parse_start_tokens(start_tokens, target_length)  # a malformed value fails before any loading
     if model == BUILTIN_BASE:
@@ -51,12 +55,18 @@ def search_cmd(
     settings = SearchSettings(model=model, target_length=target_length, evaluations=evaluations, seed=seed,
                               documents=documents, data=data, fixed_pairs=fixed_pairs, population=population,
                               start_tokens=starts)
-    with quiet_transformers():
-        loaded = load_model(path)
+    # the perplexities the search compares are computed where and in the dtype the evaluations would run
+    plan = resolve_placement(device, dtype, attn, model_parameters=parameter_count(path) if dtype == "auto" else None)
+    where = {"device": plan.device, "dtype": plan.dtype, "attn": plan.attn}
+    if (out_dir / "search.sqlite").is_file():  # other settings or another dtype: one line before anything loads
+        SearchStore(out_dir / "search.sqlite", settings, dtype=plan.dtype).close()
+    with quiet_transformers(), err.status(f"loading {model} ({plan.device}, {plan.dtype}, {plan.attn})…"):
+        loaded = load_model(path, device=plan.device, dtype=plan.dtype, attn_implementation=plan.attn)
     from ..install import rope_info
 
     info = rope_info(loaded.model)
     check_settings(settings, info.window, info.rotary_dim // 2)  # before the worker processes start
+    err.print(plan.describe(), highlight=False, soft_wrap=True)
     err.print(f"searching LongRoPE factors of {model} for {target_length:,} tokens: {evaluations} evaluations, "
               f"{workers} worker(s) → {out_dir}/search.sqlite")
     if workers == 1:
@@ -67,7 +77,7 @@ def search_cmd(
 
         threads = max(1, default_threads() // workers)
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=worker_init,
-                                 initargs=(path, settings, threads)) as pool:
+                                 initargs=(path, settings, threads, where)) as pool:
             result = run_search(loaded.model, loaded.tokenizer, settings, out_dir, evaluate=pool_evaluator(pool))
     if json_out:
         print_json(result)

@@ -112,6 +112,10 @@ def study_cmd(
 
     require_eval_data(cfg, study_dir)  # a missing data file that an unfinished piece reads: one line, here
     err.print(f"study [bold]{cfg.name}[/]: {len(cfg.variants)} variants × {len(cfg.evals)} evaluations → {study_dir}/study.sqlite")
+    from ..study.pieces import placement
+
+    # where the pieces run and in which dtype, and why (each piece also records where it ran: the report says)
+    err.print(placement(cfg).describe(), highlight=False, soft_wrap=True)
     status = run_study(cfg, study_dir, workers=workers, backend=backend, address=address)
     paths = None
     if report:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from .. import runtime
+from ..runtime.devices import computed_on
 from ..data.corpora import is_builtin, iter_documents
 from ..data.local_text import stdlib_documents
 from ..data.packing import PackedStream
@@ -179,9 +180,13 @@ def objective(model, documents: list[list[int]], factors: Candidate, factor: flo
 
 
 class SearchStore:
-    """The candidates of one search in SQLite, written as each finishes."""
+    """The candidates of one search in SQLite, written as each finishes.
 
-    def __init__(self, path: Path, settings: SearchSettings):
+    It also keeps the dtype the objectives were computed in: a bfloat16 perplexity differs from a float32 one by
+    about what separates neighbouring candidates, so a search is continued only in the dtype it began in (any
+    device). Searches stored before the dtype was recorded take the dtype of the run that continues them."""
+
+    def __init__(self, path: Path, settings: SearchSettings, dtype: str = "float32"):
         self.conn = sqlite3.connect(path, timeout=30)
         self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute("PRAGMA synchronous = FULL")
@@ -198,6 +203,16 @@ class SearchStore:
             self.conn.close()
             raise RopekitError(f"{path.parent} holds a search with other settings ({row[0]})",
                                "pass another --out directory, or the same settings to resume it")
+        stored = self.conn.execute("SELECT value FROM meta WHERE key = 'dtype'").fetchone()
+        if stored is None:
+            with self.conn:
+                self.conn.execute("INSERT INTO meta VALUES ('dtype', ?)", (dtype,))
+        elif stored[0] != dtype:
+            self.conn.close()
+            raise RopekitError(f"{path.parent} holds a search computed in {stored[0]}; this run computes in {dtype}, "
+                               "and its perplexities would not compare with the stored ones",
+                               f"pass --dtype {stored[0]} to continue it, or another --out directory")
+        self.dtype = dtype
 
     @staticmethod
     def key(c: Candidate) -> str:
@@ -241,7 +256,8 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
                 factors, n_hat = candidate_args(c, settings)
                 yield c, objective(model, documents, factors, factor, n_hat), time.perf_counter() - started
 
-    store = SearchStore(out / "search.sqlite", settings)
+    where = computed_on(model)
+    store = SearchStore(out / "search.sqlite", settings, dtype=where["dtype"])
     started = time.perf_counter()
     try:
         stored = store.finished()
@@ -295,6 +311,7 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
         "seeds": {name: scored.get(seed_candidate(values, factor, settings.fixed_pairs, starts))
                   for name, values in seeds.items()},
         "export": report,
+        "computed_on": where,
     }
     tmp = out / "result.json.tmp"
     tmp.write_text(json.dumps(result, indent=2))
@@ -314,13 +331,16 @@ def candidate_args(c: Candidate, settings: SearchSettings) -> tuple[Candidate, i
 _WORKER: dict[str, Any] = {}
 
 
-def worker_init(model_path: str, settings: SearchSettings, threads: int) -> None:
-    """Load the model and the search documents in a worker process (``ProcessPoolExecutor`` initializer)."""
+def worker_init(model_path: str, settings: SearchSettings, threads: int, placement: dict[str, str] | None = None) -> None:
+    """Load the model and the search documents in a worker process (``ProcessPoolExecutor`` initializer), on the
+    device and in the dtype and attention kernel of ``placement`` (the parent's, so every candidate is scored alike)."""
     from ..models.loading import load_model
 
     torch.set_num_threads(threads)
+    where = placement or {}
     with runtime.quiet_transformers():
-        loaded = load_model(model_path)
+        loaded = load_model(model_path, device=where.get("device"), dtype=where.get("dtype"),
+                            attn_implementation=where.get("attn", "sdpa"))
     _WORKER.update(model=loaded.model, documents=search_documents(loaded.tokenizer, settings),
                    factor=settings.target_length / rope_info(loaded.model).window, settings=settings)
 

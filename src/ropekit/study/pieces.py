@@ -21,7 +21,7 @@ from ..models.byte_tokenizer import byte_tokenizer
 from ..models.loading import load_model, parameter_count
 from ..runtime import quiet_transformers
 from ..runtime.devices import computed_on
-from ..train.builtin_base import describe, pretrain_base
+from ..train.builtin_base import SHIPPED_DIR, describe, pretrain_base
 from ..train.trainer import METRICS_FILE, train
 from .config import BUILTIN_BASE, StudyConfig, Variant, train_config_for
 from .store import StoreRecordWriter, StudyStore, key_fields_for
@@ -104,8 +104,9 @@ def placement(config: StudyConfig, device: str | None = None):
     from ..runtime.devices import resolve_devices
 
     model = getattr(config, "model", None)
-    # the built-in base model is small (float32 under auto) wherever it has been built; others are counted
-    parameters = 0 if model in (None, BUILTIN_BASE) else parameter_count(model)
+    # the built-in base model is small (float32 under auto) wherever it has been built, whatever its seed or
+    # steps: its architecture is the shipped one's; others are counted
+    parameters = parameter_count(str(SHIPPED_DIR if model in (None, BUILTIN_BASE) else model))
     return resolve_devices(device or getattr(config, "device", "auto") or "auto", getattr(config, "dtype", "auto") or "auto",
                            getattr(config, "attn", "auto") or "auto", model_parameters=parameters)
 
