@@ -544,3 +544,64 @@ def test_a_missing_eval_data_file_is_refused_up_front_unless_its_pieces_are_done
     data.unlink()
     again = run_study(parse_study(raw), tmp_path / "out", progress=False)  # every ppl piece is done: accepted
     assert again["by_status"]["done"] == pieces
+
+
+def test_a_trained_model_missing_on_this_machine_is_refused_found_when_moved_and_retrained_on_request(run_cli, tmp_path):
+    """A study continued elsewhere from its database alone: a finished training whose model is not here, with an
+    evaluation of it unfinished, is refused up front (one line, exit 2, the database untouched) instead of failing
+    that piece hours in; a study directory moved with its runs finds the model at its new place; --retrain LABEL
+    trains it again and redoes every evaluation of it, so no variant mixes two trainings."""
+    import shutil
+
+    from ropekit.study.store import open_study
+
+    raw = {**SMALL, "variants": [{"label": "base"}, {"label": "pi-ft", "method": "pi", "params": {"factor": 4},
+                                                     "finetune": True}],
+           "evals": {"ppl": {"lengths": [64], "samples": 2, "score_mode": "truncate"},
+                     "passkey": {"lengths": [256], "depths": [0.5], "trials": 1}}}
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    first = tmp_path / "first"
+    status = run_study(parse_study(raw), first, progress=False)
+    assert status["by_status"]["done"] == 5 and status["by_status"]["failed"] == 0
+    reference = _dump(first / "study.sqlite")
+    store = open_study(first)
+    store.reset_piece("eval:passkey:pi-ft")  # the run stopped before this evaluation
+    store.close()
+
+    # "another machine": the whole directory moved (runs included), or the database alone
+    moved, elsewhere = tmp_path / "moved", tmp_path / "elsewhere"
+    shutil.copytree(first, moved)
+    elsewhere.mkdir()
+    shutil.copy(first / "study.sqlite", elsewhere / "study.sqlite")
+    shutil.rmtree(first)  # the recorded path of the trained model is gone
+
+    # the database alone: refused before anything is written
+    before = _dump(elsewhere / "study.sqlite")
+    code, stdout, stderr = run_cli("study", str(config), "--out", str(elsewhere), "--no-report")
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert "the model 'train:pi-ft' produced" in lines[0] and "1 of its 2 evaluations is unfinished" in lines[0]
+    assert "--retrain pi-ft" in lines[0] and "its finished evaluation is redone" in lines[0]
+    assert _dump(elsewhere / "study.sqlite") == before and sorted(p.name for p in elsewhere.iterdir()) == ["study.sqlite"]
+    # an unknown or frozen variant is one line too
+    for label, words in (("base", "not a fine-tuned or searched variant"), ("nope", "choose among: pi-ft")):
+        code, _, stderr = run_cli("study", str(config), "--out", str(elsewhere), "--retrain", label, "--no-report")
+        assert code == 2 and len(stderr.strip().splitlines()) == 1 and words in stderr, stderr
+    assert _dump(elsewhere / "study.sqlite") == before
+
+    # the directory moved with its runs: the model is found in its new place
+    status = run_study(parse_study(raw), moved, progress=False)
+    assert status["by_status"]["done"] == 5 and status["by_status"]["failed"] == 0
+    _assert_same(_dump(moved / "study.sqlite"), reference)  # the same trained model scored the passkey
+
+    # --retrain: the training and both of its evaluations start again; the same seed trains the same model here
+    code, stdout, stderr = run_cli("study", str(config), "--out", str(elsewhere), "--retrain", "pi-ft", "--no-report")
+    assert code == 0, stderr
+    assert "retrain pi-ft: train:pi-ft, eval:passkey:pi-ft, eval:ppl:pi-ft start again (2 samples forgotten)" in stderr
+    again = _dump(elsewhere / "study.sqlite")
+    assert set(again["pieces_status"]) == {"done"}
+    _assert_same(again, reference)
+    store = open_study(elsewhere)
+    assert [a["path"] for a in store.artifacts("train:pi-ft")] == [str(elsewhere / "runs" / "pi-ft" / "final")]
+    store.close()

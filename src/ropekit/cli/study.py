@@ -64,6 +64,9 @@ def study_cmd(
     device: Annotated[Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps (default: the config's `device`, auto; with several GPUs each worker gets its own).")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help=DtypeOpt.__metadata__[0].help + " Default: the config's `dtype`.")] = None,
     attn: Annotated[Optional[str], typer.Option("--attn", help=AttnOpt.__metadata__[0].help + " Default: the config's `attn`.")] = None,
+    retrain: Annotated[Optional[list[str]], typer.Option("--retrain", help="A fine-tuned or searched variant (its "
+                       "label) to produce again, with every evaluation of it (e.g. its model is not on this machine); "
+                       "repeat for several.")] = None,
 ):
     """Run a controlled study (resumable: run it again to continue), then write its report.
 
@@ -111,6 +114,12 @@ def study_cmd(
     from ..study.runner import require_eval_data
 
     require_eval_data(cfg, study_dir)  # a missing data file that an unfinished piece reads: one line, here
+    from ..study.runner import require_models, retrain_variants
+
+    retrain = retrain or []
+    require_models(cfg, study_dir, retrain)  # a trained model not on this machine: one line, here
+    for line in retrain_variants(cfg, study_dir, retrain):
+        err.print(line, highlight=False, soft_wrap=True)
     err.print(f"study [bold]{cfg.name}[/]: {len(cfg.variants)} variants × {len(cfg.evals)} evaluations → {study_dir}/study.sqlite")
     from ..study.pieces import placement
 

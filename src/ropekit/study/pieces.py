@@ -22,6 +22,7 @@ from ..models.loading import load_model, parameter_count
 from ..runtime import quiet_transformers
 from ..runtime.devices import computed_on
 from ..train.builtin_base import SHIPPED_DIR, describe, pretrain_base
+from ..train.export import FINAL_DIR
 from ..train.trainer import METRICS_FILE, train
 from .config import BUILTIN_BASE, StudyConfig, Variant, train_config_for
 from .store import StoreRecordWriter, StudyStore, key_fields_for
@@ -229,16 +230,34 @@ def _run_search(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path
             "placement": computed_on(loaded.model)}
 
 
+def produced_model_dir(study_dir: Path, producer: str) -> Path:
+    """Where the piece ``producer`` (``train:LABEL[@seedN]`` or ``search:LABEL[@seedN]``) writes its model in
+    ``study_dir``: ``runs/LABEL/final`` (:func:`ropekit.train.train`'s final directory) or ``search/LABEL/model``."""
+    kind, _, name = producer.partition(":")
+    return study_dir / RUNS_DIR / name / FINAL_DIR if kind == "train" else study_dir / SEARCH_DIR / name / "model"
+
+
+def produced_model(store, study_dir: Path | None, producer: str) -> str | None:
+    """The model a finished ``producer`` piece left: the directory it recorded, or — when that is gone because the
+    study directory was moved or copied to another machine with its runs — the same place in ``study_dir``;
+    None when neither exists (the model has to be produced again: ``ropekit study --retrain LABEL``)."""
+    recorded = [a["path"] for a in store.artifacts(producer) if a["name"] == "model"]
+    candidates = [Path(p) for p in recorded] + ([produced_model_dir(study_dir, producer)] if study_dir else [])
+    return next((str(c) for c in candidates if (c / "config.json").is_file()), None)
+
+
 def _eval_model(config: StudyConfig, store, variant: Variant, lengths: list[int], device: str | None = None,
-                producer: str | None = None):
+                producer: str | None = None, study_dir: Path | None = None):
     """``(model, tokenizer, method, params)`` of a variant, ready to evaluate, on the study's device (or ``device``);
     ``producer`` names the piece whose model a fine-tuned or searched variant evaluates (one seed's)."""
     producer = producer or variant.produced_by
     if variant.produced_by is not None:
-        trained = [a["path"] for a in store.artifacts(producer) if a["name"] == "model"]
-        if not trained:
-            raise RopekitError(f"'{producer}' left no model", "run the study again to redo it")
-        model, tokenizer = _load_trained(trained[0], placement(config, device))
+        trained = produced_model(store, study_dir, producer)
+        if trained is None:
+            raise RopekitError(f"the model '{producer}' produced is not on this machine",
+                               f"run the study again with --retrain {variant.label} (it is produced again and its "
+                               "evaluations redone), or copy the study directory's runs with it")
+        model, tokenizer = _load_trained(trained, placement(config, device))
         record = getattr(model.config, "ropekit", None) or {}
         return model, tokenizer, record.get("method") or "plain", dict(record.get("params") or {})
     model, tokenizer = _load_base(config, store, device)
@@ -246,13 +265,15 @@ def _eval_model(config: StudyConfig, store, variant: Variant, lengths: list[int]
     return variant_model, tokenizer, variant.method or "plain", params
 
 
-def _run_eval(config: StudyConfig, store, piece: PlannedPiece, report, device: str | None = None, writer=None) -> dict[str, Any]:
+def _run_eval(config: StudyConfig, store, piece: PlannedPiece, report, device: str | None = None, writer=None,
+              study_dir: Path | None = None) -> dict[str, Any]:
     variant = config.variant(piece.label)
     options = config.eval_options(piece.task)
     task = config.eval_task(piece.task)
     module = get_task(task)
     producer = piece.needs[0] if variant.produced_by is not None and piece.needs else None
-    model, tokenizer, method, params = _eval_model(config, store, variant, options["lengths"], device, producer)
+    model, tokenizer, method, params = _eval_model(config, store, variant, options["lengths"], device, producer,
+                                                   study_dir)
     model.eval()
     if writer is None:
         writer = StoreRecordWriter(store, piece.id, key_fields_for(task))
@@ -277,7 +298,7 @@ def execute_piece(config: StudyConfig, store, piece: PlannedPiece, study_dir: Pa
         return _run_train(config, store, piece, study_dir, report, threads)
     if piece.kind == "search":
         return _run_search(config, store, piece, study_dir, report, threads, device)
-    return _run_eval(config, store, piece, report, device, writer)
+    return _run_eval(config, store, piece, report, device, writer, study_dir)
 
 
 def piece_error(err: BaseException) -> str | BaseException:

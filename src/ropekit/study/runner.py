@@ -30,6 +30,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from .. import runtime
@@ -41,6 +42,7 @@ from ..runtime.devices import worker_device
 from .config import StudyConfig, parse_study
 from .pieces import (
     PRETRAIN,
+    RUNS_DIR,
     PlannedPiece,
     _variant_order,
     base_model_path,
@@ -49,11 +51,14 @@ from .pieces import (
     piece_error,
     placement,
     plan,
+    produced_model,
+    produced_model_dir,
 )
 from .ray_backend import require_ray, run_on_ray
 from .store import DB_NAME, StudyStore, open_study
 
-__all__ = ["BACKENDS", "PRETRAIN", "PlannedPiece", "initialize", "plan", "run_piece", "run_study", "work"]
+__all__ = ["BACKENDS", "PRETRAIN", "PlannedPiece", "initialize", "plan", "require_eval_data", "require_models",
+           "retrain_variants", "run_piece", "run_study", "work"]
 
 def run_piece(config: StudyConfig, store: StudyStore, piece: PlannedPiece, study_dir: Path, report=lambda n, total: None,
               threads: int | None = None, device: str | None = None) -> None:
@@ -222,6 +227,82 @@ def require_eval_data(config: StudyConfig, study_dir: Path) -> None:
                                "from the directory that holds it")
 
 
+def _producers(config: StudyConfig) -> dict[str, tuple[PlannedPiece, list[PlannedPiece]]]:
+    """Each training or search piece of the plan with the evaluations that read its model."""
+    pieces = plan(config)
+    return {p.id: (p, [e for e in pieces if p.id in e.needs and e.kind == "eval"])
+            for p in pieces if p.kind in ("train", "search")}
+
+
+def _check_retrain(config: StudyConfig, labels: Sequence[str]) -> dict[str, tuple[PlannedPiece, list[PlannedPiece]]]:
+    """One line for a ``--retrain`` label that names no fine-tuned or searched variant; the plan's producers."""
+    producers = _producers(config)
+    known = sorted({piece.label for piece, _ in producers.values()})
+    for label in labels:
+        if label not in known:
+            raise RopekitError(f"--retrain {label}: not a fine-tuned or searched variant of study '{config.name}'",
+                               f"choose among: {', '.join(known)}" if known else "this study trains nothing")
+    return producers
+
+
+def require_models(config: StudyConfig, study_dir: Path, retrain: Sequence[str] = ()) -> None:
+    """Refuse, before anything is written, a study whose finished training or search left a model that is not on
+    this machine while evaluations of it are unfinished (a study continued elsewhere from its database alone):
+    they would fail one by one when their turn comes. Variants named in ``retrain`` are produced again."""
+    producers = _check_retrain(config, retrain)
+    if not (study_dir / DB_NAME).is_file():
+        return
+    store = open_study(study_dir)
+    try:
+        status = {p["id"]: p["status"] for p in store.pieces()}
+        for producer, (piece, evals) in producers.items():
+            unfinished = [e.id for e in evals if status.get(e.id) != "done"]
+            if (status.get(producer) != "done" or not unfinished or piece.label in retrain
+                    or produced_model(store, study_dir, producer) is not None):
+                continue
+            recorded = next((a["path"] for a in store.artifacts(producer) if a["name"] == "model"), None)
+            finished = len(evals) - len(unfinished)
+            redone = {0: "nothing finished is", 1: "its finished evaluation is"}.get(
+                finished, f"its {finished} finished evaluations are")
+            raise RopekitError(
+                f"the model '{producer}' produced ({recorded or 'not recorded'}) is not on this machine, and "
+                f"{len(unfinished)} of its {len(evals)} evaluations {'is' if len(unfinished) == 1 else 'are'} unfinished",
+                f"copy it to {produced_model_dir(study_dir, producer)}, or pass --retrain {piece.label} to produce it "
+                f"again here ({redone} redone with the new model)")
+    finally:
+        store.close()
+
+
+def retrain_variants(config: StudyConfig, study_dir: Path, labels: Sequence[str]) -> list[str]:
+    """Produce the models of the fine-tuned or searched variants ``labels`` again: their training (or search)
+    and every evaluation of them start over, so that no variant's cells mix two trainings. A training's run
+    directory is removed; a search keeps its stored candidates (it reads them back). Returns one line per variant."""
+    producers = _check_retrain(config, labels)
+    if not labels or not (study_dir / DB_NAME).is_file():
+        return []
+    store = open_study(study_dir)
+    lines = []
+    try:
+        registered = {p["id"] for p in store.pieces()}
+        for label in dict.fromkeys(labels):
+            reset, samples = [], 0
+            for producer, (piece, evals) in producers.items():
+                if piece.label != label:
+                    continue
+                if piece.kind == "train":
+                    shutil.rmtree(study_dir / RUNS_DIR / producer.partition(":")[2], ignore_errors=True)
+                for p in [piece, *evals]:
+                    if p.id in registered:
+                        samples += len(store.samples(piece=p.id, raw=True))
+                        store.reset_piece(p.id)
+                        reset.append(p.id)
+            lines.append(f"retrain {label}: {', '.join(reset) or 'nothing stored yet'} start again"
+                         + (f" ({samples} samples forgotten)" if samples else ""))
+    finally:
+        store.close()
+    return lines
+
+
 def _record_window(config: StudyConfig, store: StudyStore) -> None:
     """The base model's pretrained window, for the report's dashed lines (known once the base model exists)."""
     if store.get_manifest("window") is not None:
@@ -293,6 +374,7 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
         require_ray()  # a missing package fails here, before the study directory exists
     placement(config)  # an impossible device/dtype/attn fails here, in one line, before anything loads
     require_eval_data(config, study_dir)
+    require_models(config, study_dir)
     fresh = not study_dir.exists()
     store = initialize(study_dir, config)
     started = time.time()
