@@ -605,3 +605,29 @@ def test_a_trained_model_missing_on_this_machine_is_refused_found_when_moved_and
     store = open_study(elsewhere)
     assert [a["path"] for a in store.artifacts("train:pi-ft")] == [str(elsewhere / "runs" / "pi-ft" / "final")]
     store.close()
+
+
+def test_only_runs_the_pieces_of_some_variants_now_and_the_rest_later(reference_study, run_cli, tmp_path):
+    """--only LABEL: that variant's training and evaluations (and the base model they start from) run now, in two
+    worker processes too; the rest waits for a later run, and the two runs together give the uninterrupted result."""
+    ref_dir, _ = reference_study
+    config = tmp_path / "small.yaml"
+    config.write_text(yaml.safe_dump(SMALL))
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli("study", str(config), "--out", str(out), "--only", "pi-ft", "--workers", "2",
+                                   "--no-report", "--json")
+    assert code == 0, stderr
+    assert "(now only: pi-ft)" in stderr
+    status = json.loads(stdout)
+    assert status["pieces"] == 3 and status["by_status"]["done"] == 3  # train:pi-ft and its two evaluations
+    db = sqlite3.connect(out / "study.sqlite")
+    done = {i for (i,) in db.execute("SELECT id FROM pieces WHERE status = 'done'")}
+    db.close()
+    assert done == {"train:pi-ft", "eval:ppl:pi-ft", "eval:passkey:pi-ft"}
+    status = run_study(parse_study(SMALL), out, progress=False, only=["base", "pi"])
+    assert status["pieces"] == 4 and status["by_status"]["done"] == 4
+    _assert_same(_dump(ref_dir / "study.sqlite"), _dump(out / "study.sqlite"))
+    # an unknown label: one line before anything is written
+    code, _, stderr = run_cli("study", str(config), "--out", str(tmp_path / "never"), "--only", "pi,nope")
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "--only nope" in stderr
+    assert "choose among: base, pi, pi-ft" in stderr and not (tmp_path / "never").exists()

@@ -67,6 +67,8 @@ def study_cmd(
     retrain: Annotated[Optional[list[str]], typer.Option("--retrain", help="A fine-tuned or searched variant (its "
                        "label) to produce again, with every evaluation of it (e.g. its model is not on this machine); "
                        "repeat for several.")] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only the pieces of these variants (labels, "
+                    "comma-separated or repeated) now, and the rest of the study later.")] = None,
 ):
     """Run a controlled study (resumable: run it again to continue), then write its report.
 
@@ -111,21 +113,22 @@ def study_cmd(
     from ..runtime.atomic import check_target
 
     check_target(study_dir, kind="dir")  # a file, a FIFO, a read-only place: one line before any work
-    from ..study.runner import require_eval_data
+    from ..study.pieces import placement, select_pieces
+    from ..study.runner import require_eval_data, require_models, retrain_variants
 
-    require_eval_data(cfg, study_dir)  # a missing data file that an unfinished piece reads: one line, here
-    from ..study.runner import require_models, retrain_variants
-
+    only = [label.strip() for item in only or [] for label in item.split(",") if label.strip()]
+    select_pieces(cfg, only)  # an unknown label: one line, before anything is written
     retrain = retrain or []
-    require_models(cfg, study_dir, retrain)  # a trained model not on this machine: one line, here
+    require_eval_data(cfg, study_dir, only)  # a missing data file that an unfinished piece reads: one line, here
+    require_models(cfg, study_dir, retrain, only)  # a trained model not on this machine: one line, here
     for line in retrain_variants(cfg, study_dir, retrain):
         err.print(line, highlight=False, soft_wrap=True)
-    err.print(f"study [bold]{cfg.name}[/]: {len(cfg.variants)} variants × {len(cfg.evals)} evaluations → {study_dir}/study.sqlite")
-    from ..study.pieces import placement
-
+    part = f" (now only: {', '.join(only)})" if only else ""
+    err.print(f"study [bold]{cfg.name}[/]: {len(cfg.variants)} variants × {len(cfg.evals)} evaluations{part} → "
+              f"{study_dir}/study.sqlite")
     # where the pieces run and in which dtype, and why (each piece also records where it ran: the report says)
     err.print(placement(cfg).describe(), highlight=False, soft_wrap=True)
-    status = run_study(cfg, study_dir, workers=workers, backend=backend, address=address)
+    status = run_study(cfg, study_dir, workers=workers, backend=backend, address=address, only=only)
     paths = None
     if report:
         from ..study import write_report

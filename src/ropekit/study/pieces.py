@@ -9,6 +9,7 @@ import copy
 import io
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,21 @@ def plan(config: StudyConfig) -> list[PlannedPiece]:
                 pieces.append(PlannedPiece(f"eval:{task}:{v.label}{suffix}", "eval", v.label, task=task, needs=needs,
                                            params={"method": v.method, **v.params, **seed_params}, seed=seed))
     return pieces
+
+
+def select_pieces(config: StudyConfig, only: Sequence[str] | None = None) -> list[PlannedPiece]:
+    """The plan, or with ``only`` (variant labels) the pieces of those variants — their training or search and
+    their evaluations — and the base model they start from: a part of the study run now (``--only``), the rest
+    later, under the same protocol. An unknown label is one line."""
+    pieces = plan(config)
+    if not only:
+        return pieces
+    known = [v.label for v in config.variants]
+    for label in only:
+        if label not in known:
+            raise RopekitError(f"--only {label}: no variant of study '{config.name}' has that label",
+                               f"choose among: {', '.join(known)}")
+    return [p for p in pieces if p.kind == "pretrain" or p.label in only]
 
 
 def _variant_order(config: StudyConfig) -> list[str]:

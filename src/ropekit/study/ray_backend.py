@@ -29,7 +29,7 @@ from typing import Any
 from ..errors import RopekitError
 from ..eval.records import RecordWriter
 from .config import StudyConfig, parse_study
-from .pieces import PlannedPiece, blocked, execute_piece, piece_error, plan
+from .pieces import PlannedPiece, blocked, execute_piece, piece_error, select_pieces
 from .store import StudyStore, key_fields_for
 
 #: Ray retries a task this many times when its worker process dies.
@@ -109,8 +109,9 @@ def require_ray():
 
 
 def run_on_ray(config: StudyConfig, study_dir: Path, store: StudyStore, *, address: str | None = None,
-               on_done=None, poll: float = 0.2) -> None:
-    """Run every unfinished piece of ``config`` as Ray tasks; ``on_done(piece_id, status)`` after each commit."""
+               on_done=None, poll: float = 0.2, only=None) -> None:
+    """Run every unfinished piece of ``config`` (of the variants ``only``, when given) as Ray tasks;
+    ``on_done(piece_id, status)`` after each commit."""
     ray = require_ray()
     started_here = False
     if not ray.is_initialized():
@@ -124,7 +125,7 @@ def run_on_ray(config: StudyConfig, study_dir: Path, store: StudyStore, *, addre
                                "start one (`ray start --head`) or pass --address auto / HOST:PORT of a running head") from None
         started_here = True
     remote = ray.remote(max_retries=MAX_RETRIES)(run_remote_piece)
-    pieces = plan(config)
+    pieces = select_pieces(config, only)
     try:
         _check_feasible(ray, config, {p.kind for p in pieces})
     except RopekitError:

@@ -53,12 +53,13 @@ from .pieces import (
     plan,
     produced_model,
     produced_model_dir,
+    select_pieces,
 )
 from .ray_backend import require_ray, run_on_ray
 from .store import DB_NAME, StudyStore, open_study
 
 __all__ = ["BACKENDS", "PRETRAIN", "PlannedPiece", "initialize", "plan", "require_eval_data", "require_models",
-           "retrain_variants", "run_piece", "run_study", "work"]
+           "retrain_variants", "run_piece", "run_study", "select_pieces", "work"]
 
 def run_piece(config: StudyConfig, store: StudyStore, piece: PlannedPiece, study_dir: Path, report=lambda n, total: None,
               threads: int | None = None, device: str | None = None) -> None:
@@ -83,17 +84,18 @@ def _statuses(store: StudyStore) -> dict[str, str]:
 
 
 def work(study_dir: str | Path, config: StudyConfig, *, report_piece=None, report_progress=None, report_done=None,
-         poll: float = 0.5, threads: int | None = None, device: str | None = None, stop=None) -> None:
+         poll: float = 0.5, threads: int | None = None, device: str | None = None, stop=None,
+         only: Sequence[str] | None = None) -> None:
     """One worker: claim runnable pieces until none is left (others may still be running pieces).
 
     ``threads``: CPU threads for every piece; ``None`` chooses them per piece from the machine's load at the
     moment it starts (:func:`~ropekit.runtime.default_threads`), so a momentary load early on does not slow
     the whole study. ``report_done(piece, status, seconds)`` is called after each piece. ``device``: this
     worker's device for evaluations (None: the config's ``device`` key). ``stop``: an event after which no
-    further piece is claimed (Ctrl-C in the parent of worker processes).
+    further piece is claimed (Ctrl-C in the parent of worker processes). ``only``: :func:`select_pieces`.
     """
     study_dir = Path(study_dir)
-    pieces = plan(config)
+    pieces = select_pieces(config, only)
     by_id = {p.id: p for p in pieces}
     failed_now: set[str] = set()  # pieces that failed during this run (retried only by the next run)
     with open_study(study_dir) as store:
@@ -150,7 +152,8 @@ def _exit_with_parent() -> None:
 
 
 def _worker_main(study_dir: str, config_dict: dict[str, Any], threads: int, device: str | None = None,
-                 dtype: str = "auto", attn: str = "auto", verbosity: int | None = None, stop=None) -> None:
+                 dtype: str = "auto", attn: str = "auto", verbosity: int | None = None, stop=None,
+                 only: Sequence[str] | None = None) -> None:
     # The worker starts with SIGINT ignored (see _start_workers): Ctrl-C during its imports would print a
     # traceback from multiprocessing's bootstrap. From here on it is a KeyboardInterrupt, ended quietly; ``stop``
     # (set by the parent before it passes SIGINT on) covers a Ctrl-C that arrived while it was still ignored.
@@ -166,7 +169,7 @@ def _worker_main(study_dir: str, config_dict: dict[str, Any], threads: int, devi
         config = parse_study(config_dict)
         config.dtype, config.attn = dtype, attn  # also when the config dict does not carry them
         with quiet_transformers():
-            work(study_dir, config, threads=threads, device=device, stop=stop)
+            work(study_dir, config, threads=threads, device=device, stop=stop, only=only)
     except KeyboardInterrupt:  # Ctrl-C reaches every worker: the parent reports it, once, without a traceback
         raise SystemExit(130) from None
     finally:
@@ -201,7 +204,7 @@ def initialize(study_dir: str | Path, config: StudyConfig) -> StudyStore:
     return store
 
 
-def require_eval_data(config: StudyConfig, study_dir: Path) -> None:
+def require_eval_data(config: StudyConfig, study_dir: Path, only: Sequence[str] | None = None) -> None:
     """Refuse, before anything is written, an evaluation whose ``data:`` path does not exist while a piece of it is
     unfinished: otherwise that piece fails only when its turn comes, perhaps hours into the run (a study continued
     on a fresh checkout, whose data file is not committed). Finished pieces no longer read their data."""
@@ -219,7 +222,7 @@ def require_eval_data(config: StudyConfig, study_dir: Path) -> None:
             done = {p["id"] for p in store.pieces() if p["status"] == "done"}
         finally:
             store.close()
-    for piece in plan(config):
+    for piece in select_pieces(config, only):
         if piece.kind == "eval" and piece.task in missing and piece.id not in done:
             raise RopekitError(f"evaluation '{piece.task}' reads '{missing[piece.task]}', which does not exist "
                                f"(relative paths are read from {Path.cwd()})",
@@ -227,9 +230,9 @@ def require_eval_data(config: StudyConfig, study_dir: Path) -> None:
                                "from the directory that holds it")
 
 
-def _producers(config: StudyConfig) -> dict[str, tuple[PlannedPiece, list[PlannedPiece]]]:
-    """Each training or search piece of the plan with the evaluations that read its model."""
-    pieces = plan(config)
+def _producers(config: StudyConfig, only: Sequence[str] | None = None) -> dict[str, tuple[PlannedPiece, list[PlannedPiece]]]:
+    """Each training or search piece of the plan (of the variants ``only``) with the evaluations that read its model."""
+    pieces = select_pieces(config, only)
     return {p.id: (p, [e for e in pieces if p.id in e.needs and e.kind == "eval"])
             for p in pieces if p.kind in ("train", "search")}
 
@@ -245,11 +248,13 @@ def _check_retrain(config: StudyConfig, labels: Sequence[str]) -> dict[str, tupl
     return producers
 
 
-def require_models(config: StudyConfig, study_dir: Path, retrain: Sequence[str] = ()) -> None:
+def require_models(config: StudyConfig, study_dir: Path, retrain: Sequence[str] = (),
+                   only: Sequence[str] | None = None) -> None:
     """Refuse, before anything is written, a study whose finished training or search left a model that is not on
     this machine while evaluations of it are unfinished (a study continued elsewhere from its database alone):
     they would fail one by one when their turn comes. Variants named in ``retrain`` are produced again."""
-    producers = _check_retrain(config, retrain)
+    _check_retrain(config, retrain)
+    producers = _producers(config, only)
     if not (study_dir / DB_NAME).is_file():
         return
     store = open_study(study_dir)
@@ -353,16 +358,18 @@ BACKENDS = ("local", "ray")
 
 
 def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, progress: bool = True, console=None,
-              backend: str = "local", address: str | None = None) -> dict[str, Any]:
+              backend: str = "local", address: str | None = None, only: Sequence[str] | None = None) -> dict[str, Any]:
     """Run every unfinished piece of ``config`` into ``study_dir/study.sqlite``; returns the store's status.
 
     ``backend="local"``: ``workers`` processes share the work (each with ``cores // workers`` threads); with one,
     the work runs in this process with threads chosen per piece from the current load. ``backend="ray"``: every
     piece is a Ray task on the cluster at ``address`` (a local one when None) and this process is the only
     writer of the store (:mod:`ropekit.study.ray_backend`). The display (:func:`ropekit.runtime.progress`) shows
-    finished pieces, the piece running and its samples, and keeps one line per finished piece.
+    finished pieces, the piece running and its samples, and keeps one line per finished piece. ``only`` runs the
+    pieces of some variants (:func:`select_pieces`); the status returned is then theirs.
     """
     study_dir = Path(study_dir)
+    select_pieces(config, only)  # an unknown label fails here, in one line, before anything is written
     if backend not in BACKENDS:
         raise RopekitError(f"unknown backend '{backend}'", f"choose one of {', '.join(BACKENDS)}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -373,12 +380,12 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                                "the cluster's resources allow")
         require_ray()  # a missing package fails here, before the study directory exists
     placement(config)  # an impossible device/dtype/attn fails here, in one line, before anything loads
-    require_eval_data(config, study_dir)
-    require_models(config, study_dir)
+    require_eval_data(config, study_dir, only)
+    require_models(config, study_dir, only=only)
     fresh = not study_dir.exists()
     store = initialize(study_dir, config)
     started = time.time()
-    pieces = plan(config)
+    pieces = select_pieces(config, only)
 
     planned = {p.id for p in pieces}  # a study that dropped variants keeps their pieces, outside its plan
 
@@ -396,7 +403,7 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                         _record_window(config, store)
 
                 try:
-                    run_on_ray(config, study_dir, store, address=address, on_done=on_ray_done)
+                    run_on_ray(config, study_dir, store, address=address, on_done=on_ray_done, only=only)
                 except RopekitError:
                     if fresh and done_count() == 0:  # refused before any work (unreachable or too small cluster)
                         store.close()
@@ -418,7 +425,8 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                     bar.log(f"{outcome or 'stopped'}: {p.id} ({seconds:.1f} s)")
                     bar.update(completed=done_count())
 
-                work(study_dir, config, report_piece=on_piece, report_progress=on_progress, report_done=on_done)
+                work(study_dir, config, report_piece=on_piece, report_progress=on_progress, report_done=on_done,
+                     only=only)
             else:
                 from transformers.utils import logging as hf_logging
 
@@ -430,7 +438,7 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                 procs = [ctx.Process(target=_worker_main, daemon=False,
                                      args=(str(study_dir), config.as_dict(placement=True), threads, worker_device(requested, i),
                                            getattr(config, "dtype", "auto"), getattr(config, "attn", "auto"),
-                                           hf_logging.get_verbosity(), stop))
+                                           hf_logging.get_verbosity(), stop, list(only or ())))
                          for i in range(workers)]
                 _start_workers(procs)
                 try:
