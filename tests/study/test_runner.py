@@ -624,6 +624,19 @@ def test_only_runs_the_pieces_of_some_variants_now_and_the_rest_later(reference_
     done = {i for (i,) in db.execute("SELECT id FROM pieces WHERE status = 'done'")}
     db.close()
     assert done == {"train:pi-ft", "eval:ppl:pi-ft", "eval:passkey:pi-ft"}
+    # a piece left "running" by a worker that has ended (a run killed with SIGTERM) is released when a run starts,
+    # even outside its selection: no display shows it running
+    from ropekit.study.store import _this_worker, open_study
+
+    store = open_study(out)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert store.begin_piece("eval:ppl:base", worker=f"{_this_worker().rpartition(':')[0]}:{dead.pid}")
+    store.close()
+    run_study(parse_study(SMALL), out, progress=False, only=["pi-ft"])
+    db = sqlite3.connect(out / "study.sqlite")
+    assert db.execute("SELECT status FROM pieces WHERE id = 'eval:ppl:base'").fetchone()[0] == "pending"
+    db.close()
     status = run_study(parse_study(SMALL), out, progress=False, only=["base", "pi"])
     assert status["pieces"] == 4 and status["by_status"]["done"] == 4
     _assert_same(_dump(ref_dir / "study.sqlite"), _dump(out / "study.sqlite"))

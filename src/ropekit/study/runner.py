@@ -384,6 +384,9 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
     require_models(config, study_dir, only=only)
     fresh = not study_dir.exists()
     store = initialize(study_dir, config)
+    # a piece whose worker has ended (a run killed with SIGTERM or SIGKILL) is free again now, not when a worker
+    # comes to it: until then the display would show it running
+    store.release_abandoned()
     started = time.time()
     pieces = select_pieces(config, only)
 
