@@ -389,6 +389,46 @@ def test_worker_processes_stop_when_the_study_process_is_killed(tmp_path):
             pass
 
 
+def test_sigterm_puts_the_running_pieces_back_and_stops_the_workers(reference_study, tmp_path):
+    """SIGTERM (a batch scheduler's stop, `kill`) takes Ctrl-C's path: the workers stop, their pieces are put back
+    (none is left 'running'), the command says 'terminated' and exits 143; the next run finishes the study."""
+    config = tmp_path / "small.yaml"
+    config.write_text(yaml.safe_dump(SMALL))
+    out = tmp_path / "s"
+    cmd = [sys.executable, "-m", "ropekit.cli", "study", str(config), "--out", str(out), "--no-report", "--workers", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pids: set[int] = set()
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and not pids:
+            if (out / "study.sqlite").exists():
+                db = sqlite3.connect(out / "study.sqlite", timeout=10)
+                try:
+                    workers = [w for (w,) in db.execute("SELECT worker FROM pieces WHERE status = 'running'")]
+                except sqlite3.OperationalError:  # the store is being created
+                    workers = []
+                db.close()
+                pids = {int(w.rsplit(":", 1)[1]) for w in workers} - {proc.pid}
+            time.sleep(0.05)
+        assert pids and proc.poll() is None, "no worker claimed a piece"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 143, stderr
+        assert stderr.strip().splitlines()[-1] == "terminated" and "Traceback" not in stderr, stderr
+        assert not [p for p in pids if _running(p)], "workers outlived the study process"
+        db = sqlite3.connect(out / "study.sqlite")
+        assert db.execute("SELECT COUNT(*) FROM pieces WHERE status = 'running'").fetchone()[0] == 0
+        db.close()
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    status = run_study(parse_study(SMALL), out, progress=False)
+    assert status["by_status"]["done"] == 7
+    _assert_same(_dump(reference_study[0] / "study.sqlite"), _dump(out / "study.sqlite"))
+
+
 def test_cli_study_status_show_and_errors(run_cli, reference_study, tmp_path):
     out, _ = reference_study
     code, stdout, _ = run_cli("study", "status", str(out))

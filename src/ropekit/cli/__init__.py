@@ -12,6 +12,8 @@ anything is written. ``--json`` prints machine-readable output on stdout.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 
 import typer
 from rich.markup import escape
@@ -101,10 +103,25 @@ def _error_line(problem: str) -> None:
 
 #: The exit code of a command stopped by Ctrl-C (128 + SIGINT, as the shell reports it).
 _INTERRUPTED = 130
+#: ... and by SIGTERM (128 + 15): what a batch scheduler or ``kill`` sends before SIGKILL.
+_TERMINATED = 143
+_signal_received = {"term": False}
 
 
-def _interrupted() -> None:
+def _terminate(signum, frame) -> None:
+    # SIGTERM takes Ctrl-C's path: a study puts its running pieces back and stops its workers, a training keeps
+    # what it has saved, instead of leaving pieces marked running and semaphores behind
+    _signal_received["term"] = True
+    raise KeyboardInterrupt
+
+
+def _interrupted() -> int:
+    """Say how the command was stopped; the exit code for it."""
+    if _signal_received["term"]:
+        err.print("terminated", highlight=False)
+        return _TERMINATED
     err.print("interrupted", highlight=False)
+    return _INTERRUPTED
 
 
 def main() -> None:
@@ -112,8 +129,20 @@ def main() -> None:
 
     User errors (a :class:`RopekitError`, a usage error, a path the filesystem refuses) are one line and exit 2;
     a command that finished with failures (``verify`` FAIL, a study with failed pieces) exits with its own
-    non-zero code; Ctrl-C is one line and 130, the shell's code for SIGINT.
+    non-zero code; Ctrl-C is one line and 130, the shell's code for SIGINT; SIGTERM takes the same path and exits
+    143.
     """
+    if threading.current_thread() is not threading.main_thread():  # signal handlers can only be set there
+        return _main()
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    _signal_received["term"] = False
+    try:
+        return _main()
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # an in-process caller (a test) gets its own handler back
+
+
+def _main() -> None:
     from ..runtime import route_deepspeed_logs_to_stderr
     from ..runtime.atomic import filesystem_error
 
@@ -126,11 +155,10 @@ def main() -> None:
         raise SystemExit(e.exit_code) from None
     except typer.Exit as e:
         if e.exit_code == _INTERRUPTED:
-            _interrupted()
+            raise SystemExit(_interrupted()) from None
         raise SystemExit(e.exit_code) from None
     except (typer.Abort, KeyboardInterrupt):
-        _interrupted()
-        raise SystemExit(_INTERRUPTED) from None
+        raise SystemExit(_interrupted()) from None
     except Exception as e:  # click usage errors and anything unexpected
         if isinstance(e, TyperException) or hasattr(e, "format_message"):  # typer's vendored click errors
             message = e.format_message().strip()
@@ -148,5 +176,5 @@ def main() -> None:
         raise SystemExit(1) from None
     if isinstance(code, int) and code:
         if code == _INTERRUPTED:  # typer turns KeyboardInterrupt into a silent Exit(130)
-            _interrupted()
+            code = _interrupted()
         raise SystemExit(code)
