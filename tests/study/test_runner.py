@@ -645,6 +645,10 @@ def test_a_trained_model_missing_on_this_machine_is_refused_found_when_moved_and
     store = open_study(elsewhere)
     assert [a["path"] for a in store.artifacts("train:pi-ft")] == [str(elsewhere / "runs" / "pi-ft" / "final")]
     store.close()
+    # the same command again (after an interruption, say): the model is here now, so nothing is redone
+    code, _, stderr = run_cli("study", str(config), "--out", str(elsewhere), "--retrain", "pi-ft", "--no-report")
+    assert code == 0 and "retrain pi-ft: nothing to redo" in stderr, stderr
+    _assert_same(_dump(elsewhere / "study.sqlite"), again)
 
 
 def test_only_runs_the_pieces_of_some_variants_now_and_the_rest_later(reference_study, run_cli, tmp_path):

@@ -65,8 +65,8 @@ def study_cmd(
     dtype: Annotated[Optional[str], typer.Option("--dtype", help=DtypeOpt.__metadata__[0].help + " Default: the config's `dtype`.")] = None,
     attn: Annotated[Optional[str], typer.Option("--attn", help=AttnOpt.__metadata__[0].help + " Default: the config's `attn`.")] = None,
     retrain: Annotated[Optional[list[str]], typer.Option("--retrain", help="A fine-tuned or searched variant (its "
-                       "label) to produce again, with every evaluation of it (e.g. its model is not on this machine); "
-                       "repeat for several.")] = None,
+                       "label) whose finished model is not on this machine: produce it again here and redo every "
+                       "evaluation of it; repeat for several.")] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only the pieces of these variants (labels, "
                     "comma-separated or repeated) now, and the rest of the study later.")] = None,
 ):

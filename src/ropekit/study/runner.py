@@ -279,30 +279,39 @@ def require_models(config: StudyConfig, study_dir: Path, retrain: Sequence[str] 
 
 
 def retrain_variants(config: StudyConfig, study_dir: Path, labels: Sequence[str]) -> list[str]:
-    """Produce the models of the fine-tuned or searched variants ``labels`` again: their training (or search)
-    and every evaluation of them start over, so that no variant's cells mix two trainings. A training's run
-    directory is removed; a search keeps its stored candidates (it reads them back). Returns one line per variant."""
+    """Produce again the models of the fine-tuned or searched variants ``labels`` whose finished training (or
+    search) left no model on this machine: that piece and every evaluation of the variant start over, so that no
+    variant's cells mix two trainings. A training's run directory is cleared; a search keeps its stored candidates
+    (it reads them back). Idempotent: a model that is here, or a training under way, is left alone, so the same
+    command can be run again after an interruption. Returns one line per variant."""
     producers = _check_retrain(config, labels)
     if not labels or not (study_dir / DB_NAME).is_file():
         return []
     store = open_study(study_dir)
     lines = []
     try:
-        registered = {p["id"] for p in store.pieces()}
+        status = {p["id"]: p["status"] for p in store.pieces()}
         for label in dict.fromkeys(labels):
-            reset, samples = [], 0
+            reset, samples, kept = [], 0, []
             for producer, (piece, evals) in producers.items():
                 if piece.label != label:
+                    continue
+                if status.get(producer) != "done" or produced_model(store, study_dir, producer) is not None:
+                    kept.append(producer)
                     continue
                 if piece.kind == "train":
                     shutil.rmtree(study_dir / RUNS_DIR / producer.partition(":")[2], ignore_errors=True)
                 for p in [piece, *evals]:
-                    if p.id in registered:
+                    if p.id in status:
                         samples += len(store.samples(piece=p.id, raw=True))
                         store.reset_piece(p.id)
                         reset.append(p.id)
-            lines.append(f"retrain {label}: {', '.join(reset) or 'nothing stored yet'} start again"
-                         + (f" ({samples} samples forgotten)" if samples else ""))
+            if reset:
+                lines.append(f"retrain {label}: {', '.join(reset)} start again"
+                             + (f" ({samples} samples forgotten)" if samples else ""))
+            else:
+                lines.append(f"retrain {label}: nothing to redo ({', '.join(kept)}: its model is on this machine, "
+                             "or it is not finished yet)")
     finally:
         store.close()
     return lines
