@@ -29,8 +29,8 @@ import shutil
 import signal
 import threading
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .. import runtime
