@@ -23,6 +23,8 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 # continue the committed databases (a running piece claimed on another machine is taken over)
 seed() { [ -f "$2" ] || { mkdir -p "$(dirname "$2")"; cp "$1" "$2"; }; }
 seed docs/results/smollm2/study.sqlite "$out/study-smollm2/study.sqlite"
+# the LongRoPE search's finished candidates (a search continues in the dtype it began in: bfloat16)
+seed docs/results/smollm2/search-longrope-search.sqlite "$out/study-smollm2/search/longrope-search/search.sqlite"
 for dtype in bfloat16 float32; do seed "docs/results/precision/study-$dtype.sqlite" "$out/study-precision-$dtype/study.sqlite"; done
 seed docs/results/recommend-smollm2-16k/study.sqlite "$out/.recommend-smollm2-16k.recommend/dc79498a7272/frozen/study.sqlite"
 seed docs/results/recommend-smollm2-16k/plan.json "$out/.recommend-smollm2-16k.recommend/dc79498a7272/plan.json"
@@ -33,8 +35,9 @@ rk recommend smollm2 --target-length 16384 --data study-data/smollm2-heldout.jso
 recommend=$!
 
 log "smollm2 study (background)"
+# yarn-ft-16k was trained on an earlier lease whose model is gone: --retrain trains it again and redoes its evaluations
 rk study docs/results/smollm2/study.yaml --out "$out/study-smollm2" --workers "${STUDY_WORKERS:-4}" --no-report \
-  > "$out/study-smollm2.log" 2>&1 &
+  --retrain yarn-ft-16k > "$out/study-smollm2.log" 2>&1 &
 study=$!
 
 side() {

@@ -677,6 +677,10 @@ def test_only_runs_the_pieces_of_some_variants_now_and_the_rest_later(reference_
     dead.wait()
     assert store.begin_piece("eval:ppl:base", worker=f"{_this_worker().rpartition(':')[0]}:{dead.pid}")
     store.close()
+    code, stdout, _ = run_cli("study", "status", str(out))  # status reads, never writes: it says so
+    assert code == 0 and "1 running (of them 1 with no live worker)" in " ".join(stdout.split())
+    code, stdout, _ = run_cli("study", "status", str(out), "--json")
+    assert json.loads(stdout)["abandoned"] == ["eval:ppl:base"]
     run_study(parse_study(SMALL), out, progress=False, only=["pi-ft"])
     db = sqlite3.connect(out / "study.sqlite")
     assert db.execute("SELECT status FROM pieces WHERE id = 'eval:ppl:base'").fetchone()[0] == "pending"

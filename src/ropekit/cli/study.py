@@ -26,12 +26,14 @@ def _status(study_dir: Path, json_out: bool) -> None:
         stored = store.stored_by_piece()
         pieces = store.pieces()
         name = store.get_manifest("name")
+        ended = set(store.abandoned())  # "running" in the file, but their worker is gone
     if json_out:
-        print_json({"study": name, **status, "stored": stored, "pieces_detail": pieces})
+        print_json({"study": name, **status, "stored": stored, "pieces_detail": pieces, "abandoned": sorted(ended)})
         return
     by = status["by_status"]
+    stopped = f" (of them {len(ended)} with no live worker)" if ended else ""
     out.print(f"[bold]study {name}[/] in {study_dir}: {by['done']}/{status['pieces']} pieces done, "
-              f"{by['running']} running, {by['failed']} failed, {by['pending']} pending; "
+              f"{by['running']} running{stopped}, {by['failed']} failed, {by['pending']} pending; "
               f"{status['samples']} samples, {status['train_steps']} training steps, {status['seconds'] / 60:.1f} min of compute")
     table = Table()
     for col in ("piece", "status", "stored", "seconds", "note"):
@@ -39,6 +41,8 @@ def _status(study_dir: Path, json_out: bool) -> None:
         table.add_column(col, justify="right" if col in ("stored", "seconds") else "left", overflow="fold")
     for p in pieces:
         note = p["error"] or (p["worker"] if p["status"] == "running" else "")
+        if p["id"] in ended:
+            note = f"{p['worker']} has ended: the next run takes it over"
         kept = stored.get(p["id"], {})
         so_far = (f"{kept['train_steps']} steps" if kept.get("train_steps") else
                   f"{kept['samples']} samples" if kept.get("samples") else "—")

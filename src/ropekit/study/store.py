@@ -665,11 +665,14 @@ class StudyStore:
                        "WHERE id = ? AND status = 'running'", (piece,))
             self._touch(db)
 
-    def release_abandoned(self) -> list[str]:
-        """:meth:`release_piece` every running piece whose worker has ended (:func:`_worker_alive`); returns their
-        ids."""
+    def abandoned(self) -> list[str]:
+        """The running pieces whose worker has ended (:func:`_worker_alive`): the next run takes them over."""
         rows = self._conn.execute("SELECT id, worker, started FROM pieces WHERE status = 'running'").fetchall()
-        gone = [r["id"] for r in rows if not _worker_alive(r["worker"], r["started"], one_machine=self._one_machine)]
+        return [r["id"] for r in rows if not _worker_alive(r["worker"], r["started"], one_machine=self._one_machine)]
+
+    def release_abandoned(self) -> list[str]:
+        """:meth:`release_piece` every running piece whose worker has ended (:meth:`abandoned`); returns their ids."""
+        gone = self.abandoned()
         for piece in gone:
             self.release_piece(piece)
         return gone
