@@ -70,7 +70,7 @@ def study_cmd(
     attn: Annotated[Optional[str], typer.Option("--attn", help=AttnOpt.__metadata__[0].help + " Default: the config's `attn`.")] = None,
     retrain: Annotated[Optional[list[str]], typer.Option("--retrain", help="A fine-tuned or searched variant (its "
                        "label) whose finished model is not on this machine: produce it again here and redo every "
-                       "evaluation of it; repeat for several.")] = None,
+                       "evaluation of it (comma-separated or repeated for several).")] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only the pieces of these variants (labels, "
                     "comma-separated or repeated) now, and the rest of the study later.")] = None,
 ):
@@ -120,9 +120,9 @@ def study_cmd(
     from ..study.pieces import placement, select_pieces
     from ..study.runner import require_eval_data, require_models, retrain_variants
 
-    only = [label.strip() for item in only or [] for label in item.split(",") if label.strip()]
+    only, retrain = ([label.strip() for item in given or [] for label in item.split(",") if label.strip()]
+                     for given in (only, retrain))
     select_pieces(cfg, only)  # an unknown label: one line, before anything is written
-    retrain = retrain or []
     require_eval_data(cfg, study_dir, only)  # a missing data file that an unfinished piece reads: one line, here
     require_models(cfg, study_dir, retrain, only)  # a trained model not on this machine: one line, here
     for line in retrain_variants(cfg, study_dir, retrain):
