@@ -310,6 +310,10 @@ def test_a_piece_records_where_it_computed_with_its_results(store):
     assert store.begin_piece("eval:passkey:abf")  # running: no placement yet
     assert store.placements() == {"eval:ppl:yarn": gpu, "eval:ppl:pi": gpu, "eval:ppl:landmark": cpu}
     assert not any(k.startswith("placement:") for k in store.get_manifest())  # the study's own keys only
+    # an unfinished piece with samples (a partial cell in the report) counts where its samples say they ran
+    running = placement_groups(store.pieces(), store.placements(), {"eval:passkey:abf": [(cpu, 2), (None, 1)]})
+    assert {g["where"]: (g["pieces"], g["samples"]) for g in running}[placement_label(cpu)] == (
+        ["eval:ppl:landmark", "eval:passkey:abf"], 2)
     groups = placement_groups(store.pieces(), store.placements())
     assert [(g["where"], g["pieces"], g["methods"]) for g in groups] == [
         ("bfloat16, sdpa attention, on NVIDIA H200", ["eval:ppl:yarn", "eval:ppl:pi"], ["yarn", "pi"]),

@@ -230,11 +230,12 @@ def placement_label(where: Mapping[str, Any]) -> str:
 def placement_groups(pieces: Iterable[Mapping[str, Any]], placements: Mapping[str, Mapping[str, Any]],
                      sample_placements: Mapping[str, list[tuple[Mapping[str, Any] | None, int]]] | None = None
                      ) -> list[dict[str, Any]]:
-    """The finished pieces grouped by where they computed: ``[{"where": label or None, "pieces": [ids],
-    "methods": [labels], "samples": n}]``, the most pieces first. An evaluation's samples each carry their own
-    placement (``computed_on``, :meth:`StudyStore.sample_placements`), so a piece resumed on another machine
-    counts in both groups; a sample without one takes its piece's. ``where`` None gathers what recorded nothing
-    (finished before ropekit kept placements)."""
+    """The finished pieces, and the samples of unfinished ones (the partial cells a report shows), grouped by where
+    they computed: ``[{"where": label or None, "pieces": [ids], "methods": [labels], "samples": n}]``, the most
+    pieces first. An evaluation's samples each carry their own placement (``computed_on``,
+    :meth:`StudyStore.sample_placements`), so a piece resumed on another machine counts in both groups; a sample
+    without one takes its finished piece's. ``where`` None gathers what recorded nothing (finished before ropekit
+    kept placements)."""
     groups: dict[str | None, dict[str, Any]] = {}
 
     def add(where, piece, n):
@@ -247,10 +248,13 @@ def placement_groups(pieces: Iterable[Mapping[str, Any]], placements: Mapping[st
         g["samples"] += n
 
     for p in pieces:
+        stamps = (sample_placements or {}).get(p["id"])
         if p.get("status") != "done":
+            for where, n in stamps or []:  # an unfinished piece: only what its samples say
+                if where:
+                    add(where, p, n)
             continue
-        stamps = (sample_placements or {}).get(p["id"]) or [(None, 0)]
-        for where, n in stamps:
+        for where, n in stamps or [(None, 0)]:
             add(where or placements.get(p["id"]), p, n)
     return sorted(groups.values(), key=lambda g: (g["where"] is None, -len(g["pieces"])))
 
