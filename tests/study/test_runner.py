@@ -352,27 +352,34 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads process states from /proc (Linux)")
-def test_worker_processes_stop_when_the_study_process_is_killed(tmp_path):
-    """SIGKILL `ropekit study --workers 2` alone (not its process group): its workers stop too. Left running they
-    went on claiming pieces and writing into the study directory beside the workers of the next run."""
+def _study_with_claimed_pieces(tmp_path, stderr=subprocess.DEVNULL):
+    """``ropekit study --workers 2`` of SMALL in its own session, once its workers have claimed pieces:
+    ``(process, study dir, worker pids)``."""
     config = tmp_path / "small.yaml"
     config.write_text(yaml.safe_dump(SMALL))
     out = tmp_path / "s"
     cmd = [sys.executable, "-m", "ropekit.cli", "study", str(config), "--out", str(out), "--no-report", "--workers", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, text=True, start_new_session=True)
+    pids: set[int] = set()
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline and not pids:
+        if (out / "study.sqlite").exists():
+            db = sqlite3.connect(out / "study.sqlite", timeout=10)
+            try:
+                workers = [w for (w,) in db.execute("SELECT worker FROM pieces WHERE status = 'running'")]
+            except sqlite3.OperationalError:  # the store is being created
+                workers = []
+            db.close()
+            pids = {int(w.rsplit(":", 1)[1]) for w in workers} - {proc.pid}
+        time.sleep(0.05)
+    return proc, out, pids
+
+
+def test_worker_processes_stop_when_the_study_process_is_killed(tmp_path):
+    """SIGKILL `ropekit study --workers 2` alone (not its process group): its workers stop too. Left running they
+    went on claiming pieces and writing into the study directory beside the workers of the next run."""
+    proc, out, pids = _study_with_claimed_pieces(tmp_path)
     try:
-        pids: set[int] = set()
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline and not pids:
-            if (out / "study.sqlite").exists():
-                db = sqlite3.connect(out / "study.sqlite", timeout=10)
-                try:
-                    workers = [w for (w,) in db.execute("SELECT worker FROM pieces WHERE worker IS NOT NULL")]
-                except sqlite3.OperationalError:  # the store is being created
-                    workers = []
-                db.close()
-                pids = {int(w.rsplit(":", 1)[1]) for w in workers} - {proc.pid}
-            time.sleep(0.05)
         assert pids and proc.poll() is None, "no worker claimed a piece"
         proc.kill()
         proc.wait()
@@ -393,24 +400,8 @@ def test_sigterm_puts_the_running_pieces_back_and_stops_the_workers(tmp_path):
     """SIGTERM (a batch scheduler's stop, `kill`) takes Ctrl-C's path: the workers stop, their pieces are put back
     (none is left 'running'), the command says 'terminated' and exits 143 (resuming from there is the SIGKILL
     test's)."""
-    config = tmp_path / "small.yaml"
-    config.write_text(yaml.safe_dump(SMALL))
-    out = tmp_path / "s"
-    cmd = [sys.executable, "-m", "ropekit.cli", "study", str(config), "--out", str(out), "--no-report", "--workers", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc, out, pids = _study_with_claimed_pieces(tmp_path, stderr=subprocess.PIPE)
     try:
-        pids: set[int] = set()
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline and not pids:
-            if (out / "study.sqlite").exists():
-                db = sqlite3.connect(out / "study.sqlite", timeout=10)
-                try:
-                    workers = [w for (w,) in db.execute("SELECT worker FROM pieces WHERE status = 'running'")]
-                except sqlite3.OperationalError:  # the store is being created
-                    workers = []
-                db.close()
-                pids = {int(w.rsplit(":", 1)[1]) for w in workers} - {proc.pid}
-            time.sleep(0.05)
         assert pids and proc.poll() is None, "no worker claimed a piece"
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
