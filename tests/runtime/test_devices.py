@@ -158,3 +158,16 @@ def test_worker_devices_spread_over_gpus(machine):
     assert devices.worker_device("cpu", 1) == "cpu"
     machine(1)
     assert devices.worker_device("auto", 3) == "auto"
+
+
+def test_free_memory_on_the_cpu_is_the_kernels_available_memory():
+    """The CPU's free memory is what /proc/meminfo calls MemAvailable (read here directly), not MemFree."""
+    from pathlib import Path
+
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.is_file():
+        pytest.skip("no /proc/meminfo (not Linux)")
+    fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in meminfo.read_text().splitlines()}
+    free = devices.free_memory("cpu")
+    assert abs(free - fields["MemAvailable"]) < 0.05 * fields["MemTotal"]
+    assert devices.free_memory("meta") is None

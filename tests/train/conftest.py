@@ -37,6 +37,26 @@ def make_config(tmp_path):
     return make
 
 
+class _Rows(torch.utils.data.Dataset):
+    def __init__(self, rows: torch.Tensor):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        ids = self.rows[i]
+        n = ids.numel()
+        return {"input_ids": ids, "labels": ids.clone(), "position_ids": torch.arange(n),
+                "attention_mask": torch.ones(n, dtype=torch.long)}
+
+
+@pytest.fixture
+def rows_dataset():
+    """``rows_dataset(rows)``: fixed causal-LM items, one per row of token ids, every token a label."""
+    return _Rows
+
+
 @pytest.fixture(scope="session")
 def text_tokens() -> list[bytes]:
     """A few kilobytes of the built-in corpus (bytes = token ids of the byte-level tiny models)."""

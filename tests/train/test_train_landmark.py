@@ -14,20 +14,6 @@ from ropekit.models.tiny import build_tiny_model
 from ropekit.train import train
 
 
-class Rows(torch.utils.data.Dataset):
-    def __init__(self, rows: torch.Tensor):
-        self.rows = rows
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, i):
-        ids = self.rows[i]
-        n = ids.numel()
-        return {"input_ids": ids, "labels": ids.clone(), "position_ids": torch.arange(n),
-                "attention_mask": torch.ones(n, dtype=torch.long)}
-
-
 def plain_loss(model, rows: torch.Tensor) -> float:
     """Mean next-token cross-entropy of the plain rows, through the model's own landmark insertion."""
     with torch.no_grad():
@@ -35,7 +21,7 @@ def plain_loss(model, rows: torch.Tensor) -> float:
     return float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1)))
 
 
-def test_training_with_landmarks_lowers_the_loss(make_config, text_dataset, tmp_path):
+def test_training_with_landmarks_lowers_the_loss(make_config, text_dataset, rows_dataset, tmp_path):
     rows = text_dataset(64).tokens[:4].clone()
     torch.manual_seed(0)
     initial = build_tiny_model("llama")
@@ -44,7 +30,7 @@ def test_training_with_landmarks_lowers_the_loss(make_config, text_dataset, tmp_
 
     cfg = make_config("landmark", steps=30, method={"name": "landmark", "params": {"mem_freq": 7}},
                       train={"lr": 1e-2, "micro_batch_size": 2, "grad_accum": 2})
-    result = train(cfg, dataset=Rows(rows), model=copy.deepcopy(initial), tokenizer=byte_tokenizer(), progress=False)
+    result = train(cfg, dataset=rows_dataset(rows), model=copy.deepcopy(initial), tokenizer=byte_tokenizer(), progress=False)
     losses = [loss for _, loss in result.losses]
     # step 1: the trainer's landmarked batch gives the model's own loss on plain ids (all four rows)
     assert losses[0] == pytest.approx(first, rel=1e-5)

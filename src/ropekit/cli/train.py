@@ -122,6 +122,8 @@ def _plan(config: Optional[Path], gpus: int, gpu_memory: float, strategy: str, c
     table.add_column("per GPU")
     table.add_column("GiB", justify="right")
     mode = "checkpointed" if plan.checkpointing else "not checkpointed"
+    if cfg.model.gradient_checkpointing == "auto":
+        mode += " (auto)"
     rows = [("weights", plan.weights), ("gradients", plan.gradients), ("optimizer (AdamW)", plan.optimizer),
             ("activations, saved for backward", plan.activations),
             ("activations, checkpointed", plan.activations_checkpointed)]

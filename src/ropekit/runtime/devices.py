@@ -115,6 +115,22 @@ def mps_available() -> bool:
     return bool(backend is not None and backend.is_available())
 
 
+def free_memory(device) -> int | None:
+    """Bytes free for new tensors on ``device``: what the CUDA driver reports free on a GPU
+    (``torch.cuda.mem_get_info``), the memory the kernel can hand out without swapping on a CPU
+    (psutil's ``available``); ``None`` where neither says (MPS, other accelerators)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        import psutil  # accelerate's dependency, so always installed with ropekit
+
+        return int(psutil.virtual_memory().available)
+    return None
+
+
 def flash_attn_installed() -> bool:
     """Whether the ``flash_attn`` package (transformers' ``flash_attention_2``) can be imported."""
     return importlib.util.find_spec("flash_attn") is not None

@@ -9,7 +9,8 @@ files)::
                                 #   tiny-pretrained: the pre-trained tiny Llama built by ropekit.train.builtin_base
       dtype: float32            # float32 | bfloat16 | float16: the dtype the weights are loaded in
       attn_implementation: sdpa # sdpa | eager | flash_attention_2 | flex_attention …
-      gradient_checkpointing: false
+      gradient_checkpointing: auto  # auto | true | false; auto: on when the step's memory plan would not fit
+                                #   in what is free on the training device (ropekit.train.plan.choose_checkpointing)
     method:                     # or `method: yarn`, or `method: none`
       name: yarn                # a ropekit method (`ropekit methods`), installed with ropekit.extend before training
       params: {factor: 4}       # its parameters (and `target_length`)
@@ -118,7 +119,7 @@ class ModelConfig(StrictModel):
     name: Name = Field(examples=["tiny"])
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     attn_implementation: Name = Field(default="sdpa", examples=["sdpa"])
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: Literal["auto"] | bool = "auto"
 
     @model_validator(mode="before")
     @classmethod

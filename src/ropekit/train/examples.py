@@ -20,7 +20,7 @@ _TINY_FULL = """\
 model:
   name: tiny                 # tiny-pretrained: the demo's pre-trained tiny Llama (cached; ~1 min the first time)
   dtype: float32
-  gradient_checkpointing: false
+  gradient_checkpointing: auto   # on when a step would not fit in the free memory
 method:
   name: yarn
   params:

@@ -43,6 +43,7 @@ from ..methods import get_method
 from ..models.byte_tokenizer import byte_tokenizer
 from ..models.loading import load_model
 from ..runtime import cache_root, default_threads
+from ..runtime.devices import free_memory
 from ..runtime.atomic import atomic_file
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -153,6 +154,7 @@ class Trainer:
         self._closers: list = []
         self._datasets: dict[int, Any] = {}
         self._stage_index: int | None = None  # the stage whose method and batches are in place
+        self._checkpointing: bool | None = None  # gradient checkpointing, once decided (model.gradient_checkpointing)
         self._batches = None
 
     @property
@@ -212,7 +214,9 @@ class Trainer:
         if cfg.train.lora is not None:
             model = apply_lora(model, cfg.train.lora, seed=cfg.train.seed)
         strategy.enable_context_parallel(model, base_model(model), {s.config.micro_batch_size for s in self.plan})
-        if cfg.model.gradient_checkpointing:
+        if self._checkpointing is None:  # decided once for the run: the longest stage's step
+            self._checkpointing = self._choose_checkpointing(model)
+        if self._checkpointing:
             inner = base_model(model)
             kwargs = {"use_reentrant": False}  # works with frozen embeddings (LoRA) and DDP
             if hasattr(inner, "activation_checkpointing_enable"):  # transformers ≥ 5.x name
@@ -231,6 +235,37 @@ class Trainer:
         if cfg.train.ema is not None:
             params = [(n, p) for n, p in self.unwrapped.named_parameters() if p.requires_grad]
             self.ema = EMA(params, cfg.train.ema.decay, cfg.train.ema.every)
+
+    def _choose_checkpointing(self, model) -> bool:
+        """``model.gradient_checkpointing`` as set, or for ``auto`` from the memory plan of the recipe's largest
+        step against what is free on the training device (:func:`ropekit.train.plan.choose_checkpointing`; said in
+        one line when it turns checkpointing on). With several processes each decides from its own device's free
+        memory and plans as if unsharded (DDP): an upper bound for FSDP and ZeRO."""
+        setting = self.cfg.model.gradient_checkpointing
+        if setting != "auto":
+            return bool(setting)
+        from .plan import choose_checkpointing, plan_shape, recipe_shape
+
+        device = self.acc.device
+        free = free_memory(device)
+        if free is None:
+            return False
+        inner = base_model(model)
+        config = inner.config.get_text_config() if hasattr(inner.config, "get_text_config") else inner.config
+        shape = dict(recipe_shape(self.cfg), gpus=self.world, strategy="ddp",
+                     context_parallel=self.cfg.train.context_parallel, lora=self.cfg.train.lora)
+        try:
+            plain, checkpointed = (plan_shape(config, checkpointing=flag, **shape) for flag in (False, True))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a config without a decoder's shape
+            self._note(f"gradient checkpointing: auto cannot plan this model's memory ({exc}); left off "
+                       "(set model.gradient_checkpointing: true to turn it on)")
+            return False
+        on_device = [p for p in inner.parameters() if p.device == torch.device(device)]
+        resident = sum(p.numel() * p.element_size() for p in on_device)
+        choice = choose_checkpointing(plain, checkpointed, free_bytes=free, resident_bytes=resident)
+        if choice.on:
+            self._note(choice.describe(str(device)))
+        return choice.on
 
     def _dataset(self, stage: StagePlan):
         if stage.index in self._datasets:
