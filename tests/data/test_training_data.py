@@ -177,6 +177,26 @@ def test_upsampling_in_the_dataset(tmp_path):
     assert info["documents"] == 50 and info["documents_after_upsampling"] == 40 + 10 * 3
 
 
+def test_the_builtin_source_says_which_standard_library_it_read(tmp_path):
+    """The built-in split is this Python's standard library, so a training's summary names its digest: two
+    machines with different Pythons train on different documents, and the summary shows it."""
+    import hashlib
+
+    from ropekit.data.local_text import stdlib_documents
+    from ropekit.data.training_data import BUILTIN_MAX_BYTES
+
+    spec = {"sources": [{"path": "builtin", "max_documents": 5}]}
+    info = build_training_data(spec, byte_tokenizer(), 64, seed=0, cache_dir=str(tmp_path)).summary["sources"][0]
+    h = hashlib.sha256()  # the fingerprint written out: length-prefixed documents, SHA-256, 16 hex digits
+    for doc in stdlib_documents(BUILTIN_MAX_BYTES, "train"):
+        h.update(len(doc).to_bytes(8, "big") + doc)
+    assert info["corpus_digest"] == h.hexdigest()[:16]
+    path = tmp_path / "docs.jsonl"
+    path.write_text(json.dumps({"text": "a file source has no corpus digest"}))
+    assert "corpus_digest" not in build_training_data({"sources": [{"path": str(path)}]}, byte_tokenizer(), 8,
+                                                      seed=0).summary["sources"][0]
+
+
 def test_sft_source_items(tmp_path):
     conv = tmp_path / "chat.jsonl"
     records = [{"messages": [{"role": "user", "content": f"Question {i}?"},

@@ -68,6 +68,7 @@ contaminate every perplexity measured on it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -286,7 +287,9 @@ def _is_builtin(path: str) -> bool:
     return path.strip().lower() == "builtin"
 
 
+@functools.lru_cache(maxsize=1)
 def _builtin_texts() -> tuple[list[str], str, str]:
+    """The built-in training split as text, its label and its digest (which Python's standard library it is)."""
     from .local_text import corpus_digest, stdlib_documents
 
     docs = stdlib_documents(BUILTIN_MAX_BYTES, "train")
@@ -492,6 +495,8 @@ def build_training_data(spec: dict | None, tokenizer, seq_len: int, seed: int,
                 "documents": len(data.docs), "documents_after_upsampling": len(docs),
                 "tokens": int(sum(lengths)), "cache": data.cache, **{f"sft_{k}": v for k, v in data.stats.items()
                                                                      if source.kind == "sft"}}
+        if _is_builtin(source.path):  # the stdlib differs between Python versions: say which one was read
+            info["corpus_digest"] = _builtin_texts()[2]
         if source.kind == "sft":
             rows = PackedPieces([(d, data.labels[k]) for d, k in zip(docs, chosen)], seq_len, pad_id=pad_id,
                                 pack=data_spec.pack_sft)

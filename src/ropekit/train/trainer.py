@@ -370,8 +370,8 @@ class Trainer:
                        "batch keeps its size only if micro_batch_size × grad_accum × processes is unchanged")
 
     def _note(self, text: str) -> None:
-        if self.is_main:
-            self.console.print(text, highlight=False)
+        if self.is_main:  # one line, also in a log file (rich would wrap it at 80 columns off a terminal)
+            self.console.print(text, highlight=False, soft_wrap=True)
 
     # ---- export ----------------------------------------------------------------------------------------
     def _rebuilt(self):
