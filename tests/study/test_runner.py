@@ -681,3 +681,41 @@ def test_only_runs_the_pieces_of_some_variants_now_and_the_rest_later(reference_
     code, _, stderr = run_cli("study", str(config), "--out", str(tmp_path / "never"), "--only", "pi,nope")
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and "--only nope" in stderr
     assert "choose among: base, pi, pi-ft" in stderr and not (tmp_path / "never").exists()
+
+
+def test_trainings_on_another_pythons_builtin_corpus_are_called_out(run_cli, tmp_path):
+    """The built-in training split is the running Python's standard library: a training records which one it read,
+    and a study continued where the trainings still to run would read another says so in one line (the comparison
+    would mix two data sets); on the same machine nothing is said."""
+    from ropekit.data.local_text import corpus_digest, stdlib_documents
+    from ropekit.data.training_data import BUILTIN_MAX_BYTES
+    from ropekit.study.store import open_study
+
+    raw = {**SMALL, "variants": [{"label": "base"},
+                                 {"label": "pi-ft", "method": "pi", "params": {"factor": 4}, "finetune": True},
+                                 {"label": "yarn-ft", "method": "yarn", "params": {"factor": 4}, "finetune": True}],
+           "evals": {"ppl": {"lengths": [64], "samples": 1, "score_mode": "truncate"}}}
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    code, _, stderr = run_cli("study", str(config), "--out", str(out), "--only", "pi-ft", "--no-report")
+    assert code == 0 and "warning" not in stderr, stderr
+    store = open_study(out)
+    recorded = store.placements()["train:pi-ft"]["corpus"]
+    store.close()
+    assert recorded == corpus_digest(stdlib_documents(BUILTIN_MAX_BYTES, "train"))
+    # pi-ft trained on another machine's Python: its recorded corpus differs from this one's
+    db = sqlite3.connect(out / "study.sqlite")
+    key = "placement:train:pi-ft"
+    (value,) = db.execute("SELECT value FROM manifest WHERE key = ?", (key,)).fetchone()
+    db.execute("UPDATE manifest SET value = ? WHERE key = ?", (json.dumps({**json.loads(value), "corpus": "0123456789abcdef"}), key))
+    db.commit()
+    db.close()
+    code, _, stderr = run_cli("study", str(config), "--out", str(out), "--no-report")
+    warned = [line for line in stderr.splitlines() if "warning" in line]
+    assert code == 0 and len(warned) == 1, stderr
+    assert "train:pi-ft trained on (0123456789abcdef)" in warned[0] and f"corpus {recorded}" in warned[0]
+    assert "yarn-ft will train on other documents" in warned[0]
+    # nothing left to train: nothing to say
+    code, _, stderr = run_cli("study", str(config), "--out", str(out), "--no-report")
+    assert code == 0 and "warning" not in stderr, stderr

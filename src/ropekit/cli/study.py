@@ -118,7 +118,7 @@ def study_cmd(
 
     check_target(study_dir, kind="dir")  # a file, a FIFO, a read-only place: one line before any work
     from ..study.pieces import placement, select_pieces
-    from ..study.runner import require_eval_data, require_models, retrain_variants
+    from ..study.runner import corpus_warning, require_eval_data, require_models, retrain_variants
 
     only, retrain = ([label.strip() for item in given or [] for label in item.split(",") if label.strip()]
                      for given in (only, retrain))
@@ -127,6 +127,9 @@ def study_cmd(
     require_models(cfg, study_dir, retrain, only)  # a trained model not on this machine: one line, here
     for line in retrain_variants(cfg, study_dir, retrain):
         err.print(line, highlight=False, soft_wrap=True)
+    warning = corpus_warning(cfg, study_dir, only)
+    if warning:
+        err.print(warning, highlight=False, soft_wrap=True)
     part = f" (now only: {', '.join(only)})" if only else ""
     err.print(f"study [bold]{cfg.name}[/]: {len(cfg.variants)} variants × {len(cfg.evals)} evaluations{part} → "
               f"{study_dir}/study.sqlite")

@@ -287,6 +287,17 @@ def _is_builtin(path: str) -> bool:
     return path.strip().lower() == "builtin"
 
 
+def builtin_corpus_digest() -> str:
+    """The digest of the built-in training split on this machine (:func:`ropekit.data.local_text.corpus_digest`):
+    it is the running Python's standard library, so two Pythons give two corpora."""
+    return _builtin_texts()[2]
+
+
+def uses_builtin(spec: dict | None, seq_len: int) -> bool:
+    """Whether the data spec ``spec`` (module doc) reads the built-in split."""
+    return any(_is_builtin(source.path) for source in validate_data_spec(spec, seq_len).sources)
+
+
 @functools.lru_cache(maxsize=1)
 def _builtin_texts() -> tuple[list[str], str, str]:
     """The built-in training split as text, its label and its digest (which Python's standard library it is)."""
@@ -496,7 +507,7 @@ def build_training_data(spec: dict | None, tokenizer, seq_len: int, seed: int,
                 "tokens": int(sum(lengths)), "cache": data.cache, **{f"sft_{k}": v for k, v in data.stats.items()
                                                                      if source.kind == "sft"}}
         if _is_builtin(source.path):  # the stdlib differs between Python versions: say which one was read
-            info["corpus_digest"] = _builtin_texts()[2]
+            info["corpus_digest"] = builtin_corpus_digest()
         if source.kind == "sft":
             rows = PackedPieces([(d, data.labels[k]) for d, k in zip(docs, chosen)], seq_len, pad_id=pad_id,
                                 pack=data_spec.pack_sft)

@@ -213,9 +213,21 @@ def _run_train(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path,
             if line.strip():
                 metrics.append(json.loads(line))
     artifacts = {"model": str(result.final_dir)} if result.final_dir else {}
-    where = (computed_on(device=result.device, dtype=cfg.model.dtype, precision=cfg.train.precision)
+    where = (computed_on(device=result.device, dtype=cfg.model.dtype, precision=cfg.train.precision,
+                         corpus=trained_corpus(out))
              if result.device else None)  # None: trained by an earlier run, which recorded nothing here
     return {"artifacts": artifacts, "metrics": metrics, "placement": where}
+
+
+def trained_corpus(run_dir: Path) -> str | None:
+    """The built-in corpus digests a training in ``run_dir`` read (its stages' ``data-STAGE.json``), comma-joined;
+    None when it read no built-in data. The built-in split is the running Python's standard library, so a study
+    trained on two machines can have trained its variants on two corpora (:func:`ropekit.study.runner.corpus_warning`)."""
+    digests = set()
+    for path in sorted(Path(run_dir).glob("data-*.json")):
+        digests.update(src["corpus_digest"] for src in json.loads(path.read_text()).get("sources", [])
+                       if src.get("corpus_digest"))
+    return ",".join(sorted(digests)) or None
 
 
 def _run_search(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path, report, threads: int | None,

@@ -278,6 +278,43 @@ def require_models(config: StudyConfig, study_dir: Path, retrain: Sequence[str] 
         store.close()
 
 
+def corpus_warning(config: StudyConfig, study_dir: Path, only: Sequence[str] | None = None) -> str | None:
+    """One line when the trainings about to run read the built-in split and finished trainings of this study
+    recorded another built-in corpus (:func:`ropekit.study.pieces.trained_corpus`): the split is the running
+    Python's standard library, so a study continued on a machine with another Python would train those variants
+    on other documents than the rest, and their comparison would mix two data sets. None otherwise (also when
+    the finished trainings recorded no corpus: they ran before ropekit kept it)."""
+    from ..data.training_data import builtin_corpus_digest, uses_builtin
+    from .config import train_config_for
+
+    if not (study_dir / DB_NAME).is_file():
+        return None
+    store = open_study(study_dir)
+    try:
+        status = {p["id"]: p["status"] for p in store.pieces()}
+        placements = store.placements()
+    finally:
+        store.close()
+    pending = []
+    for piece in select_pieces(config, only):
+        if piece.kind != "train" or status.get(piece.id) == "done":
+            continue
+        cfg = train_config_for(config, config.variant(piece.label), "tiny", "unused", seed=piece.seed)
+        if any(uses_builtin(stage.data.spec, stage.data.seq_len) for stage in cfg.stages):
+            pending.append(piece.label)
+    if not pending:
+        return None
+    here = builtin_corpus_digest()
+    other = {piece: where["corpus"] for piece, where in placements.items()
+             if status.get(piece) == "done" and where.get("corpus") and here not in where["corpus"].split(",")}
+    if not other:
+        return None
+    return (f"warning: the built-in training split here (this Python's standard library, corpus {here}) is not the "
+            f"one {', '.join(sorted(other))} trained on ({', '.join(sorted(set(other.values())))}): "
+            f"{', '.join(dict.fromkeys(pending))} will train on other documents than that; to compare them on the "
+            "same data, train every variant with one Python, or give the recipe a data file (data.sources)")
+
+
 def retrain_variants(config: StudyConfig, study_dir: Path, labels: Sequence[str]) -> list[str]:
     """Produce again the models of the fine-tuned or searched variants ``labels`` whose finished training (or
     search) left no model on this machine: that piece and every evaluation of the variant start over, so that no
