@@ -719,3 +719,64 @@ def test_trainings_on_another_pythons_builtin_corpus_are_called_out(run_cli, tmp
     # nothing left to train: nothing to say
     code, _, stderr = run_cli("study", str(config), "--out", str(out), "--no-report")
     assert code == 0 and "warning" not in stderr, stderr
+
+
+def test_several_workers_show_each_running_piece_with_its_count(tmp_path):
+    """With worker processes the study's line names every running piece with the sample (or step) count its
+    worker sends, so a piece that takes hours does not show its name alone; a worker sends at most one count a
+    second, and always the last."""
+    import multiprocessing
+
+    from ropekit.study import runner
+
+    config = parse_study(SMALL)
+    store = runner.initialize(tmp_path, config)
+    first, second = [p for p in plan(config) if p.kind == "eval"][:2]
+    for piece in (first, second):
+        assert store.begin_piece(piece.id, kind=piece.kind, method=piece.label, params=piece.params, task=piece.task)
+    queue = multiprocessing.get_context("spawn").Queue()
+    on_piece, on_progress = runner._progress_sender(queue, every=60.0)
+    on_piece(first)
+    for n in (1, 2, 3):  # within the minute only the first count goes out
+        on_progress(n, 8)
+    on_progress(8, 8)  # the last one always does
+    on_piece(second)
+    on_progress(5, None)
+
+    class Proc:  # alive for two polls of the display
+        def __init__(self):
+            self.polls = iter([True, True, False])
+
+        def is_alive(self):
+            return next(self.polls, False)
+
+        def join(self):
+            pass
+
+    class Bar:
+        def __init__(self):
+            self.infos = []
+
+        def update(self, **fields):
+            self.infos.append(fields.get("info"))
+
+        def log(self, text):
+            pass
+
+    time.sleep(0.5)  # the queue's feeder thread delivers
+    bar = Bar()
+    runner._watch_workers([Proc()], store, bar, config, lambda: 0, queue)
+    store.close()
+    assert bar.infos[-1] == f"{first.id} 8/8, {second.id} 5/?"
+    assert runner.running_text([first.id], {}) == first.id  # nothing sent yet: the name alone
+    # what went through the queue: the first count of the minute and the last, not the ones between
+    import queue as queue_module
+
+    sent = multiprocessing.get_context("spawn").Queue()
+    on_piece, on_progress = runner._progress_sender(sent, every=60.0)
+    on_piece(first)
+    for n in (1, 2, 3, 8):
+        on_progress(n, 8)
+    assert [sent.get(timeout=5) for _ in range(2)] == [(first.id, 1, 8), (first.id, 8, 8)]
+    with pytest.raises(queue_module.Empty):
+        sent.get(timeout=0.5)

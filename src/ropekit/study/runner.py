@@ -151,9 +151,27 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="ropekit-parent-watch", daemon=True).start()
 
 
+def _progress_sender(queue, every: float = 1.0):
+    """``(report_piece, report_progress)`` for :func:`work` in a worker process: the running piece's sample (or
+    step) count goes to the parent through ``queue`` as ``(piece, n, total)``, at most once every ``every``
+    seconds and always at the last one, for the study's display."""
+    current: dict[str, Any] = {"id": None, "sent": 0.0}
+
+    def on_piece(piece: PlannedPiece) -> None:
+        current["id"], current["sent"] = piece.id, 0.0
+
+    def on_progress(n: int, total: int | None) -> None:
+        now = time.monotonic()
+        if current["id"] is not None and (now - current["sent"] >= every or n == total):
+            current["sent"] = now
+            queue.put_nowait((current["id"], n, total))
+
+    return on_piece, on_progress
+
+
 def _worker_main(study_dir: str, config_dict: dict[str, Any], threads: int, device: str | None = None,
                  dtype: str = "auto", attn: str = "auto", verbosity: int | None = None, stop=None,
-                 only: Sequence[str] | None = None) -> None:
+                 only: Sequence[str] | None = None, progress=None) -> None:
     # The worker starts with SIGINT ignored (see _start_workers): Ctrl-C during its imports would print a
     # traceback from multiprocessing's bootstrap. From here on it is a KeyboardInterrupt, ended quietly; ``stop``
     # (set by the parent before it passes SIGINT on) covers a Ctrl-C that arrived while it was still ignored.
@@ -168,8 +186,13 @@ def _worker_main(study_dir: str, config_dict: dict[str, Any], threads: int, devi
             hf_logging.set_verbosity(verbosity)
         config = parse_study(config_dict)
         config.dtype, config.attn = dtype, attn  # also when the config dict does not carry them
+        on_piece = on_progress = None
+        if progress is not None:
+            progress.cancel_join_thread()  # a count not yet sent must never hold up the worker's exit
+            on_piece, on_progress = _progress_sender(progress)
         with quiet_transformers():
-            work(study_dir, config, threads=threads, device=device, stop=stop, only=only)
+            work(study_dir, config, threads=threads, device=device, stop=stop, only=only, report_piece=on_piece,
+                 report_progress=on_progress)
     except KeyboardInterrupt:  # Ctrl-C reaches every worker: the parent reports it, once, without a traceback
         raise SystemExit(130) from None
     finally:
@@ -366,17 +389,44 @@ def _record_window(config: StudyConfig, store: StudyStore) -> None:
         pass
 
 
-def _watch_workers(procs, store: StudyStore, bar, config: StudyConfig, done_count) -> None:
-    """Show the workers' progress until every one has ended."""
+def _drain(queue, counts: dict[str, tuple[int, int | None]]) -> None:
+    """Take every ``(piece, n, total)`` the workers have sent so far into ``counts``."""
+    import queue as queue_module
+
+    while True:
+        try:
+            piece, n, total = queue.get_nowait()
+        except queue_module.Empty:
+            return
+        counts[piece] = (n, total)
+
+
+def running_text(running: Sequence[str], counts: dict[str, tuple[int, int | None]]) -> str:
+    """The running pieces for the study's display, each with its sample or step count where a worker sent one:
+    ``eval:passkey:yarn 72/80, train:pose-yarn 12/100``."""
+    parts = []
+    for piece in running:
+        n, total = counts.get(piece, (None, None))
+        parts.append(piece if n is None else f"{piece} {n}/{total if total is not None else '?'}")
+    return ", ".join(parts)
+
+
+def _watch_workers(procs, store: StudyStore, bar, config: StudyConfig, done_count, progress=None) -> None:
+    """Show the workers' progress until every one has ended: finished pieces as lines, the running ones with
+    the counts the workers send through ``progress`` (a queue of ``(piece, n, total)``)."""
     seen = _statuses(store)
+    counts: dict[str, tuple[int, int | None]] = {}
     while any(proc.is_alive() for proc in procs):
         now = _statuses(store)
         for piece_id, status in now.items():
             if status in ("done", "failed") and seen.get(piece_id) != status:
                 bar.log(f"{status}: {piece_id}")
+                counts.pop(piece_id, None)
         seen = now
+        if progress is not None:
+            _drain(progress, counts)
         running = [r["piece"] for r in store.status()["running"]]  # what runs now, whatever its variant
-        bar.update(completed=done_count(), info=", ".join(running))
+        bar.update(completed=done_count(), info=running_text(running, counts))
         if store.get_manifest("window") is None and now.get(PRETRAIN, "done") == "done":
             _record_window(config, store)
         time.sleep(1.0)
@@ -468,7 +518,7 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                         _record_window(config, store)
 
                 def on_progress(n: int, total: int | None) -> None:
-                    bar.update(info=f"{current['id']} {n}/{total if total is not None else '?'}")
+                    bar.update(info=running_text([current["id"]], {current["id"]: (n, total)}))
 
                 def on_done(p: PlannedPiece, outcome: str | None, seconds: float) -> None:
                     bar.log(f"{outcome or 'stopped'}: {p.id} ({seconds:.1f} s)")
@@ -483,15 +533,15 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
                 ctx = multiprocessing.get_context("spawn")
                 # several GPUs: worker i evaluates on cuda:(i mod n) instead of every worker sharing cuda:0
                 requested = getattr(config, "device", "auto") or "auto"
-                stop = ctx.Event()
+                stop, counts = ctx.Event(), ctx.Queue()
                 procs = [ctx.Process(target=_worker_main, daemon=False,
                                      args=(str(study_dir), config.as_dict(placement=True), threads, worker_device(requested, i),
                                            getattr(config, "dtype", "auto"), getattr(config, "attn", "auto"),
-                                           hf_logging.get_verbosity(), stop, list(only or ())))
+                                           hf_logging.get_verbosity(), stop, list(only or ()), counts))
                          for i in range(workers)]
                 _start_workers(procs)
                 try:
-                    _watch_workers(procs, store, bar, config, done_count)
+                    _watch_workers(procs, store, bar, config, done_count, counts)
                 except KeyboardInterrupt:
                     stop.set()
                     _stop_workers(procs)
