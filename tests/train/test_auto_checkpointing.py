@@ -94,3 +94,17 @@ def test_auto_is_the_default_and_the_plan_command_says_what_it_chose():
     roomy = plan_memory(cfg, gpus=8, gpu_memory_gib=1000.0, strategy="fsdp")
     tight = plan_memory(cfg, gpus=8, gpu_memory_gib=80.0, strategy="fsdp")
     assert not roomy.checkpointing and tight.checkpointing and tight.fits
+
+
+def test_auto_plans_a_lora_run_from_the_model_at_hand(make_config, text_dataset, rows_dataset, monkeypatch):
+    """With adapters the plan counts the model's own parameters, the adapters trainable and the rest frozen (no copy
+    is built, which under DeepSpeed ZeRO-3 would be partitioned); a tight budget turns checkpointing on and the
+    adapters still train."""
+    seen = []
+    monkeypatch.setattr(trainer_module, "free_memory", lambda device: 1)
+    cfg = make_config("lora", steps=2, train={"lr": 2e-2, "lora": {"r": 4, "alpha": 8}})
+    text = io.StringIO()
+    result = train(cfg, dataset=rows_dataset(text_dataset(64).tokens[:4].clone()), progress=False,
+                   console=Console(file=text), callbacks=[lambda info: seen.append(_checkpointed(base_model(info.model)))])
+    assert seen == [True, True] and "gradient checkpointing on (auto)" in text.getvalue()
+    assert all(loss == loss and loss < 10 for _, loss in result.losses)

@@ -194,14 +194,16 @@ def logits_bytes_per_token(config, compute_bytes: int, micro_batch: int) -> tupl
 
 def plan_shape(config, *, element_bytes: int, compute_bytes: int, micro_batch: int, seq_len: int, checkpointing: bool,
                gpus: int = 1, gpu_memory_gib: float = 80.0, strategy: str = "fsdp", context_parallel: int = 1,
-               lora=None, name: str = "") -> MemoryPlan:
-    """The memory plan of one model shape (a transformers config) at ``micro_batch`` × ``seq_len`` tokens."""
+               lora=None, name: str = "", counts: tuple[int, int] | None = None) -> MemoryPlan:
+    """The memory plan of one model shape (a transformers config) at ``micro_batch`` × ``seq_len`` tokens.
+    ``counts``: ``(parameters, trainable)`` of a model at hand, instead of counting a copy built on the meta device
+    (:func:`count_parameters`; under DeepSpeed ZeRO-3 a model built at all is partitioned)."""
     if strategy not in STRATEGIES:
         raise RopekitError(f"unknown strategy '{strategy}'", f"choose one of {', '.join(STRATEGIES)}")
     if gpus < 1 or context_parallel < 1 or gpus % context_parallel:
         raise RopekitError(f"{gpus} GPUs cannot hold a context-parallel degree of {context_parallel}",
                            "pass --gpus a multiple of --context-parallel")
-    parameters, trainable = count_parameters(config, lora)
+    parameters, trainable = counts if counts is not None else count_parameters(config, lora)
     shard_weights = strategy in ("fsdp", "zero3")
     shard_grads = strategy in ("fsdp", "zero2", "zero3")
     shard_optimizer = strategy != "ddp"

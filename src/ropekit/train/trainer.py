@@ -252,8 +252,11 @@ class Trainer:
             return False
         inner = base_model(model)
         config = inner.config.get_text_config() if hasattr(inner.config, "get_text_config") else inner.config
+        # counted on the model itself (ZeRO-3 keeps a partitioned parameter's full size in ds_numel), with its adapters
+        sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in inner.parameters()]
+        counts = (sum(n for n, _ in sizes), sum(n for n, trained in sizes if trained))
         shape = dict(recipe_shape(self.cfg), gpus=self.world, strategy="ddp",
-                     context_parallel=self.cfg.train.context_parallel, lora=self.cfg.train.lora)
+                     context_parallel=self.cfg.train.context_parallel, counts=counts)
         try:
             plain, checkpointed = (plan_shape(config, checkpointing=flag, **shape) for flag in (False, True))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a config without a decoder's shape
