@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -640,7 +641,7 @@ def test_a_trained_model_missing_on_this_machine_is_refused_found_when_moved_and
     _assert_same(_dump(elsewhere / "study.sqlite"), again)
 
 
-def test_only_runs_the_pieces_of_some_variants_now_and_the_rest_later(reference_study, run_cli, tmp_path):
+def test_only_runs_the_pieces_of_some_variants_now_and_the_rest_later(reference_study, run_cli, tmp_path, monkeypatch):
     """--only LABEL: that variant's training and evaluations (and the base model they start from) run now, in two
     worker processes too; the rest waits for a later run, and the two runs together give the uninterrupted result."""
     ref_dir, _ = reference_study
@@ -668,6 +669,29 @@ def test_only_runs_the_pieces_of_some_variants_now_and_the_rest_later(reference_
     store.close()
     code, stdout, _ = run_cli("study", "status", str(out))  # status reads, never writes: it says so
     assert code == 0 and "1 running (of them 1 with no live worker)" in " ".join(stdout.split())
+    # a piece whose worker lives (this process) says how long it has been running
+    from ropekit.cli.common import out as console
+    from ropekit.study import store as store_module
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    worker = f"{_this_worker().rpartition(':')[0]}:{live.pid}"
+    try:
+        store = open_study(out)
+        assert store.begin_piece("eval:passkey:base", worker=worker)
+        store.close()
+        later = datetime.now(timezone.utc) + timedelta(hours=2, minutes=3)  # the clock when status is asked
+        monkeypatch.setattr(store_module, "now_iso", lambda: later.isoformat(timespec="milliseconds"))
+        monkeypatch.setattr(console, "width", 200)  # one table row a line
+        code, stdout, _ = run_cli("study", "status", str(out))
+    finally:
+        live.kill()
+        live.wait()
+    row = next(line for line in stdout.splitlines() if "eval:passkey:base" in line)
+    assert code == 0 and f"{worker}, running for 2h 03m" in row, row
+    monkeypatch.undo()
+    store = open_study(out)
+    store.release_piece("eval:passkey:base")
+    store.close()
     code, stdout, _ = run_cli("study", "status", str(out), "--json")
     assert json.loads(stdout)["abandoned"] == ["eval:ppl:base"]
     run_study(parse_study(SMALL), out, progress=False, only=["pi-ft"])

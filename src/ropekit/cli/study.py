@@ -17,7 +17,8 @@ _COLORS = {"done": "green", "running": "cyan", "failed": "red", "pending": "dim"
 
 
 def _status(study_dir: Path, json_out: bool) -> None:
-    from ..study.store import DB_NAME, open_study
+    from ..study.report_format import fmt_duration
+    from ..study.store import DB_NAME, _seconds_between, now_iso, open_study
 
     if not (study_dir / DB_NAME).is_file():
         raise RopekitError(f"no study in '{study_dir}' (no {DB_NAME})", "pass the --out directory of a `ropekit study` run")
@@ -39,10 +40,13 @@ def _status(study_dir: Path, json_out: bool) -> None:
     for col in ("piece", "status", "stored", "seconds", "note"):
         # a piece's id is what one looks up and passes on: wrapped in a narrow console, never cut short
         table.add_column(col, justify="right" if col in ("stored", "seconds") else "left", overflow="fold")
+    now = now_iso()
     for p in pieces:
-        note = p["error"] or (p["worker"] if p["status"] == "running" else "")
+        note = p["error"] or ""
         if p["id"] in ended:
             note = f"{p['worker']} has ended: the next run takes it over"
+        elif p["status"] == "running":  # a real-model piece runs for hours: how long this one has
+            note = f"{p['worker']}, running for {fmt_duration(_seconds_between(p['started'], now))}"
         kept = stored.get(p["id"], {})
         so_far = (f"{kept['train_steps']} steps" if kept.get("train_steps") else
                   f"{kept['samples']} samples" if kept.get("samples") else "—")
