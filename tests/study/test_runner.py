@@ -804,3 +804,31 @@ def test_several_workers_show_each_running_piece_with_its_count(tmp_path):
     assert [sent.get(timeout=5) for _ in range(2)] == [(first.id, 1, 8), (first.id, 8, 8)]
     with pytest.raises(queue_module.Empty):
         sent.get(timeout=0.5)
+
+
+def test_a_count_held_back_is_sent_when_its_second_is_over():
+    """A resumed evaluation skips its finished samples in a burst, then computes one sample for minutes: the
+    burst's last count reaches the display a second later, not when that sample ends."""
+    import multiprocessing
+    import queue as queue_module
+
+    from ropekit.study import runner
+
+    piece = next(p for p in plan(parse_study(SMALL)) if p.kind == "eval")
+    sent = multiprocessing.get_context("spawn").Queue()
+    on_piece, on_progress = runner._progress_sender(sent, every=0.4)
+    on_piece(piece)
+    for n in range(72):  # 0 (the total is set) then 71 finished samples skipped at once
+        on_progress(n, 80)
+    assert sent.get(timeout=5) == (piece.id, 0, 80)
+    start = time.monotonic()
+    assert sent.get(timeout=5) == (piece.id, 71, 80)  # nothing else is called: the timer sent it
+    assert 0.2 < time.monotonic() - start < 3.0
+    with pytest.raises(queue_module.Empty):
+        sent.get(timeout=0.8)  # once
+    on_progress(72, 80)  # a second later: at once
+    assert sent.get(timeout=5) == (piece.id, 72, 80)
+    on_progress(73, 80)  # held, then the next piece begins: the old piece's count is dropped
+    on_piece(piece)
+    with pytest.raises(queue_module.Empty):
+        sent.get(timeout=0.8)

@@ -154,17 +154,43 @@ def _exit_with_parent() -> None:
 def _progress_sender(queue, every: float = 1.0):
     """``(report_piece, report_progress)`` for :func:`work` in a worker process: the running piece's sample (or
     step) count goes to the parent through ``queue`` as ``(piece, n, total)``, at most once every ``every``
-    seconds and always at the last one, for the study's display."""
-    current: dict[str, Any] = {"id": None, "sent": 0.0}
+    seconds and always at the last one, for the study's display.
+
+    A count held back by that limit is sent by a timer once the second is over: a resumed evaluation skips its
+    finished samples in a burst and then computes one sample for minutes, and without the timer the display
+    would show the burst's first count (0 of 80) until that sample ends."""
+    lock = threading.Lock()
+    current: dict[str, Any] = {"id": None, "sent": 0.0, "held": None, "timer": None}
+
+    def send(message) -> None:
+        current["sent"] = time.monotonic()
+        current["held"] = None
+        queue.put_nowait(message)
+
+    def send_held() -> None:
+        with lock:
+            current["timer"] = None
+            if current["held"] is not None:
+                send(current["held"])
 
     def on_piece(piece: PlannedPiece) -> None:
-        current["id"], current["sent"] = piece.id, 0.0
+        with lock:
+            current["id"], current["sent"], current["held"] = piece.id, 0.0, None
 
     def on_progress(n: int, total: int | None) -> None:
-        now = time.monotonic()
-        if current["id"] is not None and (now - current["sent"] >= every or n == total):
-            current["sent"] = now
-            queue.put_nowait((current["id"], n, total))
+        with lock:
+            if current["id"] is None:
+                return
+            wait = every - (time.monotonic() - current["sent"])
+            if wait <= 0 or n == total:
+                send((current["id"], n, total))
+                return
+            current["held"] = (current["id"], n, total)
+            if current["timer"] is None:
+                timer = threading.Timer(wait, send_held)
+                timer.daemon = True  # a worker that ends does not wait for its display
+                current["timer"] = timer
+                timer.start()
 
     return on_piece, on_progress
 
