@@ -83,8 +83,9 @@ def plain_attention(q, k, v, allowed, scale) -> torch.Tensor:
     return (torch.softmax(logits, dim=-1).nan_to_num(0.0) @ v).transpose(1, 2)
 
 
-# cached steps: a chunk of 8 queries, or (no mask) one decoding step — without a mask a longer chunk is
-# ambiguous (sdpa's static-cache prefill is top-left aligned), which LM-Infinite refuses
+# cached steps: a chunk of 8 queries, or (no mask) one decoding step — without a mask a longer chunk is sdpa's
+# static-cache prefill (top-left aligned), which the dispatcher cuts to Lq = Lk before a method sees it
+# (tests/attention/test_static_cache.py)
 CASES = [(method, fmt, q_len) for method, (_, _, cached, _) in METHODS.items() for fmt in FORMATS
          for q_len in ((LENGTH, 1 if fmt == "none" else 8) if cached else (LENGTH,))]
 

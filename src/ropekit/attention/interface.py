@@ -17,7 +17,7 @@ import torch
 from ..adapters import transformers as hf
 from ..adapters.transformers import attention_modules
 from .kernels import pair_scores
-from .masks import AttentionMask
+from .masks import AttentionMask, without_unwritten_keys
 
 PREFIX = "ropekit_"
 KERNELS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
@@ -78,12 +78,15 @@ class QueryKeyTransform(Protocol):
 def _make_attention(kernel: str) -> Callable:
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         transforms = getattr(module, "ropekit_transforms", ())
+        attend = getattr(module, "ropekit_attend", None)
+        if transforms or attend is not None:
+            # the methods read key positions as ending at the last query: a static cache's unwritten slots go
+            key, value, attention_mask = without_unwritten_keys(key, value, attention_mask, query.shape[2], kernel)
         if transforms:
             position_ids = kwargs.get("position_ids")
             for transform in transforms:
                 query, key = transform(module, query, key, position_ids)
         kernel_fn = hf.attention_kernel(module, kernel)
-        attend = getattr(module, "ropekit_attend", None)
         if attend is not None:  # a method that replaces the attention computation itself
             return attend(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                           kernel=kernel_fn, **kwargs)

@@ -8,8 +8,9 @@ transformers 5.x):
 * ``None`` — plain causal attention with the queries as the last ``Lq`` of the ``Lk`` keys (bottom-right
   aligned): query row ``r`` is key ``r + Lk − Lq`` and sees keys ``0 … r + Lk − Lq``. This is what the
   flash kernels do with no mask and what sdpa's ``is_causal`` means for ``Lq = Lk`` and ``Lq = 1``.
-  (transformers also passes ``None`` to sdpa for the prefill of a *static* cache, ``1 < Lq < Lk``, where
-  ``is_causal`` is top-left aligned; that case cannot be told apart here — methods that must know refuse it.)
+  (transformers also passes ``None`` to sdpa for the first prefill of a *static* cache, ``1 < Lq < Lk``, where
+  ``is_causal`` is top-left aligned: :func:`without_unwritten_keys` cuts a static cache's unwritten slots off
+  before any method reads the keys, so that the keys end at the last query here too.)
 * 2-D ``(B, L)`` padding masks (flash kernels: ``flash_attention_mask``), 1/True = real token, causality
   left to the kernel. ``L`` is ``Lk`` for a dynamic cache; a longer mask is cut from the right (what
   ``flash_attention_mask`` does for sliding and chunked caches); a shorter one (a static cache) leaves the
@@ -31,6 +32,8 @@ without materialising an ``Lq × Lk`` matrix the format does not already hold.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -69,6 +72,79 @@ def query_key_positions(position_ids: torch.Tensor | None, q_len: int, k_len: in
         position_ids = torch.arange(k_len - q_len, k_len, device=device)[None]
     q_pos = position_ids.to(device=device, dtype=torch.long)
     return q_pos, key_positions(q_pos, k_len)
+
+
+#: The last answer of :func:`written_keys` — ``(weak reference to the mask, its version, Lq, Lk, answer)`` — so
+#: that the layers of one forward, which share the mask, read it once (one host sync per forward, not per layer).
+_WRITTEN: list = [None]
+
+
+def written_keys(attention_mask, q_len: int, k_len: int, kernel: str) -> int:
+    """How many of the ``k_len`` keys hold tokens: fewer than ``k_len`` only with a *static* KV cache.
+
+    A static cache hands the attention function all its ``max_cache_len`` slots, the unwritten ones masked; the
+    rest of ropekit reads the keys as ending at the last query (:func:`key_positions`), which only the written
+    ones do. Read from the mask as transformers builds it for each kernel:
+
+    * sdpa without a mask and ``1 < Lq < Lk``: the first prefill of a static cache, where sdpa's ``is_causal``
+      is top-left aligned (transformers' ``_ignore_causal_mask_sdpa``): the queries are the first ``Lq`` slots.
+      (With a dynamic cache sdpa gets no mask only for ``Lq = Lk`` or ``Lq = 1``; the flash kernels' ``None``
+      is bottom-right aligned and means nothing is padded.)
+    * a 2-D padding mask shorter than ``Lk`` (flash kernels, ``flash_attention_mask``): its length.
+    * a 4-D mask (sdpa, eager): one past the last key the last query may see (that query is the newest token;
+      a left-padded batch ends every row with a real one).
+    * a flex ``BlockMask``: the same, read through :class:`AttentionMask`.
+
+    Under ``torch.compile`` nothing is read (``k_len``): a data-dependent length would break the graph.
+    """
+    if k_len <= q_len or torch.compiler.is_compiling():
+        return k_len
+    if attention_mask is None:
+        return q_len if kernel == "sdpa" and q_len > 1 else k_len
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
+        return min(k_len, attention_mask.shape[-1])
+    memo = _WRITTEN[0]
+    if (memo is not None and memo[0]() is attention_mask and memo[1:4] == (_tensor_version(attention_mask), q_len, k_len)):
+        return memo[4]
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+        last = attention_mask[..., -1, :k_len]
+        seen = last if last.dtype == torch.bool else last > torch.finfo(last.dtype).min / 2
+    elif BlockMask is not None and isinstance(attention_mask, BlockMask):
+        mask = AttentionMask(attention_mask, q_len, k_len, batch=1, device=attention_mask.kv_num_blocks.device)
+        seen = mask.rows(torch.tensor([q_len - 1]))
+    else:
+        return k_len  # a format AttentionMask refuses in one line later
+    seen = seen.reshape(-1, seen.shape[-1]).any(dim=0)
+    written = int(torch.where(seen, torch.arange(1, k_len + 1, device=seen.device), 0).max())
+    answer = written if written > 0 else k_len  # no key seen at all: nothing to read from it
+    try:
+        _WRITTEN[0] = (weakref.ref(attention_mask), _tensor_version(attention_mask), q_len, k_len, answer)
+    except TypeError:
+        pass
+    return answer
+
+
+def _tensor_version(obj) -> int:
+    """In-place version counter; inference-mode tensors keep none (and cannot change outside it): 0."""
+    try:
+        return obj._version if isinstance(obj, torch.Tensor) else 0
+    except RuntimeError:
+        return 0
+
+
+def without_unwritten_keys(key: torch.Tensor, value: torch.Tensor, attention_mask, q_len: int, kernel: str):
+    """``(key, value, attention_mask)`` cut to the written keys of a static KV cache (:func:`written_keys`); the
+    same objects otherwise. A flex ``BlockMask`` cannot be cut: a static cache with flex attention is refused."""
+    k_len = key.shape[2]
+    written = written_keys(attention_mask, q_len, k_len, kernel)
+    if written == k_len:
+        return key, value, attention_mask
+    if BlockMask is not None and isinstance(attention_mask, BlockMask):
+        raise RopekitError("ropekit's attention methods cannot use a static KV cache with flex_attention",
+                           "use the default dynamic cache, or load the model with the sdpa or eager attention")
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+        attention_mask = attention_mask[..., :written]
+    return key[:, :, :written], value[:, :, :written], attention_mask
 
 
 def _blocks_dense(num_blocks: torch.Tensor, indices: torch.Tensor, columns: int) -> torch.Tensor:

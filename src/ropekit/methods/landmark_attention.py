@@ -580,7 +580,7 @@ class LandmarkAttention:
         if is_landmark.shape[-1] != key.shape[2]:
             raise RopekitError(
                 f"landmark attention: {key.shape[2]} keys but a landmark layout for {is_landmark.shape[-1]}",
-                "use a dynamic KV cache (no sliding window or static cache) and call the model itself, not its layers")
+                "use a dynamic or static KV cache (no sliding window) and call the model itself, not its layers")
         return is_landmark
 
     def _retrieves(self, module, is_landmark: torch.Tensor) -> bool:

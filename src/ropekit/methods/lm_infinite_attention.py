@@ -25,8 +25,9 @@ positions ending at the last query, :func:`~ropekit.attention.masks.key_position
 produced by ``generate`` (whose real tokens start at position 0) is handled; which keys exist comes from
 transformers' mask in any kernel's format, read by :class:`~ropekit.attention.masks.AttentionMask` (none =
 plain causal, 2-D flash padding, 4-D bool, 4-D additive float, flex ``BlockMask``). Positions are assumed
-to increase along the real tokens of a row (a dynamic KV cache, as ``generate`` and chunked prefill use;
-static caches are not supported beyond the window). Attention dropout is not applied on the Λ path
+to increase along the real tokens of a row (a dynamic KV cache, as ``generate`` and chunked prefill use, or
+a static one, whose unwritten slots are cut off first: :func:`~ropekit.attention.masks.without_unwritten_keys`).
+Attention dropout is not applied on the Λ path
 (LM-Infinite is an inference-time method).
 """
 
@@ -36,7 +37,6 @@ from collections.abc import Callable
 
 import torch
 
-from ..errors import UnsupportedModelError
 from ..attention.interface import PairLogits
 from ..attention.kernels import (
     attention_with_lse,
@@ -101,11 +101,6 @@ class LambdaAttention:
         if q_len == 1 and k_len > 1 and lo_pos >= k_len - 1 and mask.is_causal:
             out = self._attend_decode(query, key, value, position_ids, k_len, scaling)
             return out.transpose(1, 2).contiguous(), None
-        if attention_mask is None and 1 < q_len < k_len:
-            raise UnsupportedModelError(
-                "LM-Infinite got cached keys without an attention mask (a static KV cache?)",
-                "use the default dynamic cache (generate's default) with LM-Infinite",
-            )
         key_pos = key_positions(position_ids, k_len)
         if mask.is_causal and self.local_window >= 2 and consecutive:
             out = self._attend_unpadded(query, key, value, position_ids, key_pos, scaling, n_global, unpadded_hits)

@@ -24,8 +24,8 @@ Positions: queries use ``position_ids``; keys use :func:`~ropekit.attention.mask
 queries' own positions without a cache, else the consecutive positions ending at the last query — what
 ``generate`` with a dynamic cache and chunked prefill produce). Keys of padding get meaningless positions
 but are masked. Which pairs exist comes from :class:`~ropekit.attention.masks.AttentionMask` (every mask
-format transformers passes: none, 2-D flash padding, 4-D bool, 4-D additive, flex ``BlockMask``). Static
-caches (keys past the written slots) are not supported. Inference only: attention dropout is not applied.
+format transformers passes: none, 2-D flash padding, 4-D bool, 4-D additive, flex ``BlockMask``). A static
+cache's unwritten slots are cut off before (:func:`~ropekit.attention.masks.without_unwritten_keys`). Inference only: attention dropout is not applied.
 """
 
 from __future__ import annotations
