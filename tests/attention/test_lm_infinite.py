@@ -252,8 +252,8 @@ def test_eager_kernel_matches_sdpa(make_ids):
 @pytest.mark.parametrize("case", ["llama-gqa", "gpt_neox-partial"])
 def test_window_at_least_the_length_is_the_plain_model_exactly(case, make_ids):
     family, kwargs, _ = MODELS[case]
-    plain = build_tiny_model(family, **kwargs)
-    model = ropekit.extend(build_tiny_model(family, **kwargs), "lm_infinite", local_window=120)
+    plain = build_tiny_model(family, window=128, **kwargs)  # L = 120 fits the window (a longer one is refused)
+    model = ropekit.extend(build_tiny_model(family, window=128, **kwargs), "lm_infinite", local_window=120)
     ids, mask, positions = _padded_batch(make_ids)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, plain(ids).logits)
@@ -334,6 +334,7 @@ def test_method_description_and_defaults():
 
 @pytest.mark.parametrize("params", [
     {"local_window": 0}, {"global_tokens": -1}, {"local_window": 2.5}, {"window": 3}, {"factor": 0.5},
+    {"local_window": 65},  # past the 64-token window: distances the model never saw
 ])
 def test_bad_params_raise_one_line_and_leave_the_model_alone(params, make_ids):
     model = build_tiny_model("llama")

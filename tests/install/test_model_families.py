@@ -54,7 +54,7 @@ IDENTITY = {
     "yarn": {"factor": 1.0}, "llama3": {"factor": 1.0}, "abf": {"rope_theta": "theta"},
     "entropy_abf": {"rope_theta": "theta", "scale_context": 10_000}, "longlora": {"factor": 1.0},
     "longrope": {"long_factor": "ones", "attention_factor": 1.0}, "clex": {}, "harpe": {"bases": "theta"},
-    "self_extend": {"group_size": 2, "window_size": 60}, "lm_infinite": {"local_window": 10_000},
+    "self_extend": {"group_size": 2, "window_size": 60}, "lm_infinite": {"local_window": "window"},
     "landmark": {"mem_freq": 10_000}, "dynamic_yarn": {"factor": 1.0},
     "dual_chunk": {"chunk_size": "window", "local_size": 1},  # one chunk of window − 1 ≥ 63 tokens
 }
@@ -270,7 +270,7 @@ ACTING = {
     "dynamic_ntk": {"factor": 2.0, "original_max_position_embeddings": 16},
     "dynamic_yarn": {"factor": 4.0, "original_max_position_embeddings": 16},
     "clex": {"max_factor": 4, "original_max_position_embeddings": 16},
-    "entropy_abf": {"rope_theta": 1e5, "scale_context": 8, "skip_layers": [0]},
+    "entropy_abf": {"rope_theta": 1e7, "scale_context": 8, "skip_layers": [0]},  # above every family's base
 }
 HALF = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 #: Half a unit in the last place of a logit below 1 in magnitude (bf16 keeps 8 significant bits, fp16 11): the

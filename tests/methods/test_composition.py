@@ -60,7 +60,7 @@ IDENTITY = {
     "abf": {"rope_theta": "theta"},
     "entropy_abf": {"rope_theta": "theta", "scale_context": 1000},
     "self_extend": {"window_size": 120, "group_size": 2},
-    "lm_infinite": {"local_window": 1000},
+    "lm_infinite": {"local_window": "window"},  # identity while every input fits the window
     "longlora": {"factor": 1.0},
     "clex": {},
     "landmark": {"mem_freq": 500},
@@ -90,6 +90,8 @@ def test_identity_settings_give_the_prescaled_model_bit_for_bit(base, method, ma
     lengths = (20, 100, 30)  # longer, then shorter: a length-dependent base switches back
     if method == "self_extend":  # degenerate only while every pair is closer than W (< the window)
         lengths = tuple(min(n, params["window_size"]) for n in lengths)
+    if method == "lm_infinite":  # degenerate only while every pair is closer than L = the window
+        lengths = tuple(min(n, window) for n in lengths)
     if method == "dual_chunk":  # degenerate only while the input fits one chunk of chunk_size − local_size tokens
         lengths = tuple(min(n, params["chunk_size"] - params["local_size"]) for n in lengths)
     for length in lengths:
@@ -238,6 +240,19 @@ def test_attention_side_methods_rotate_with_the_scaled_frequencies(base, method,
         theta, _ = effective(prescaled(base), seq_len=length)  # transformers' own rope function at this length
         for attend in attends:
             torch.testing.assert_close(attend.inv_freq().float(), theta.float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method,params", [("longrope", {"long_factor": [2.0] * PAIRS, "factor": 2.0,
+                                                          "original_max_position_embeddings": 32}),
+                                           ("pi", {"factor": 2.0}), ("yarn", {"factor": 2.0})])
+def test_a_scaled_base_extended_twice_declares_twice_its_window(method, params):
+    """On a LongRoPE base (window 128 over an original 32) every method with factor 2 declares 256 tokens: the
+    factor divides the base's effective frequencies. (LongRoPE declared 32 × 2 = 64, half the base's own window,
+    from the original window it must share with the base to switch sets at the same length.)"""
+    model = prescaled("longrope")
+    assert ropekit.rope_info(model).window == 128
+    ropekit.extend(model, method, **params)
+    assert model.config.max_position_embeddings == 256
 
 
 def test_llama31_shaped_config_has_the_scaled_effective_window():

@@ -19,6 +19,7 @@ from transformers import DynamicCache, LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import ropekit
+from ropekit.errors import InvalidParameterError
 from ropekit.methods import RopeInfo
 from ropekit.models.tiny import build_tiny_model
 
@@ -272,6 +273,22 @@ def test_abf_explicit_base_and_declared_factor():
     _assert_rel(inv, _theta(5e6, 64), what="b' = 5e6")
     # factor only declares the window; it does not touch the frequencies
     assert ropekit.get_method("abf").max_position_embeddings(info, params) == 4 * 4096
+
+
+@pytest.mark.parametrize("method", ["abf", "entropy_abf"])
+@pytest.mark.parametrize("model_base,given", [(1e6, {}), (5e5, {}), (1e6, {"rope_theta": 5e5}),
+                                              (1e4, {"rope_theta": 5e3})])
+def test_abf_refuses_a_base_that_does_not_raise_the_models(method, model_base, given):
+    """Qwen's 1,000,000 with the default 500,000 would halve every long wavelength; Llama 3's 500,000 would not
+    change; an explicit smaller base shrinks the window: one line naming a larger base."""
+    with pytest.raises(InvalidParameterError, match="does not raise this model's RoPE base") as err:
+        ropekit.get_method(method).resolve(_info(64, model_base, 4096, layers=4), given)
+    assert "\n" not in str(err.value) and f"{50 * model_base:,.0f}" in str(err.value)
+
+
+def test_abf_keeps_an_explicit_base_equal_to_the_models():
+    inv, _, params = _inv("abf", _info(64, 5e5), {"rope_theta": 5e5})
+    _assert_rel(inv, _theta(5e5, 64), what="b' = b: the model itself")
 
 
 def test_entropy_abf_shares_abf_frequencies():

@@ -53,6 +53,26 @@ class ABF(Method):
     def settings_line(self, info, params, requested=None):
         return f"b'={short_number(params['rope_theta'])}"
 
+    def example_params(self, info):
+        return self.demo_params(info, 2.0)
+
+    def resolve(self, info, given):
+        """Refuse a base that does not raise the model's: a smaller ``b'`` shortens every wavelength (the window
+        shrinks), and the default 500,000 — the papers' value for Llama-2's 10,000 — is no change at all on Llama 3
+        (500,000) and a cut on Qwen (1,000,000). An explicit ``b' = b`` is kept: it is the model itself."""
+        params = super().resolve(info, given)
+        new, own = params["rope_theta"], info.rope_theta
+        defaulted = given.get("rope_theta") is None
+        if new < own or (defaulted and new <= own):
+            which = "the default b' = " if defaulted else "b' = "
+            suggestion = two_digits(50 * own)  # the papers' 500,000 is 50x Llama-2's 10,000
+            raise InvalidParameterError(
+                f"{self.name}: {which}{short_number(new)} does not raise this model's RoPE base "
+                f"{short_number(own)}; ABF extends the window with a larger base (a smaller one shortens it)",
+                f"pass --param rope_theta=B with B above {short_number(own)}, e.g. {short_number(suggestion)} "
+                "(50x, as the papers' 500,000 is to Llama-2's 10,000)")
+        return params
+
     def inv_freq(self, info, params, seq_len=None, device=None):
         if info.is_scaled:
             base, attention_factor = self.base(info, seq_len, device)

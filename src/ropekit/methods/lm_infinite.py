@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .lm_infinite_attention import make_lm_infinite
 from .abf import DECLARED_FACTOR
+from ..errors import InvalidParameterError
 from .base import AttentionSpec, Method, Param, original_window, register
 
 
@@ -50,6 +51,15 @@ class LMInfinite(Method):
 
     def settings_line(self, info, params, requested=None):
         return f"{params['global_tokens']} global tokens + local window {params['local_window']}"
+
+    def check(self, info, params):
+        window = params["local_window"]
+        if window > info.window:
+            raise InvalidParameterError(
+                f"lm_infinite: local_window {window} is beyond the model's window {info.window}, so the band and the "
+                "distance ceiling would reach distances it was never trained on (the paper sets L = the pretrained window)",
+                f"pass local_window ≤ {info.window}",
+            )
 
     def inv_freq(self, info, params, seq_len=None, device=None):
         """The model's own frequencies: LM-Infinite changes only attention."""

@@ -165,6 +165,10 @@ class LongRoPE(Method):
         return combine_length_dependence(super().length_dependence(info, params), own)
 
     def max_position_embeddings(self, info, params):
+        if info.is_scaled:
+            # λ divides the base's effective frequencies (composition), so s extends the base's own window; the
+            # original window here is only where the short and long sets switch (the base's, on a LongRoPE base)
+            return int(round(info.window * params["factor"]))
         return int(round(params["original_max_position_embeddings"] * params["factor"]))
 
     def _rescale(self, params: dict[str, Any], seq_len: int | None) -> list[float]:
