@@ -200,6 +200,7 @@ def test_cached_generation_matches_the_uncached_path():
         torch.testing.assert_close(cached_step[finite], plain_step[finite], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.filterwarnings("ignore:landmark. a row is left-padded")  # said in the generate calls (checked there)
 def test_left_padded_batch_generation_equals_each_row_alone():
     """A batch with left padding: each row generates what it generates alone (with its padding), and the
     padded row's cached generation equals full forwards. (Blocks count from the row's first position, padding
@@ -210,8 +211,9 @@ def test_left_padded_batch_generation_equals_each_row_alone():
     mask[1, :9], ids[1, :9] = 0, 0
     settings = {"max_new_tokens": 12, "do_sample": False, "pad_token_id": 0}
     with torch.no_grad():
-        both = model.generate(ids, attention_mask=mask, **settings)
-        alone = [model.generate(ids[r:r + 1], attention_mask=mask[r:r + 1], **settings)[0] for r in range(2)]
+        with pytest.warns(UserWarning, match="not a multiple of mem_freq=5"):  # 9 pads: said
+            both = model.generate(ids, attention_mask=mask, **settings)
+            alone = [model.generate(ids[r:r + 1], attention_mask=mask[r:r + 1], **settings)[0] for r in range(2)]
         x, m = ids[1:], mask[1:]
         for _ in range(alone[1].numel() - 40):
             positions = (m.cumsum(-1) - 1).masked_fill(m == 0, 0)
@@ -220,6 +222,33 @@ def test_left_padded_batch_generation_equals_each_row_alone():
     for r in range(2):  # a row that stops early (EOS) is padded in the batch
         assert torch.equal(both[r, :alone[r].numel()], alone[r])
     assert torch.equal(x[0], alone[1])
+
+
+def test_left_padding_by_whole_blocks_is_the_row_alone_and_other_padding_is_said():
+    """Left padding that is a multiple of mem_freq leaves every landmark after the same tokens as the row alone, so
+    the padded row's logits are the unpadded row's; any other padding shifts the blocks, and one warning says so
+    with the alternatives (the logits then differ: the shift is real)."""
+    import warnings
+
+    model = landmarked(mem_freq=5, top_k=2, local_blocks=1).eval()
+    row = random_ids(30, seed=11)
+    with torch.no_grad():
+        alone = model(input_ids=row).logits[0]
+        for pads in (10, 9):
+            ids = torch.cat([torch.zeros(1, pads, dtype=torch.long), row], 1)
+            mask = torch.cat([torch.zeros(1, pads, dtype=torch.long), torch.ones_like(row)], 1)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                padded = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[0, pads:]
+            said = [w for w in caught if "mem_freq=5" in str(w.message)]
+            finite = torch.isfinite(alone)
+            if pads == 10:
+                assert not said
+                torch.testing.assert_close(padded[finite], alone[finite], atol=1e-5, rtol=0)
+            else:
+                assert len(said) == 1 and "pad on the right" in str(said[0].message)
+                assert (padded[finite] - alone[finite]).abs().max() > 1e-3
 
 
 def test_chunked_prefill_equals_one_forward():

@@ -8,7 +8,7 @@ from ..core.rope import entropy_logit_scale
 
 
 class QueryLogitScale:
-    """Multiply the logits of query position ``m`` by ``t = max(log_c(m+1), 1)`` (Entropy-ABF Eq. 5).
+    """Multiply the logits of query position ``m`` by ``t = max(log_c(m+1), 1)`` (Entropy-ABF §3.2, unnumbered).
 
     Scaling the query scales every logit of its row by the same ``t``; keys (and the KV cache) are
     untouched, so cached decoding stays exact.

@@ -37,7 +37,7 @@ def default_inv_freq(base: float, dim: int, device: torch.device | str | None = 
 
 
 def entropy_logit_scale(positions: torch.Tensor, context: int) -> torch.Tensor:
-    """Entropy-aware ABF's logit scale ``t = max(log_c i, 1)`` (Entropy-ABF paper, Eq. 5).
+    """Entropy-aware ABF's logit scale ``t = max(log_c i, 1)`` (Entropy-ABF paper §3.2, the unnumbered equation after Eq. 4).
 
     ``i`` is the 1-based index of the query token (``position_id + 1``: the number of tokens it can see)
     and ``c`` the pretrained window; the scale is 1 inside the window and grows logarithmically beyond it.

@@ -96,7 +96,7 @@ class ABF(Method):
 
 @register
 class EntropyABF(ABF):
-    """Entropy-aware ABF (Zhang et al. 2024, Entropy-ABF §3.2, Eq. 5).
+    """Entropy-aware ABF (Zhang et al. 2024, Entropy-ABF §3.2, the unnumbered equation after Eq. 4).
 
     ABF with ``b' = 500,000`` plus a per-query-position logit scale
     ``t = max(log_c i, 1)`` (``i`` the 1-based query index, ``c`` the pretrained window) on every layer
@@ -110,7 +110,7 @@ class EntropyABF(ABF):
     name = "entropy_abf"
     title = "Entropy-aware ABF"
     summary = "ABF plus logit scale max(log_c i, 1) on layers ≥ 2 to keep attention entropy stable."
-    reference = "Zhang et al. 2024, arXiv 2401.07004 (Entropy-ABF) Eq. 5"
+    reference = "Zhang et al. 2024, arXiv 2401.07004 (Entropy-ABF) §3.2"
     params = (
         NEW_BASE,
         Param("scale_context", int, original_window, "c in log_c i: the pretrained window", minimum=2),

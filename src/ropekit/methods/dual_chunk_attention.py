@@ -15,8 +15,9 @@ by how far its chunk ``⌊i/L⌋`` is from the key's chunk ``⌊j/L⌋``:
 
 The paper writes the ceiling as ``c − 1`` (the pretrained length minus one) with ``L + local_size = c − 1``;
 vLLM's form takes it as ``chunk_size`` — the same computation with ``chunk_size = c − 1``. No relative position
-ever exceeds ``chunk_size``, so with ``chunk_size`` at most the pretrained window the model never sees a distance
-it was not trained on, however long the input.
+ever exceeds ``chunk_size``, however long the input: with ``chunk_size ≤ c − 1`` (the paper's setting) the model
+never sees a distance it was not trained on; the default ``chunk_size = c`` (what vLLM and Qwen2.5-1M's configs
+set) reaches distance ``c``, one past the longest trained one, at the first key of each chunk.
 
 Queries and keys arrive rotated at their true positions (keys include the KV cache); RoPE rotations compose, so
 each part only rotates them further by ``p − i`` (:func:`~ropekit.attention.kernels.rotate_by`). The three parts

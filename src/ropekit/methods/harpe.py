@@ -13,7 +13,7 @@ from .harpe_search import peak_valley_search, uniform_bases
 
 @register
 class HARPE(Method):
-    """Head-Adaptive RoPE (Lian et al. 2024, HARPE (Lian et al. 2025) §3): head ``h`` uses ``θ_{h,i} = b_h^(−2i/d)`` (Eq. 6–8).
+    """Head-Adaptive RoPE (HARPE, Lian et al. 2025, §3): head ``h`` uses ``θ_{h,i} = b_h^(−2i/d)`` (Eq. 6–8).
 
     The bases come from one of three strategies:
 

@@ -36,6 +36,7 @@ reordering does not reorder the layout) are not supported; greedy decoding and s
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -215,6 +216,8 @@ def _insert_into_call(kwargs: dict, stream: _Stream, mem_freq: int, token_id: in
         if mask.shape[1] != seen:
             raise RopekitError(f"the attention mask covers {mask.shape[1]} tokens, not {seen} (cached and new)",
                                "pass the mask of every token so far, as generate does")
+        if stream.plain_seen == 0:
+            _warn_if_left_padding_shifts_blocks(mask, mem_freq)
         whole, _, _ = landmark_layout(seen, mem_freq)
         kwargs["attention_mask"] = mask[:, whole.to(mask.device)]
     positions = kwargs.get("position_ids")
@@ -226,6 +229,20 @@ def _insert_into_call(kwargs: dict, stream: _Stream, mem_freq: int, token_id: in
         stream.carry, stream.last_position = carry, last
     stream.plain_seen += n
     return chunk_landmarks[None].expand(batch, -1), output_index
+
+
+def _warn_if_left_padding_shifts_blocks(mask: torch.Tensor, mem_freq: int) -> None:
+    """Blocks count from the batch's first column, padding included (one layout keeps the batch rectangular): a
+    row left-padded by a number of tokens that is not a multiple of ``mem_freq`` gets its landmarks at other tokens
+    than the row alone would, so its outputs differ from the unpadded row's. Said once, with the alternatives."""
+    leading = (mask.to(torch.long).cumsum(-1) == 0).sum(-1)
+    if bool((leading % mem_freq != 0).any()):
+        warnings.warn(
+            f"landmark: a row is left-padded by a number of tokens that is not a multiple of mem_freq={mem_freq}, so "
+            "its blocks are shifted and its outputs differ from the row run alone; pad on the right, pad each row "
+            f"to a multiple of {mem_freq} tokens, or run such rows one at a time",
+            stacklevel=3,
+        )
 
 
 def _after_decoder(module, args, kwargs, output):

@@ -32,7 +32,8 @@ def smallest_group_size(window: int, window_size: int, target: int) -> int:
 
 @register
 class SelfExtend(Method):
-    """Self-Extend (Jin et al. 2024, arXiv 2401.01325 §3; LCEG (Lu et al. 2024) Eq. 13).
+    """Self-Extend (Jin et al. 2024, arXiv 2401.01325 §3, and its code; LCEG (Lu et al. 2024) Eq. 13 restates it with
+    ``⌊(i − j)/G⌋``, which can differ by one from the per-position floors ``⌊i/G⌋ − ⌊j/G⌋`` used here).
 
     For a query at ``i`` and a key at ``j ≤ i`` the relative position is ``i − j`` when ``i − j < W``, else
     ``(⌊i/G⌋ + W − ⌊W/G⌋) − ⌊j/G⌋`` (floor division — the paper's definition; LongLM's 4.38 code used ``/``
@@ -50,7 +51,7 @@ class SelfExtend(Method):
     name = "self_extend"
     title = "Self-Extend"
     summary = "Tuning-free: neighbours keep true positions, far keys are seen at grouped (floor(pos/G)) positions."
-    reference = "Jin et al. 2024, arXiv 2401.01325 §3; LCEG (Lu et al. 2024, arXiv 2409.12181) Eq. 13"
+    reference = "Jin et al. 2024, arXiv 2401.01325 §3; LCEG (Lu et al. 2024, arXiv 2409.12181) §3"
     params = (
         Param("group_size", int, None, "G: far keys are seen at floor(position/G) (default: smallest G whose "
               "reach covers factor·C, else 32)", minimum=1),

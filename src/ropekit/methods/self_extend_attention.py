@@ -1,4 +1,4 @@
-"""Self-Extend attention (Jin et al. 2024, "LLM Maybe LongLM", arXiv 2401.01325; LCEG paper 002 Eq. 13).
+"""Self-Extend attention (Jin et al. 2024, "LLM Maybe LongLM", arXiv 2401.01325 §3).
 
 A query at position ``i`` sees a key at position ``j ≤ i``
 
@@ -56,12 +56,12 @@ QUERY_CHUNK = 256
 
 
 def group_query_position(pos: torch.Tensor, group_size: int, window_size: int) -> torch.Tensor:
-    """Self-Extend Eq. (LCEG Eq. 13): the grouped query position ``⌊i/G⌋ + W − ⌊W/G⌋`` (floor division)."""
+    """Self-Extend (Jin et al. 2024 §3): the grouped query position ``⌊i/G⌋ + W − ⌊W/G⌋`` (floor division)."""
     return torch.div(pos, group_size, rounding_mode="floor") + (window_size - window_size // group_size)
 
 
 def group_key_position(pos: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Self-Extend Eq. (LCEG Eq. 13): the grouped key position ``⌊j/G⌋``."""
+    """Self-Extend (Jin et al. 2024 §3): the grouped key position ``⌊j/G⌋``."""
     return torch.div(pos, group_size, rounding_mode="floor")
 
 
@@ -73,7 +73,7 @@ def self_extend_reach(window: int, group_size: int, window_size: int) -> int:
 class SelfExtendAttention:
     """One layer's Self-Extend attention (LayerAttention protocol of :mod:`ropekit.attention.interface`).
 
-    Implements the two-part attention of Jin et al. 2024 §3 / LCEG Eq. 13 exactly: logits of pairs with
+    Implements the two-part attention of Jin et al. 2024 §3 exactly: logits of pairs with
     ``i − j < W`` use the true positions, the others the grouped positions; one softmax over both, computed
     as two restricted softmaxes merged by log-sum-exp. When no allowed pair in this call is ``W`` or more
     apart, the plain kernel runs instead (bit-identical to the unmodified model).
@@ -160,7 +160,7 @@ class SelfExtendAttention:
             return out.transpose(1, 2).contiguous(), None
         degenerate, consecutive = memoized(memo, ("grouped layout", self.window_size),
                                            lambda: self._layout(mask, q_pos, k_pos, q_len, k_len, device))
-        # Degenerate case (LCEG Eq. 13 with every allowed pair closer than W): plain attention, exactly.
+        # Degenerate case (Self-Extend with every allowed pair closer than W): plain attention, exactly.
         if degenerate:
             return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         if consecutive and q_len == 1:
@@ -198,7 +198,7 @@ class SelfExtendAttention:
         return bool(degenerate), bool(consecutive)
 
     def pair_logits(self, module, query, key, attention_mask, *, scaling, rows, **kwargs) -> PairLogits:
-        """LCEG Eq. 13 pair by pair (:class:`~ropekit.attention.interface.PairRule`): the logit of query ``i``
+        """Self-Extend's rule pair by pair (:class:`~ropekit.attention.interface.PairRule`): the logit of query ``i``
         and key ``j`` at their true positions when ``i − j < W``, else with the query at
         ``⌊i/G⌋ + W − ⌊W/G⌋`` and the key at ``⌊j/G⌋`` — reached by rotating the already-rotated vectors
         further (RoPE rotations compose); every pair the mask allows is kept."""
@@ -216,7 +216,7 @@ class SelfExtendAttention:
         return PairLogits(logits, mask.rows(rows))
 
     def _group_rotated(self, query, key, value, q_pos, k_pos):
-        """Queries moved to ``⌊i/G⌋ + W − ⌊W/G⌋`` and keys to ``⌊j/G⌋`` (LCEG Eq. 13) by extra rotations
+        """Queries moved to ``⌊i/G⌋ + W − ⌊W/G⌋`` and keys to ``⌊j/G⌋`` (Jin et al. 2024 §3) by extra rotations
         ``p_group − p_true``. Keys and values keep their KV heads (the kernels fold grouped query heads)."""
         G, W = self.group_size, self.window_size
         inv_freq = self.inv_freq().to(query.device)
@@ -247,7 +247,7 @@ class SelfExtendAttention:
         return rotate_from_table(key, k_pos, table)
 
     def _cached_group_keys(self, key, k_pos, upto: int, inv_freq) -> torch.Tensor:
-        """``key[:, :, :upto]`` rotated to the group positions ``⌊j/G⌋`` (LCEG Eq. 13), kept between decoding steps.
+        """``key[:, :, :upto]`` rotated to the group positions ``⌊j/G⌋`` (Jin et al. 2024 §3), kept between decoding steps.
 
         Cached decoding would otherwise re-rotate every cached key at every step. This entry, which ropekit owns
         beside transformers' KV cache, keeps the rotated keys in a buffer grown by doubling and rotates only the
@@ -444,7 +444,7 @@ class SelfExtendAttention:
         return self._two_parts_by_chunk(query, key, value, q_group, k_group, mask, q_pos, k_pos, scaling)
 
     def _attend_general(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
-        """LCEG Eq. 13 pair by pair from positions (any position pattern): per chunk of query rows, the
+        """Self-Extend's rule pair by pair from positions (any position pattern): per chunk of query rows, the
         neighbour part (``i − j < W``) and the group part (``i − j ≥ W``) over all keys up to the chunk's
         last key index, merged by log-sum-exp. Memory O(chunk × Lk)."""
         q_group, key, k_group, value = self._group_rotated(query, key, value, q_pos, k_pos)

@@ -1,6 +1,6 @@
 """The study's built-in base model: a small Llama pre-trained here, from scratch, with its own tokenizer.
 
-The controlled study (paper 002's protocol at laptop scale) needs one base model that every method
+The controlled study (LCEG's protocol, Lu et al. 2024, arXiv 2409.12181, at laptop scale) needs one base model that every method
 starts from, and it must exist offline on a 2-core CPU. :func:`pretrain_base` builds it:
 
 1. a byte-level BPE tokenizer (``tokenizers``; digits split one per token, as Llama's) trained on the
