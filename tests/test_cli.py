@@ -221,4 +221,4 @@ def test_inspect_reports_self_extend_reach(run_cli, tmp_path):
     code, out, err = run_cli("inspect", str(out_dir), "--json")
     assert code == 0, err
     ext = json.loads(out)["extended_with"]
-    assert ext["method"] == "self_extend" and ext["reach"] == (TINY_WINDOW - 8) * 3 + 8
+    assert ext["method"] == "self_extend" and ext["reach"] == 3 * (TINY_WINDOW - 8 + 8 // 3)

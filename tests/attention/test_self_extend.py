@@ -271,16 +271,38 @@ def test_defaults_target_and_reach():
     assert m.changes == ("attention_pattern",) and not m.needs_training
     params = m.resolve(info, {})
     assert params["window_size"] == 16 and params["group_size"] == 32  # C/4 on a 64-token window; README G
-    assert m.reach(info, params) == (64 - 16) * 32 + 16
-    # A target picks the smallest group size whose reach (C − W)·G + W covers it.
-    params = m.resolve(info, {"factor": 4.0})
-    assert params["group_size"] == 5 and m.reach(info, params) == 256
-    params = m.resolve(info, {"factor": 4.1})
-    assert params["group_size"] == 6
+    assert m.reach(info, params) == 32 * (64 - 16 + 0)  # G > W: ⌊W/G⌋ = 0, the README's form says 1,552
+    # A target picks the smallest group size whose reach G·(C − W + ⌊W/G⌋) covers it.
+    params = m.resolve(info, {"factor": 4.0})  # G = 5 reaches 5·(48 + 3) = 255 < 256 (the README's form: 256)
+    assert params["group_size"] == 6 and m.reach(info, params) == 300
+    params = m.resolve(info, {"factor": 8.0})
+    assert params["group_size"] == 11 and m.reach(info, params) == 11 * (48 + 1)
     model = ropekit.extend(build_tiny_model("llama"), "self_extend", target_length=300, window_size=20)
-    assert model.config.rope_parameters["group_size"] == 7  # (64 − 20)·7 + 20 = 328 ≥ 300 > 284
-    assert model.config.max_position_embeddings == 328
+    assert model.config.rope_parameters["group_size"] == 7  # 7·(44 + 2) = 322 ≥ 300 > 6·(44 + 3) = 282
+    assert model.config.max_position_embeddings == 322
     assert m.transformers_rope(info, params) is None and m.exports_to() == []
+
+
+@pytest.mark.parametrize("window,window_size,group_size", [
+    (64, 16, 2), (64, 16, 5), (64, 16, 32), (64, 20, 7), (64, 63, 4), (64, 1, 3), (256, 64, 12), (8192, 1024, 5),
+])
+def test_the_reach_is_the_longest_input_whose_pairs_stay_inside_the_window(window, window_size, group_size):
+    """Brute force over input lengths: the largest relative position of an input of n tokens, taken over every
+    (query, key) pair by the paper's rule, written out here; the reach is the largest n that keeps it below C."""
+    def farthest(n):
+        i = torch.arange(n)[:, None]
+        j = torch.arange(n)[None, :]
+        grouped = i // group_size + window_size - window_size // group_size - j // group_size
+        rel = torch.where(i - j < window_size, i - j, grouped)
+        return int(rel[j <= i].max())
+
+    reach = ropekit.get_method("self_extend").reach(
+        ropekit.rope_info(build_tiny_model("llama", window=window)), {"group_size": group_size, "window_size": window_size})
+    if window <= 256:
+        assert farthest(reach) <= window - 1 < farthest(reach + 1)
+    else:  # the farthest pair is query n − 1 against key 0 (the rule grows with i and falls with j)
+        last = lambda n: (n - 1) // group_size + window_size - window_size // group_size  # noqa: E731
+        assert last(reach) <= window - 1 < last(reach + 1)
 
 
 @pytest.mark.parametrize("params", [

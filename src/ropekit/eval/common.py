@@ -34,7 +34,7 @@ def prepare_model(model, method: str | None, params: dict[str, Any] | None, leng
 
     A factor-based method given neither ``factor`` nor ``target_length`` is sized to the longest length
     evaluated. Raises a one-line error when a length lies beyond the method's hard reach (e.g. Self-Extend's
-    (C−W)·G+W), naming the parameter to change.
+    G·(C − W + ⌊W/G⌋)), naming the parameter to change.
     """
     if method is None or method in ("plain", "base", "none"):
         if params:

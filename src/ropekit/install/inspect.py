@@ -74,7 +74,7 @@ def inspect_model(model: PreTrainedModel) -> dict[str, Any]:
         "extended_with": record and {
             "method": record["method"],
             "params": record["params"],
-            # the longest input the method is built for (Self-Extend: (C − W)·G + W), when it has one
+            # the longest input the method is built for (Self-Extend: G·(C − W + ⌊W/G⌋)), when it has one
             "reach": get_method(record["method"]).reach(info, record["params"]),
         },
         "methods": methods,

@@ -2,14 +2,15 @@
 
 The rope stays plain; attention changes (:mod:`ropekit.methods.self_extend_attention`): neighbours closer than
 ``W`` keep their true relative positions, older keys are seen at grouped positions (floor division by
-``G``), so every relative position stays inside the pretrained window up to the reach ``(C − W)·G + W``.
+``G``), so every relative position stays inside the pretrained window up to the reach ``G·(C − W + ⌊W/G⌋)``
+(the LongLM README's ``(C − W)·G + W`` when ``G`` divides ``W``).
 """
 
 from __future__ import annotations
 
 import math
 
-from .self_extend_attention import make_self_extend
+from .self_extend_attention import make_self_extend, self_extend_reach
 from ..errors import InvalidParameterError
 from .base import AttentionSpec, Method, Param, RopeInfo, register
 
@@ -26,8 +27,15 @@ def default_window_size(info: RopeInfo) -> int:
 
 
 def smallest_group_size(window: int, window_size: int, target: int) -> int:
-    """The smallest ``G ≥ 1`` with reach ``(C − W)·G + W ≥ target`` (LongLM README's maximum length)."""
-    return max(1, math.ceil((target - window_size) / (window - window_size)))
+    """The smallest ``G ≥ 1`` whose reach :func:`self_extend_reach` covers ``target`` tokens.
+
+    Starts from the LongLM README's bound ``(C − W)·G + W ≥ target``, which no smaller ``G`` meets (the reach is
+    at most that), and steps up while ``⌊W/G⌋`` leaves the reach short.
+    """
+    group = max(1, math.ceil((target - window_size) / (window - window_size)))
+    while self_extend_reach(window, group, window_size) < target:
+        group += 1
+    return group
 
 
 @register
@@ -39,7 +47,8 @@ class SelfExtend(Method):
     ``(⌊i/G⌋ + W − ⌊W/G⌋) − ⌊j/G⌋`` (floor division — the paper's definition; LongLM's 4.38 code used ``/``
     for the query and is wrong when ``G ∤ W``). No training; the frequencies are the model's own.
 
-    ``group_size`` G defaults to the smallest one whose reach ``(C − W)·G + W`` covers ``factor·C`` when a
+    ``group_size`` G defaults to the smallest one whose reach ``G·(C − W + ⌊W/G⌋)`` (the LongLM README's
+    ``(C − W)·G + W`` when ``G`` divides ``W``) covers ``factor·C`` when a
     target is given, else 32 (README example). ``window_size`` W defaults to 1024 (README, LCEG) capped at
     C/4 on small models, and must stay below the window C.
 
@@ -67,8 +76,7 @@ class SelfExtend(Method):
     family = "Attention-side"
 
     def settings_line(self, info, params, requested=None):
-        reach = (info.window - params["window_size"]) * params["group_size"] + params["window_size"]
-        return f"G={params['group_size']}, W={params['window_size']} (reach {reach})"
+        return f"G={params['group_size']}, W={params['window_size']} (reach {self.reach(info, params)})"
 
     def resolve(self, info, given):
         params = super().resolve(info, given)
@@ -104,8 +112,8 @@ class SelfExtend(Method):
             )
 
     def reach(self, info, params):
-        """The LongLM README's maximum length ``(C − W)·G + W``: past it group positions leave the window."""
-        return (info.window - params["window_size"]) * params["group_size"] + params["window_size"]
+        """The longest input whose pairs all stay inside the window (:func:`.self_extend_attention.self_extend_reach`)."""
+        return self_extend_reach(info.window, params["group_size"], params["window_size"])
 
     def max_position_embeddings(self, info, params):
         return self.reach(info, params)

@@ -66,8 +66,14 @@ def group_key_position(pos: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def self_extend_reach(window: int, group_size: int, window_size: int) -> int:
-    """The longest input Self-Extend keeps inside the pretrained window: ``(C − W)·G + W`` (LongLM README)."""
-    return (window - window_size) * group_size + window_size
+    """The longest input Self-Extend keeps inside the pretrained window: ``G·(C − W + ⌊W/G⌋)``.
+
+    The farthest pair of an input of ``n`` tokens, query ``n − 1`` and key 0, sits at ``⌊(n − 1)/G⌋ + W − ⌊W/G⌋``
+    (:func:`group_query_position`), which stays below ``C`` while ``n ≤ G·(C − W + ⌊W/G⌋)``. When ``G`` divides
+    ``W`` that is the LongLM README's ``(C − W)·G + W``; otherwise the README's form is ``W mod G`` tokens too long,
+    and its last tokens see key 0 at distance ``C``, which the model never saw.
+    """
+    return group_size * (window - window_size + window_size // group_size)
 
 
 class SelfExtendAttention:
@@ -117,7 +123,7 @@ class SelfExtendAttention:
         if longest > self.reach:
             self._warned = True
             warnings.warn(
-                f"self_extend: input of {longest} tokens is past the reach {self.reach} = (C−W)·G+W of "
+                f"self_extend: input of {longest} tokens is past the reach {self.reach} = G·(C − W + ⌊W/G⌋) of "
                 f"group_size={self.group_size}, window_size={self.window_size}; "
                 "re-extend with a larger group_size (or target_length) to cover it",
                 stacklevel=2,
