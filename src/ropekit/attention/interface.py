@@ -10,6 +10,7 @@ registers ``ropekit_<kernel>`` in ``AttentionInterface`` *and* the kernel's own 
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -17,7 +18,7 @@ import torch
 from ..adapters import transformers as hf
 from ..adapters.transformers import attention_modules
 from .kernels import pair_scores
-from .masks import AttentionMask, without_unwritten_keys
+from .masks import AttentionMask, counts_left_padding, without_unwritten_keys
 
 PREFIX = "ropekit_"
 KERNELS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
@@ -75,6 +76,21 @@ class QueryKeyTransform(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
+#: Methods that have said their left-padding warning in this process (once each).
+_SAID: set[str] = set()
+
+
+def _say_if_padding_is_counted(method: str, attention_mask, position_ids, q_len: int, k_len: int) -> None:
+    if counts_left_padding(attention_mask, position_ids, q_len, k_len):
+        _SAID.add(method)
+        warnings.warn(
+            f"{method}: a left-padded row counts its padding in its positions (the model was called with an attention "
+            "mask and no position_ids), and this method's positions are not shift-invariant, so the row's outputs "
+            "differ from the row alone; pass position_ids = attention_mask.cumsum(-1) - 1, as generate does",
+            stacklevel=4,
+        )
+
+
 def _make_attention(kernel: str) -> Callable:
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         transforms = getattr(module, "ropekit_transforms", ())
@@ -82,6 +98,9 @@ def _make_attention(kernel: str) -> Callable:
         if transforms or attend is not None:
             # the methods read key positions as ending at the last query: a static cache's unwritten slots go
             key, value, attention_mask = without_unwritten_keys(key, value, attention_mask, query.shape[2], kernel)
+        method = getattr(attend, "reads_positions", None)
+        if method and method not in _SAID and getattr(module, "layer_idx", 0) == 0:
+            _say_if_padding_is_counted(method, attention_mask, kwargs.get("position_ids"), query.shape[2], key.shape[2])
         if transforms:
             position_ids = kwargs.get("position_ids")
             for transform in transforms:

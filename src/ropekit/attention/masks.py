@@ -132,6 +132,29 @@ def _tensor_version(obj) -> int:
         return 0
 
 
+def counts_left_padding(attention_mask, position_ids, q_len: int, k_len: int) -> bool:
+    """Whether a left-padded row of this (uncached) forward numbers its positions from the padding: its first real
+    token at position = its column, as when a model is called with a padding mask and no ``position_ids``
+    (transformers then counts from column 0). Plain RoPE does not care (only differences of positions enter a
+    logit); Self-Extend's ``⌊i/G⌋``, LM-Infinite's first ``G`` positions and Dual Chunk's chunk boundaries do.
+    ``generate`` passes ``cumsum(mask) − 1``: its rows start at 0 and are not flagged."""
+    if position_ids is None or attention_mask is None or q_len != k_len or torch.compiler.is_compiling():
+        return False
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
+        real = attention_mask[:, -k_len:].bool()
+    elif isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+        allowed = attention_mask[..., :k_len]
+        if allowed.dtype != torch.bool:
+            allowed = allowed > torch.finfo(allowed.dtype).min / 2
+        real = allowed.any(dim=-2).any(dim=1)  # (B, Lk): keys some query sees
+    else:
+        return False  # flex: not read for this (a padding mask is read the same way by its mask_mod)
+    first = real.to(torch.int8).argmax(dim=-1)  # the first real column of each row
+    padded = (first > 0) & real.any(dim=-1)
+    positions = position_ids.to(first.device).expand(real.shape[0], -1)
+    return bool((padded & (positions.gather(1, first[:, None])[:, 0] == first)).any())
+
+
 def without_unwritten_keys(key: torch.Tensor, value: torch.Tensor, attention_mask, q_len: int, kernel: str):
     """``(key, value, attention_mask)`` cut to the written keys of a static KV cache (:func:`written_keys`); the
     same objects otherwise. A flex ``BlockMask`` cannot be cut: a static cache with flex attention is refused."""

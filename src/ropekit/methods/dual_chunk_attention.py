@@ -66,6 +66,9 @@ class DualChunkAttention:
     kernel runs: bit-identical to the unmodified model.
     """
 
+    #: positions are not shift-invariant here: left padding must not be counted in them (interface.py warns)
+    reads_positions = "dual_chunk"
+
     def __init__(self, inv_freq: Callable[[], torch.Tensor], chunk_size: int, local_size: int,
                  chunk: int = QUERY_CHUNK):
         self.inv_freq = inv_freq

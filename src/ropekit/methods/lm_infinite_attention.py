@@ -60,6 +60,9 @@ class LambdaAttention:
     the band, and the model's own ``kernel`` runs unchanged (bit-identical to the plain model).
     """
 
+    #: positions are not shift-invariant here: left padding must not be counted in them (interface.py warns)
+    reads_positions = "lm_infinite"
+
     def __init__(self, local_window: int, global_tokens: int, inv_freq: Callable[[], torch.Tensor],
                  chunk_size: int | None = None):
         if local_window < 1:

@@ -85,6 +85,9 @@ class SelfExtendAttention:
     apart, the plain kernel runs instead (bit-identical to the unmodified model).
     """
 
+    #: positions are not shift-invariant here: left padding must not be counted in them (interface.py warns)
+    reads_positions = "self_extend"
+
     def __init__(
         self,
         inv_freq: Callable[[], torch.Tensor],
