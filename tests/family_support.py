@@ -21,9 +21,10 @@ _sinks = {**{m: "sinks" for m in OWN_ATTENTION}, "clex": "form of its own"}
 # frequencies that change with the length (and one RoPE for all layers) are not composed per layer type
 _per_layer = {m: "per layer type" for m in ("harpe", "clex", "dynamic_ntk", "dynamic_yarn", "longrope")}
 _scaled = {"harpe": "already scaled"}
-# Phi-3.5's RoPE switches at its original window: Dynamic YaRN and LongRoPE would switch at another length
+# Phi-3.5's RoPE switches at its original window: LongRoPE would switch at another length, Dynamic YaRN recomputes
+# at each input's length
 _length = {"dynamic_ntk": "length", "clex": "length", "harpe": "length", "longrope": "another length",
-           "dynamic_yarn": "another length"}
+           "dynamic_yarn": "each input's own length"}
 
 REFUSED: dict[str, dict[str, str]] = {
     "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "phi3": {}, "gpt_neox": {}, "olmo2": {}, "granite": {},

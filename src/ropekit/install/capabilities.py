@@ -157,9 +157,11 @@ def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dic
                 "own length schedule",
             )
         if combined != features.length_dependence:
+            how = ("are recomputed for each input's own length" if combined == "per_input"
+                   else "switch at another length than this model's RoPE does")
             return Refusal(
-                f"{method.name} on {family}: its frequencies switch at another length than this model's "
-                f"'{features.rope_type}' RoPE does",
+                f"{method.name} on {family}: its frequencies {how}, and this model's "
+                f"'{features.rope_type}' RoPE already changes with the length on its own schedule",
                 static_alternative,
                 "other switch length",
             )

@@ -28,7 +28,9 @@ class DynamicYaRN(_ByParts):
     so a result never depends on what ran before — unlike transformers' dynamic rule, which keeps the longest
     length seen until an input fits the window again, and whose reset leaves the temperature at its last
     value. transformers' own update (it fires for rope types named ``dynamic``) only ever recomputes the same
-    values: the declared window is the original one.
+    values: the declared window is the original one. The YaRN authors' own ``LlamaDynamicYaRNScaledRotaryEmbedding``
+    (jquesnelle/yarn) differs too: it only ever grows the factor, never resets it, has no cap and can start from a
+    fine-tuned factor; ropekit follows §3.4's definition, ``s`` from the current length.
 
     KV cache: as with transformers' Dynamic NTK, keys already cached keep the rotation and temperature of
     the factor they were computed with; when generation grows the input past the window, later queries use
