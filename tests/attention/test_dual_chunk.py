@@ -16,6 +16,7 @@ prefill and the refusals.
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -250,3 +251,63 @@ def test_successive_chunk_keeps_true_distances_for_the_first_local_size_plus_one
         else:  # beyond them every distance is capped: chunk_size at most, and shorter than the true one
             assert int(used.max()) == chunk_size and bool((used < i - j).all())
     assert keep_true == list(range(local_size + 1))
+
+
+def _turn(x: list[float], p: float, theta: list[float]) -> list[float]:
+    """RoPE of one vector at position ``p`` (half-split layout), with Python floats."""
+    half = len(theta)
+    out = list(x)
+    for f, t in enumerate(theta):
+        c, s = math.cos(p * t), math.sin(p * t)
+        out[f], out[f + half] = x[f] * c - x[f + half] * s, x[f + half] * c + x[f] * s
+    return out
+
+
+@pytest.mark.parametrize("n_q", [50, 20])
+def test_rule_is_the_three_chunk_cases_pair_by_pair(n_q):
+    """``pair_logits`` (the rule the mask-format and bf16 tests hold every path to) against the paper's three cases
+    written out with Python ints, on what the naive test above does not cover: a left-padded row, and either a row
+    whose positions jump (no cache) or 30 cached keys before the queries (their positions consecutive up to the
+    last query, as generate and chunked prefill make them)."""
+    from ropekit.methods.dual_chunk_attention import DualChunkAttention
+
+    size, local, D, n_keys, scale = 12, 3, 8, 50, 0.4
+    L = size - local
+    theta = [10000.0 ** (-2 * f / D) for f in range(D // 2)]
+    gen = torch.Generator().manual_seed(5)
+    q_raw = torch.randn(2, 2, n_q, D, generator=gen, dtype=torch.float64)
+    k_raw = torch.randn(2, 1, n_keys, D, generator=gen, dtype=torch.float64)
+    real = [[0] * 4 + [1] * (n_keys - 4), [1] * n_keys]
+    jump = list(range(15)) + list(range(27, 27 + n_keys - 15)) if n_q == n_keys else list(range(n_keys))
+    k_pos = [[t - 4 if t >= 4 else 1 for t in range(n_keys)], jump]
+    q_pos = [row[n_keys - n_q:] for row in k_pos]
+    q = torch.tensor([[[_turn(q_raw[b, h, t].tolist(), q_pos[b][t], theta) for t in range(n_q)] for h in range(2)]
+                      for b in range(2)], dtype=torch.float64)
+    k = torch.tensor([[[_turn(k_raw[b, 0, t].tolist(), k_pos[b][t], theta) for t in range(n_keys)]] for b in range(2)],
+                     dtype=torch.float64)
+    attend = DualChunkAttention(lambda: torch.tensor(theta), size, local)
+    rows = torch.tensor([n_q - 1, 0, 7, 13])
+    got = attend.pair_logits(torch.nn.Module(), q, k, torch.tensor(real), scaling=scale, rows=rows,
+                             position_ids=torch.tensor(q_pos))
+    cases = set()
+    for b in range(2):
+        for h in range(2):
+            for r, t in enumerate(rows.tolist()):
+                i_index = t + n_keys - n_q
+                for j in range(n_keys):
+                    keep = j <= i_index and real[b][j] == 1
+                    assert bool(got.kept.expand(2, 2, len(rows), n_keys)[b, h, r, j]) == keep, (b, h, t, j)
+                    if not keep:
+                        continue
+                    i, jp = q_pos[b][t], k_pos[b][j]
+                    if i // L == jp // L:
+                        a, kind = i % L, "intra"
+                    elif i // L == jp // L + 1:
+                        a, kind = min(i % L + L, size), "successive"
+                    else:
+                        a, kind = size, "inter"
+                    cases.add(kind)
+                    want = scale * sum(x * y for x, y in zip(_turn(q_raw[b, h, t].tolist(), a, theta),
+                                                             _turn(k_raw[b, 0, j].tolist(), jp % L, theta)))
+                    assert abs(float(got.logits[b, h, r, j]) - want) < 1e-5, (b, h, t, j, kind)  # angles in float32
+    assert cases == {"intra", "successive", "inter"} and got.log_normaliser is None
