@@ -149,7 +149,7 @@ def counts_left_padding(attention_mask, position_ids, q_len: int, k_len: int) ->
         real = allowed.any(dim=-2).any(dim=1)  # (B, Lk): keys some query sees
     else:
         return False  # flex: not read for this (a padding mask is read the same way by its mask_mod)
-    first = real.to(torch.int8).argmax(dim=-1)  # the first real column of each row
+    first = real.to(torch.int32).argmax(dim=-1)  # the first real column of each row
     padded = (first > 0) & real.any(dim=-1)
     positions = position_ids.to(first.device).expand(real.shape[0], -1)
     return bool((padded & (positions.gather(1, first[:, None])[:, 0] == first)).any())
