@@ -129,3 +129,13 @@ def test_a_static_cache_with_flex_attention_is_refused_in_one_line():
     with pytest.raises(RopekitError, match="static KV cache with flex_attention") as err:
         without_unwritten_keys(key, key, block_mask, q_len, "flex_attention")
     assert "\n" not in str(err.value)
+
+
+def test_a_static_cache_without_room_for_the_landmarks_is_refused_in_one_line():
+    """Landmark adds a token after every mem_freq: 40 plain tokens need 48 slots; a 44-slot cache cannot hold them."""
+    model = _model("landmark", "sdpa")
+    ids = torch.randint(3, 200, (1, 40), generator=torch.Generator().manual_seed(7))
+    cache = StaticCache(config=model.config, max_cache_len=44)
+    with torch.no_grad(), pytest.raises(RopekitError, match="needs 48 slots.*holds 44") as err:
+        model(ids, **{cache_argument(model): cache}, use_cache=True)
+    assert "\n" not in str(err.value)

@@ -134,6 +134,29 @@ def test_bf16_cached_generate_equals_the_uncached_forward(method, attn):
     assert torch.equal(generated[decided], exact.argmax(-1)[decided])
 
 
+@pytest.mark.parametrize("attn", _kernels())
+@pytest.mark.parametrize("method", ["self_extend", "lm_infinite", "dual_chunk", "harpe"])
+def test_bf16_static_cache_generates_what_one_forward_computes(method, attn):
+    """``generate(cache_implementation="static")`` — all of the cache's slots reach the attention function, the
+    unwritten ones masked — gives at every step the float32 CPU model's logits over the same tokens, within
+    bfloat16's rounding, for the methods that read key positions (tests/attention/test_static_cache.py in float32;
+    Landmark takes a static cache there, through the model's own calls: generate builds it a 4-D mask)."""
+    from transformers import StaticCache
+
+    model = _model(method, attn, DEVICE, torch.bfloat16)
+    ids, _ = _batch(DEVICE)
+    prompt = ids[:1]
+    start = prompt.shape[1] - 1
+    cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + 20)
+    with torch.no_grad():
+        out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
+                             min_new_tokens=8, do_sample=False, pad_token_id=0, output_logits=True,
+                             return_dict_in_generate=True, cache=cache)
+        static = torch.cat([step.float() for step in out.logits]).cpu()
+        exact = _model(method, "sdpa", "cpu", torch.float32)(out.sequences[:, :-1].cpu()).logits[0, start:]
+    torch.testing.assert_close(static, exact, atol=bf16_logit_tolerance(exact), rtol=0)
+
+
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_installs_on_a_model_already_on_the_device(method):
     """The order a study and the CLI use — load on the GPU, then extend — gives the model that extending on the CPU

@@ -190,9 +190,23 @@ def _before_decoder(module, args, kwargs):
         raise RopekitError("the batch size changed while continuing a KV cache", "start a new cache for a new batch")
     is_landmark = chunk_landmarks if previous is None else torch.cat([previous.to(ids.device), chunk_landmarks], dim=1)
     if cache is not None:
+        _check_room(cache, is_landmark.shape[-1], mem_freq)
         stream.is_landmark = is_landmark
     kwargs[LANDMARKS_KWARG] = LandmarkInputs(is_landmark=is_landmark, output_index=output_index)
     return (), kwargs
+
+
+def _check_room(cache, needed: int, mem_freq: int) -> None:
+    """A cache of fixed size (``StaticCache``; ``generate`` sizes it for the plain tokens) must hold the landmarks
+    too, one after every ``mem_freq`` tokens: refuse in one line before transformers fails on an index."""
+    get_max_length = getattr(cache, "get_max_length", None)
+    limit = get_max_length() if callable(get_max_length) else -1
+    if limit is not None and 0 < limit < needed:
+        raise RopekitError(
+            f"landmark attention: with its landmarks (one after every {mem_freq} tokens) this input needs {needed} "
+            f"slots of the KV cache, and the static cache holds {limit}",
+            f"use the default dynamic cache, or pass a StaticCache with max_cache_len ≥ {needed} plus "
+            f"(1 + 1/{mem_freq}) × the tokens still to generate")
 
 
 def _insert_into_call(kwargs: dict, stream: _Stream, mem_freq: int, token_id: int):
