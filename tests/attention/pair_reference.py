@@ -5,6 +5,8 @@ checks the rule itself against the paper's formula written out by hand."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -25,3 +27,13 @@ def rule_attention(attend, module, query, key, value, attention_mask, *, scaling
     weights = rule_weights(attend, module, query, key, attention_mask, scaling=scaling, **kwargs)
     v = value.double().repeat_interleave(query.shape[1] // value.shape[1], dim=1)
     return (weights @ v).transpose(1, 2)
+
+
+def turn(x: list[float], p: float, theta: list[float]) -> list[float]:
+    """RoPE of one vector at position ``p`` (half-split layout), with Python floats."""
+    half = len(theta)
+    out = list(x)
+    for f, t in enumerate(theta):
+        c, s = math.cos(p * t), math.sin(p * t)
+        out[f], out[f + half] = x[f] * c - x[f + half] * s, x[f + half] * c + x[f] * s
+    return out

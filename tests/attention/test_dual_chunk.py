@@ -16,11 +16,11 @@ prefill and the refusals.
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 import torch
 from layer_records import record_layers, sharpen
+from pair_reference import turn
 
 import ropekit
 from ropekit.attention.interface import attention_modules
@@ -253,16 +253,6 @@ def test_successive_chunk_keeps_true_distances_for_the_first_local_size_plus_one
     assert keep_true == list(range(local_size + 1))
 
 
-def _turn(x: list[float], p: float, theta: list[float]) -> list[float]:
-    """RoPE of one vector at position ``p`` (half-split layout), with Python floats."""
-    half = len(theta)
-    out = list(x)
-    for f, t in enumerate(theta):
-        c, s = math.cos(p * t), math.sin(p * t)
-        out[f], out[f + half] = x[f] * c - x[f + half] * s, x[f + half] * c + x[f] * s
-    return out
-
-
 @pytest.mark.parametrize("n_q", [50, 20])
 def test_rule_is_the_three_chunk_cases_pair_by_pair(n_q):
     """``pair_logits`` (the rule the mask-format and bf16 tests hold every path to) against the paper's three cases
@@ -281,9 +271,9 @@ def test_rule_is_the_three_chunk_cases_pair_by_pair(n_q):
     jump = list(range(15)) + list(range(27, 27 + n_keys - 15)) if n_q == n_keys else list(range(n_keys))
     k_pos = [[t - 4 if t >= 4 else 1 for t in range(n_keys)], jump]
     q_pos = [row[n_keys - n_q:] for row in k_pos]
-    q = torch.tensor([[[_turn(q_raw[b, h, t].tolist(), q_pos[b][t], theta) for t in range(n_q)] for h in range(2)]
+    q = torch.tensor([[[turn(q_raw[b, h, t].tolist(), q_pos[b][t], theta) for t in range(n_q)] for h in range(2)]
                       for b in range(2)], dtype=torch.float64)
-    k = torch.tensor([[[_turn(k_raw[b, 0, t].tolist(), k_pos[b][t], theta) for t in range(n_keys)]] for b in range(2)],
+    k = torch.tensor([[[turn(k_raw[b, 0, t].tolist(), k_pos[b][t], theta) for t in range(n_keys)]] for b in range(2)],
                      dtype=torch.float64)
     attend = DualChunkAttention(lambda: torch.tensor(theta), size, local)
     rows = torch.tensor([n_q - 1, 0, 7, 13])
@@ -307,7 +297,7 @@ def test_rule_is_the_three_chunk_cases_pair_by_pair(n_q):
                     else:
                         a, kind = size, "inter"
                     cases.add(kind)
-                    want = scale * sum(x * y for x, y in zip(_turn(q_raw[b, h, t].tolist(), a, theta),
-                                                             _turn(k_raw[b, 0, j].tolist(), jp % L, theta)))
+                    want = scale * sum(x * y for x, y in zip(turn(q_raw[b, h, t].tolist(), a, theta),
+                                                             turn(k_raw[b, 0, j].tolist(), jp % L, theta)))
                     assert abs(float(got.logits[b, h, r, j]) - want) < 1e-5, (b, h, t, j, kind)  # angles in float32
     assert cases == {"intra", "successive", "inter"} and got.log_normaliser is None

@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from pair_reference import turn
 
 from ropekit.core.hf_compat import cache_argument
 from transformers import DynamicCache
@@ -361,16 +362,6 @@ def test_save_load_round_trip(tmp_path, make_ids):
 
 
 # ================================================================ the rule itself (pair_logits)
-def _turn(x: list[float], p: float, theta: list[float]) -> list[float]:
-    """RoPE of one vector at position ``p`` (half-split layout), with Python floats."""
-    half = len(theta)
-    out = list(x)
-    for f, t in enumerate(theta):
-        c, s = math.cos(p * t), math.sin(p * t)
-        out[f], out[f + half] = x[f] * c - x[f + half] * s, x[f + half] * c + x[f] * s
-    return out
-
-
 def test_rule_is_the_lambda_rule_pair_by_pair():
     """``pair_logits`` against the Λ rule written out with Python ints: ⟨R_i q, R_j k⟩ when i − j < L, else
     ⟨R_L q, k⟩ (the distance clamped to L) when j < G, else not kept; a left-padded row included."""
@@ -383,9 +374,9 @@ def test_rule_is_the_lambda_rule_pair_by_pair():
     k_raw = torch.randn(2, 1, n, D, generator=gen, dtype=torch.float64)
     real = [[1] * n, [0] * 4 + [1] * (n - 4)]
     pos = [list(range(n)), [t - 4 if t >= 4 else 1 for t in range(n)]]
-    q = torch.tensor([[[_turn(q_raw[b, h, t].tolist(), pos[b][t], theta) for t in range(n)] for h in range(2)]
+    q = torch.tensor([[[turn(q_raw[b, h, t].tolist(), pos[b][t], theta) for t in range(n)] for h in range(2)]
                       for b in range(2)], dtype=torch.float64)
-    k = torch.tensor([[[_turn(k_raw[b, 0, t].tolist(), pos[b][t], theta) for t in range(n)]] for b in range(2)],
+    k = torch.tensor([[[turn(k_raw[b, 0, t].tolist(), pos[b][t], theta) for t in range(n)]] for b in range(2)],
                      dtype=torch.float64)
     attend = LambdaAttention(L, n_global, lambda: torch.tensor(theta))
     rows = torch.tensor([n - 1, 3, 12, 20])
@@ -402,11 +393,11 @@ def test_rule_is_the_lambda_rule_pair_by_pair():
                     far = j <= i and real[b][j] == 1 and pi - pj >= L and pj < n_global
                     assert bool(kept[b, h, r, j]) == (near or far), (b, h, i, j)
                     if near:
-                        want = scale * sum(x * y for x, y in zip(_turn(q_raw[b, h, i].tolist(), pi, theta),
-                                                                 _turn(k_raw[b, 0, j].tolist(), pj, theta)))
+                        want = scale * sum(x * y for x, y in zip(turn(q_raw[b, h, i].tolist(), pi, theta),
+                                                                 turn(k_raw[b, 0, j].tolist(), pj, theta)))
                     elif far:
                         clamped += 1
-                        want = scale * sum(x * y for x, y in zip(_turn(q_raw[b, h, i].tolist(), L, theta),
+                        want = scale * sum(x * y for x, y in zip(turn(q_raw[b, h, i].tolist(), L, theta),
                                                                  k_raw[b, 0, j].tolist()))
                     else:
                         continue

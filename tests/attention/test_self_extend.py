@@ -18,6 +18,7 @@ import warnings
 
 import pytest
 import torch
+from pair_reference import turn
 from layer_records import record_layers
 from layer_records import sharpen as sharpen_qk
 from transformers import DynamicCache
@@ -469,16 +470,6 @@ def test_single_token_decoding_takes_the_folded_decode_path(monkeypatch):
 
 
 # ---------------------------------------------------------------- the rule itself (pair_logits)
-def _turn(x: list[float], p: float, theta: list[float]) -> list[float]:
-    """RoPE of one vector at position ``p`` (half-split layout), with Python floats."""
-    half = len(theta)
-    out = list(x)
-    for f, t in enumerate(theta):
-        c, s = math.cos(p * t), math.sin(p * t)
-        out[f], out[f + half] = x[f] * c - x[f + half] * s, x[f + half] * c + x[f] * s
-    return out
-
-
 def test_rule_is_lceg_eq13_pair_by_pair():
     """``pair_logits`` against the paper written out with Python ints: the pair (i, j) is seen at (i, j) when
     i − j < W, else at (⌊i/G⌋ + W − ⌊W/G⌋, ⌊j/G⌋); G = 3 ∤ W = 5, a left-padded row and a position jump."""
@@ -491,9 +482,9 @@ def test_rule_is_lceg_eq13_pair_by_pair():
     k_raw = torch.randn(2, 1, n, D, generator=gen, dtype=torch.float64)
     real = [[0] * 3 + [1] * (n - 3), [1] * n]
     pos = [[t - 3 if t >= 3 else 1 for t in range(n)], list(range(12)) + list(range(30, 30 + n - 12))]
-    q = torch.tensor([[[_turn(q_raw[b, h, t].tolist(), pos[b][t], theta) for t in range(n)] for h in range(2)]
+    q = torch.tensor([[[turn(q_raw[b, h, t].tolist(), pos[b][t], theta) for t in range(n)] for h in range(2)]
                       for b in range(2)], dtype=torch.float64)
-    k = torch.tensor([[[_turn(k_raw[b, 0, t].tolist(), pos[b][t], theta) for t in range(n)]] for b in range(2)],
+    k = torch.tensor([[[turn(k_raw[b, 0, t].tolist(), pos[b][t], theta) for t in range(n)]] for b in range(2)],
                      dtype=torch.float64)
     attend = SelfExtendAttention(lambda: torch.tensor(theta), group_size=G, window_size=W)
     rows = torch.tensor([n - 1, 0, 17, 25, 9])
@@ -510,12 +501,12 @@ def test_rule_is_lceg_eq13_pair_by_pair():
                         continue
                     pi, pj = pos[b][i], pos[b][j]
                     a, c = (pi, pj) if pi - pj < W else (pi // G + W - W // G, pj // G)
-                    want = scale * sum(x * y for x, y in zip(_turn(q_raw[b, h, i].tolist(), a, theta),
-                                                             _turn(k_raw[b, 0, j].tolist(), c, theta)))
+                    want = scale * sum(x * y for x, y in zip(turn(q_raw[b, h, i].tolist(), a, theta),
+                                                             turn(k_raw[b, 0, j].tolist(), c, theta)))
                     assert abs(float(got.logits[b, h, r, j]) - want) < 1e-4, (b, h, i, j)
                     if pi - pj >= W:  # LongLM 4.38's "/" for the query: another logit
-                        slash = scale * sum(x * y for x, y in zip(_turn(q_raw[b, h, i].tolist(), pi / G + W - W / G, theta),
-                                                                  _turn(k_raw[b, 0, j].tolist(), c, theta)))
+                        slash = scale * sum(x * y for x, y in zip(turn(q_raw[b, h, i].tolist(), pi / G + W - W / G, theta),
+                                                                  turn(k_raw[b, 0, j].tolist(), c, theta)))
                         far_diff = max(far_diff, abs(want - slash))
     assert got.log_normaliser is None and far_diff > 1e-2
 
