@@ -118,3 +118,21 @@ def test_in_a_log_an_evaluation_prints_plain_progress_lines_and_a_refusal_is_one
 
     code, out, err = run_cli("eval", "passkey", "tiny", "--lengths", "512", "--depths", "1.5")
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: depth 1.5"), repr(err)
+
+
+def test_a_summary_counts_only_this_runs_method(run_cli, tmp_path):
+    """A results file resumed with a second method holds both; the RULER summary (grouped by length and task) is
+    this run's alone, as its title says — it pooled both methods' samples before."""
+    import json
+
+    out = str(tmp_path / "ruler.jsonl")
+    common = ["eval", "ruler", "tiny", "--lengths", "400", "--tasks", "niah_single_1", "--samples", "2",
+              "--tokens-to-generate", "4", "--out", out, "--json"]
+    code, stdout, _ = run_cli(*common)
+    assert code == 0
+    code, stdout, _ = run_cli(*common, "--resume", "--method", "pi", "--param", "factor=2")
+    assert code == 0
+    rows = json.loads(stdout)
+    assert [r["n"] for r in rows if r["subtask"] == "niah_single_1"] == [2]
+    with open(out) as f:
+        assert sorted({json.loads(line)["method"] for line in f if line.strip()}) == ["pi", "plain"]

@@ -174,7 +174,9 @@ def _run(task: str, model: str, lengths: Optional[str], method: Optional[str], p
             progress=TaskProgress(shown),
         )
         module.run(ctx, **given)
-    rows = module.summarize(list(ctx.writer.records()))
+    # this run's method and parameters only: a results file resumed with several methods holds the others too, and
+    # the RULER, LongBench and many-shot summaries group by length and task alone
+    rows = module.summarize(ctx.own_records())
     if json_out:
         print_json(rows)
         return
