@@ -1,4 +1,4 @@
-"""PoSE / RandPos sampling (paper 003 §3.2, App. A/B) and the attention-mask trap, against naive references."""
+"""PoSE / RandPos sampling (PoSE, Zhu et al. 2024, arXiv 2309.10400, §3.2, App. A/B) and the attention-mask trap, against naive references."""
 
 from __future__ import annotations
 

@@ -128,7 +128,7 @@ def test_overlong_round_dropped_and_stats():
     # hand-built lengths: only_user renders to 42 bytes, tiny to 63 (see _expected)
     assert len(_expected(only_user)[0]) == 42 and len(_expected(tiny)[0]) == 63
     examples, stats = sft.build_sft_examples(tok, [messages, only_user, tiny], 100, min_tokens=50)
-    assert stats["too_short"] == 1  # only_user: below min_tokens (paper 001's filter), dropped before splitting
+    assert stats["too_short"] == 1  # only_user: below min_tokens (Entropy-ABF's filter, Zhang et al. 2024), dropped before splitting
     assert stats["no_response"] == 0 and stats["dropped_rounds"] == 1 and stats["split"] == 1
     assert stats["pieces"] == len(examples) == len(pieces) + 1
     assert examples[-1] == tuple(_expected(tiny))

@@ -1,5 +1,5 @@
 """PoSE through the trainer: the loss it trains on is the loss of ordinary causal attention over the whole
-window at PoSE's position ids, so later chunks attend to earlier ones (paper 003 §3.2) — not the loss of
+window at PoSE's position ids, so later chunks attend to earlier ones (PoSE, Zhu et al. 2024, §3.2) — not the loss of
 chunks read as separate packed sequences, which transformers infers from position jumps when no mask is
 passed."""
 

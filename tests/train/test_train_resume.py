@@ -82,6 +82,22 @@ def test_resume_reproduces_the_uninterrupted_run(make_config, tmp_path):
     assert again.losses == [(6, metrics(out)[-1]["loss"])] and again.step == 6
 
 
+def test_resume_with_dropout_reproduces_the_uninterrupted_run(make_config, tmp_path):
+    """With dropout on (LoRA's, 0.3) the masks after a resume are the uninterrupted run's: the data loader draws its
+    base seed from a generator of its own, not from the global RNG the checkpoint restores (from it, the resumed
+    loader's draw shifted every later mask: step 4's loss moved by 2e-3)."""
+    def config(name):
+        return resume_config(make_config, name, tmp_path, lora={"r": 4, "alpha": 8, "dropout": 0.3})
+
+    full = train(config("full"), progress=False)
+    cfg = config("killed")
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at(4)], progress=False)
+    resumed = train(cfg, resume=True, progress=False)
+    assert resumed.resumed_from == 3
+    assert [x for _, x in resumed.losses] == pytest.approx([x for _, x in full.losses[3:]], rel=1e-6, abs=1e-7)
+
+
 @pytest.mark.parametrize("method", [{"name": "dynamic_ntk", "params": {"factor": 4}},
                                     {"name": "dynamic_yarn", "params": {"factor": 4, "beta_fast": 4}}])
 def test_a_resumed_dynamic_schedule_starts_from_the_frequencies_it_had_grown_to(make_config, tmp_path, method):
@@ -191,3 +207,39 @@ def test_resuming_a_finished_run_reports_its_final_loss(make_config, text_datase
     first = train(cfg, dataset=data, progress=False)
     again = train(cfg, dataset=data, resume=True, progress=False)
     assert again.losses == first.losses[-1:] and again.losses[0][0] == 2
+
+
+@pytest.mark.parametrize("method,said", [({"name": "yarn", "params": {"factor": 2}}, True),
+                                         ({"name": "yarn", "params": {"factor": 4}}, False)])
+def test_pose_positions_past_the_declared_window_are_said_in_one_line(make_config, tmp_path, method, said):
+    """PoSE to 256 positions on the 64-token model: YaRN ×2 declares 128 tokens, and one line says so with the
+    factor that would cover them; YaRN ×4 declares 256 and nothing is said."""
+    import io
+
+    from rich.console import Console
+
+    cfg = make_config(f"pose-{method['params']['factor']}", steps=1, method=method,
+                      data={"sources": [{"path": "builtin", "max_documents": 4}], "pose": {"target_length": 256},
+                            "cache_dir": str(tmp_path / "cache")})
+    text = io.StringIO()
+    train(cfg, progress=False, console=Console(file=text, width=400))
+    lines = [line for line in text.getvalue().splitlines() if "positions reach" in line]
+    assert len(lines) == int(said)
+    if said:
+        assert "pose positions reach 256, past the 128-token window" in lines[0] and "factor ≥ 2" in lines[0]
+
+
+@pytest.mark.parametrize("dtype,said", [("bfloat16", True), ("float32", False)])
+def test_weights_trained_in_16_bits_are_said_in_one_line(make_config, dtype, said):
+    """AdamW on bfloat16 weights rounds most small updates away; one line names the float32-weights recipe."""
+    import io
+
+    from rich.console import Console
+
+    text = io.StringIO()
+    train(make_config(f"w-{dtype}", steps=1, model={"name": "tiny", "dtype": dtype}), progress=False,
+          console=Console(file=text, width=400))
+    lines = [line for line in text.getvalue().splitlines() if "trainable weights are held in" in line]
+    assert len(lines) == int(said)
+    if said:
+        assert "bfloat16" in lines[0] and "train.precision: bf16" in lines[0]

@@ -276,8 +276,8 @@ def prepare_attention_mask(attention_mask: torch.Tensor, attn_implementation: st
                                "pass the batch's position_ids along with its attention mask")
         # first key each query may see = the start of its document; positions must count from there
         first = attention_mask[:, 0].int().argmax(dim=-1)
-        expected = torch.arange(attention_mask.shape[-1]).unsqueeze(0) - first
-        if not torch.equal(position_ids.to(expected.dtype), expected):
+        expected = torch.arange(attention_mask.shape[-1], device=attention_mask.device).unsqueeze(0) - first
+        if not torch.equal(position_ids.to(device=expected.device, dtype=expected.dtype), expected):
             raise RopekitError("document masking with flash attention needs positions that restart at each document",
                                "set data.packing.reset_positions: true (or use attn_implementation sdpa/eager)")
         return None

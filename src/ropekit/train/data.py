@@ -132,9 +132,13 @@ def make_loader(dataset, order: SampleOrder, *, start_step: int, steps: int, mic
     with_epoch = hasattr(dataset, "set_epoch")
     source = _EpochIndexed(dataset) if with_epoch else dataset
     sampler = _StepBatches(order, start_step, steps, micro_batch_size, grad_accum, processes, rank, with_epoch)
+    # Its own generator: creating the loader's iterator draws a base seed, which from the global RNG would shift
+    # every later dropout mask of a resumed run (created again after the RNG state is restored) against the
+    # uninterrupted run's (created once). The items themselves are functions of the step, not of worker seeds.
+    generator = torch.Generator().manual_seed(_stream_seed(order.seed, order.stage, 0))
     return torch.utils.data.DataLoader(
         source, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers, pin_memory=pin_memory,
-        persistent_workers=False,
+        persistent_workers=False, generator=generator,
     )
 
 

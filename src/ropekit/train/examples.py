@@ -56,7 +56,7 @@ _TINY_POSE = """\
 # tiny-pose: PoSE (PoSE, Zhu et al. 2024) - train at the original 64-token window while the position ids span the
 # 256-token target: two chunks per sequence, the second shifted by a skip drawn anew at every step, so
 # every relative distance up to the target is seen without ever running a 256-token forward. YaRN s=4
-# supplies the frequencies (PoSE composes with PI/NTK/YaRN; the paper's main results use YaRN).
+# supplies the frequencies (PoSE composes with PI/NTK/YaRN; linear interpolation is the paper's default, §4.1).
 model:
   name: tiny
 method:

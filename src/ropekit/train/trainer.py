@@ -225,6 +225,7 @@ class Trainer:
                 inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
             inner.config.use_cache = False
         model.train()
+        self._note_half_precision_weights(model)
         optimizer = _optimizer(model, cfg.train)
         if strategy.deepspeed:
             strategy.configure_deepspeed(self.plan, cfg.train)
@@ -235,6 +236,19 @@ class Trainer:
         if cfg.train.ema is not None:
             params = [(n, p) for n, p in self.unwrapped.named_parameters() if p.requires_grad]
             self.ema = EMA(params, cfg.train.ema.decay, cfg.train.ema.every)
+
+    def _note_half_precision_weights(self, model) -> None:
+        """One line when the weights AdamW updates are held in 16 bits: an update smaller than half a unit in the
+        last place of a weight rounds away (bfloat16 keeps 8 significant bits), so at the papers' learning rates most
+        steps change few weights; the usual recipe is float32 weights with 16-bit compute."""
+        if self.strategy.deepspeed:  # DeepSpeed keeps float32 master weights of its own
+            return
+        dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
+        half = sorted(str(d).replace("torch.", "") for d in dtypes if d in (torch.bfloat16, torch.float16))
+        if half:
+            self._note(f"the trainable weights are held in {', '.join(half)}, with no float32 copy: AdamW updates "
+                       "below half a unit in their last place round away; for 16-bit speed keep model.dtype: float32 "
+                       "and set train.precision: bf16 (autocast)")
 
     def _choose_checkpointing(self, model) -> bool:
         """``model.gradient_checkpointing`` as set, or for ``auto`` from the memory plan of the recipe's largest
@@ -294,6 +308,19 @@ class Trainer:
         self._datasets = {stage.index: dataset}  # one stage's data in memory at a time
         return dataset
 
+    def _note_positions_past_window(self, stage) -> None:
+        """One line when a stage's PoSE or RandPos positions reach past the window the installed method declares:
+        PoSE sets its target from the extended window (α = L_t/L_c), so beyond it the positions get angles the method
+        was not set up for — what a plain-RoPE control does on purpose, and a too-small factor does by mistake."""
+        window = getattr(base_model(self.unwrapped).config, "max_position_embeddings", None)
+        for kind in ("pose", "randpos"):
+            part = (stage.config.data.spec or {}).get(kind)
+            target = part.get("target_length") if isinstance(part, dict) else None
+            if window and target and target > window:
+                self._note(f"stage {stage.name}: {kind} positions reach {target:,}, past the {window:,}-token window "
+                           f"the model declares (method {stage.config.method.name or 'none'}); if this is not a "
+                           f"control on purpose, extend with factor ≥ {target / window:g} (or target_length: {target})")
+
     def _begin_stage(self, step: int) -> None:
         """When step ``step`` opens a stage: its method switched in, the optimizer reset if it asks, its batches."""
         stage_index, done = locate(self.plan, step - 1)
@@ -305,6 +332,8 @@ class Trainer:
             self._note(f"stage {stage.name}: method {new_method.name or 'none'} {json.dumps(new_method.params)}")
             self.strategy.rotary_rebuilt(base_model(self.unwrapped))
         self.installed = new_method
+        if done == 0:
+            self._note_positions_past_window(stage)
         if done == 0 and stage.index > 0 and stage.config.reset_optimizer:
             getattr(self.optimizer, "optimizer", self.optimizer).state.clear()  # fresh Adam moments
         dataset = self._dataset(stage)
