@@ -222,9 +222,18 @@ def test_accuracy_interval_matches_the_exact_bootstrap_distribution():
     lo, hi = binom.ppf(0.025, 40, 0.5) / 40, binom.ppf(0.975, 40, 0.5) / 40
     assert (lo, hi) == (14 / 40, 26 / 40)
     assert row["value"] == 0.5 and row["ci95"][0] == pytest.approx(lo, abs=1 / 40) and row["ci95"][1] == pytest.approx(hi, abs=1 / 40)
-    # all prompts alike: the interval is the point
-    (row,) = stats.aggregate([acc_record("pi", 128, 1.0, i) for i in range(10)])
-    assert row["ci95"] == [1.0, 1.0]
+    # all prompts alike: every resample is the point again; Wilson's score interval instead, written out here
+    z = 1.959963984540054
+    for score, n in ((1.0, 10), (0.0, 20)):
+        (row,) = stats.aggregate([acc_record("pi", 128, score, i) for i in range(n)])
+        bound = z * z / (n + z * z)  # Wilson at p̂ = 0: [0, z²/(n + z²)]; at p̂ = 1 its mirror
+        assert row["ci95"] == pytest.approx([1 - bound, 1.0] if score else [0.0, bound], abs=1e-12)
+    assert stats.aggregate([acc_record("pi", 128, 0.0, i) for i in range(20)])[0]["ci95"][1] == pytest.approx(0.1611, abs=1e-4)
+    # one prompt, or one document: no interval at all
+    (row,) = stats.aggregate([acc_record("pi", 128, 1.0, 0)])
+    assert row["ci95"] is None and row["n"] == 1
+    (row,) = stats.aggregate([ppl_record("yarn", 64, 300.0, 60, 0)])
+    assert row["ci95"] is None
 
 
 def test_macro_average_resamples_within_subtasks():

@@ -225,6 +225,31 @@ def percentile_interval(values: np.ndarray, level: float = 0.95) -> tuple[float,
     return float(lo), float(hi)
 
 
+#: The normal quantile of a two-sided 95 % interval.
+Z_95 = 1.959963984540054
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson's score interval for ``successes`` of ``n`` (Wilson 1927): the proportions ``p`` with
+    ``|p̂ − p| ≤ z·√(p(1 − p)/n)``."""
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _all_alike_interval(metric: _Metric, observed: np.ndarray) -> tuple[float, float] | None:
+    """Where every prompt of a cell scored 0 (or every one 1), every bootstrap resample is that score again and the
+    percentile interval is a point, which reads as certainty: "0 of 20" is then given Wilson's score interval,
+    [0, 16 %] for 20 prompts. Only for pass/fail scores, one per prompt and seed."""
+    den = metric.den[:, observed]
+    scores = metric.num[:, observed] / np.where(den > 0, den, 1)
+    if not np.all(den == 1) or not np.all((scores == 0) | (scores == 1)) or len(set(scores.ravel().tolist())) != 1:
+        return None
+    n = int(observed.sum())
+    return wilson_interval(int(scores[0, 0]) * n, n)
+
+
 @dataclass
 class _Units:
     """One task's units, their strata and the shared resamples."""
@@ -473,6 +498,11 @@ class Analysis:
         ci = percentile_interval(reps)
         if ci is not None and metric.log:
             ci = (_exp(ci[0]), _exp(ci[1]))
+        observed = metric.den.sum(axis=0) > 0  # units (documents, prompts) this cell has
+        if int(observed.sum()) < 2:
+            ci = None  # one unit: the bootstrap has nothing to resample, and a point is no interval
+        elif ci is not None and ci[0] == ci[1] and row.get("metric") == "accuracy":
+            ci = _all_alike_interval(metric, observed) or ci
         row["ci95"] = list(ci) if ci is not None else None
         row.update(seed_fields)
         return row
