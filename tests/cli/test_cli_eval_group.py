@@ -136,3 +136,21 @@ def test_a_summary_counts_only_this_runs_method(run_cli, tmp_path):
     assert [r["n"] for r in rows if r["subtask"] == "niah_single_1"] == [2]
     with open(out) as f:
         assert sorted({json.loads(line)["method"] for line in f if line.strip()}) == ["pi", "plain"]
+
+
+def test_a_resume_with_other_options_is_refused_in_one_line(run_cli, tmp_path):
+    """--seed changes every passkey prompt without being part of a sample's key: resuming a seed-0 file with seed 1
+    kept the seed-0 samples and reported them as seed 1's. Now one line, exit 2, and the file is left as it was;
+    options that only choose samples (more lengths) may change."""
+    import json
+
+    out = tmp_path / "passkey.jsonl"
+    common = ["eval", "passkey", "tiny", "--trials", "1", "--out", str(out), "--json"]
+    assert run_cli(*common, "--lengths", "256")[0] == 0
+    before = out.read_text()
+    assert all(json.loads(line)["options"]["seed"] == 0 for line in before.splitlines())
+    code, stdout, stderr = run_cli(*common, "--lengths", "256", "--resume", "--seed", "1")
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "seed=0" in lines[0] and "seed=1" in lines[0], stderr
+    assert out.read_text() == before
+    assert run_cli(*common, "--lengths", "256,300", "--resume")[0] == 0  # more lengths, same options: fine

@@ -130,6 +130,11 @@ _CONVERT = {
 }
 
 
+#: Options that choose which samples run (each sample's key says which it is) rather than change a sample: a resume
+#: may widen or narrow them. The others (chat, generation budget, data, sampling…) are recorded and must match.
+_SELECTING = frozenset({"lengths", "samples", "tasks", "trials", "depths", "shots", "plot"})
+
+
 def _accepted(task: str, run, given: dict[str, Any]) -> dict[str, Any]:
     """``given`` when ``run`` takes every option in it; a one-line error otherwise.
 
@@ -172,6 +177,7 @@ def _run(task: str, model: str, lengths: Optional[str], method: Optional[str], p
             lengths=given.get("lengths") or getattr(module, "DEFAULT_LENGTHS", [loaded.model.config.max_position_embeddings]),
             key_fields=module.KEY_FIELDS, seed=seed, out=str(out_file) if out_file else None, resume=resume,
             progress=TaskProgress(shown),
+            options={k: v for k, v in given.items() if k not in _SELECTING},
         )
         module.run(ctx, **given)
     # this run's method and parameters only: a results file resumed with several methods holds the others too, and

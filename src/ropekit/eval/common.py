@@ -10,6 +10,7 @@ seed, the resumable :class:`~ropekit.eval.records.RecordWriter`, and a progress 
 from __future__ import annotations
 
 import copy
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -215,24 +216,51 @@ def make_context(
     out: str | None = None,
     resume: bool = False,
     progress: ProgressSink | None = None,
+    options: dict[str, Any] | None = None,
 ) -> EvalContext:
-    """Install the method, open the results file (checking resume) and build the context."""
+    """Install the method, open the results file (checking resume) and build the context.
+
+    ``options``: the run's settings that change a sample without being part of its key (the seed, a chat template,
+    a generation budget, a data file…). Every record carries them, and a resume whose options differ from those
+    its file's samples of the same task, method and parameters were made with is refused in one line: the samples
+    already there would otherwise be kept and reported as this run's.
+    """
     variant, resolved = prepare_model(model, method, params, lengths)
     writer = RecordWriter(out, resume=resume, key_fields=COMMON_KEY_FIELDS + tuple(key_fields))
+    the_method = method if method not in (None, "base", "none") else "plain"
+    if options is not None:
+        options = json.loads(json.dumps({"seed": seed, **options}, sort_keys=True, default=str))
+        _check_resumed_options(writer, task, the_method, resolved, options, out)
     variant.eval()
     return EvalContext(
         task=task,
         model=variant,
         tokenizer=tokenizer,
-        method=method if method not in (None, "base", "none") else "plain",
+        method=the_method,
         params=resolved,
         seed=seed,
         writer=writer,
         progress=progress,
         # every record says where it was computed (device, dtype, attention, hardware): numbers from a GPU's bfloat16
         # and a CPU's float32 differ in their last digits, and a results file may be resumed on another machine
-        tags={"computed_on": computed_on(variant)},
+        tags={"computed_on": computed_on(variant), **({"options": options} if options is not None else {})},
     )
+
+
+def _check_resumed_options(writer: RecordWriter, task: str, method: str, params: dict, options: dict, out) -> None:
+    for record in writer.records():
+        if (record.get("task"), record.get("method"), record.get("params")) != (task, method, params):
+            continue
+        before = record.get("options")
+        if before is None or before == options:
+            continue  # a file written before options were recorded cannot be checked
+        changed = sorted(k for k in set(before) | set(options) if before.get(k) != options.get(k))
+        was = ", ".join(f"{k}={before.get(k)!r}" for k in changed)
+        now = ", ".join(f"{k}={options.get(k)!r}" for k in changed)
+        raise RopekitError(
+            f"{out} holds {task} samples of {method} made with {was}; this run asks {now}, and resuming would report "
+            "those samples as this run's",
+            "pass another --out, or the options the file was made with")
 
 
 def mean(values) -> float | None:
