@@ -354,14 +354,18 @@ def test_metrics_match_hand_computed_cases():
 def test_summary_rows_average_and_skipped_notes():
     key = {"task": "ruler", "method": "plain", "params": {}}
     records = [
-        {**key, "length": 512, "subtask": "niah_single_1", "sample": 0, "score": 1.0, "prediction": "x"},
-        {**key, "length": 512, "subtask": "niah_single_1", "sample": 1, "score": 0.0, "prediction": ""},
+        {**key, "length": 512, "subtask": "niah_single_1", "sample": 0, "score": 1.0, "prediction": "x",
+         "prompt_tokens": 496, "tokens_to_generate": 16},
+        {**key, "length": 512, "subtask": "niah_single_1", "sample": 1, "score": 0.0, "prediction": "",
+         "prompt_tokens": 420, "tokens_to_generate": 16},
         {**key, "length": 512, "subtask": "vt", "sample": 0, "score": 0.4, "prediction": "y"},
         {**key, "length": 512, "subtask": "qa_1", "sample": None, "skipped": "no --data directory given"},
     ]
     rows = ruler.summarize(records)
     assert [r["subtask"] for r in rows] == ["niah_single_1", "vt", "qa_1", "average"]
     assert rows[0]["accuracy"] == 0.5 and rows[0]["nulls"] == 1 and rows[1]["accuracy"] == 0.4
+    assert rows[0]["fill"] == round(((496 + 16) / 512 + (420 + 16) / 512) / 2, 3)  # a shrunk haystack shows
+    assert rows[1]["fill"] is None  # records without token counts
     assert rows[2]["accuracy"] is None and "no --data" in rows[2]["skipped"]
     assert rows[3]["accuracy"] == pytest.approx((0.5 + 0.4) / 2) and rows[3]["tasks"] == 2
 

@@ -182,10 +182,20 @@ def run(ctx: EvalContext, *, lengths: list[int] | None = None, tasks: list[str] 
             )
 
 
+def _fill(records: list[dict[str, Any]]) -> float | None:
+    """The mean share of the length its samples use, prompt plus generation budget: RULER shrinks a haystack by
+    whole steps (500 essay words) until the prompt fits, so a sample whose key or answer is a few tokens longer
+    than the fitted one can use 85 % of a 4k length. Reported beside the accuracy rather than hidden in the label."""
+    used = [(r["prompt_tokens"] + r.get("tokens_to_generate", 0)) / r["length"] for r in records
+            if r.get("prompt_tokens") is not None and r.get("length")]
+    return round(mean(used), 3) if used else None
+
+
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (length, task): ``accuracy`` (mean score), ``n`` and ``nulls`` (empty predictions, as RULER's
-    summary); per length an ``average`` row, the unweighted mean over the tasks scored (RULER's score).
-    A qa task skipped for want of data shows as a row with ``skipped`` and no accuracy, outside the average."""
+    """Per (length, task): ``accuracy`` (mean score), ``n``, ``nulls`` (empty predictions, as RULER's
+    summary) and ``fill`` (the mean share of the length used, :func:`_fill`); per length an ``average`` row, the
+    unweighted mean over the tasks scored (RULER's score). A qa task skipped for want of data shows as a row with
+    ``skipped`` and no accuracy, outside the average."""
     order = {name: i for i, name in enumerate(TASKS)}
     scored: dict[tuple[int, str], list[dict[str, Any]]] = {}
     skipped: dict[tuple[int, str], str] = {}
@@ -200,7 +210,8 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for (L, name), recs in scored.items():
             if L == length:
                 task_rows.append({"length": length, "subtask": name, "accuracy": mean(float(r["score"]) for r in recs),
-                                  "n": len(recs), "nulls": sum(1 for r in recs if not r.get("prediction"))})
+                                  "n": len(recs), "nulls": sum(1 for r in recs if not r.get("prediction")),
+                                  "fill": _fill(recs)})
         notes = [{"length": length, "subtask": name, "accuracy": None, "n": 0, "skipped": reason}
                  for (L, name), reason in skipped.items() if L == length and (L, name) not in scored]
         both = sorted(task_rows + notes, key=lambda row: order.get(row["subtask"], len(order)))
