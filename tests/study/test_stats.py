@@ -236,6 +236,15 @@ def test_accuracy_interval_matches_the_exact_bootstrap_distribution():
     assert row["ci95"] is None
 
 
+def test_manyshot_weighs_each_shot_count_alike():
+    """At one length: 10 zero-shot queries right, 2 eight-shot queries wrong — the micro mean (10/12) would be the
+    zero-shot score; the macro mean over shot counts is (1 + 0)/2."""
+    recs = [{"task": "manyshot", "method": "pi", "params": {}, "length": 256, "shots": k, "sample": f"q{i}",
+             "score": 1.0 if k == 0 else 0.0} for k, n in ((0, 10), (8, 2)) for i in range(n)]
+    (row,) = stats.aggregate(recs)
+    assert row["value"] == pytest.approx(0.5) and row["n"] == 12
+
+
 def test_macro_average_resamples_within_subtasks():
     scores = {"a": [1.0, 0.0, 1.0], "b": [0.0, 0.0, 1.0, 0.5, 1.0]}
     recs = [{"task": "ruler", "method": "yarn", "params": {}, "length": 64, "subtask": sub, "sample": i, "score": s}

@@ -35,8 +35,8 @@ method, length and seed of the task — so intervals of differences between meth
 of one method: perplexity documents are the same at every length) are *paired*. Resampling contract
 (:func:`resample_indices`): ``rng = numpy.random.default_rng(BOOTSTRAP_SEED)``; for each stratum in
 ascending order, with ``n_s`` units, ``rng.integers(0, n_s, size=(B, n_s))`` draws resample ``b``'s units
-of that stratum. The strata are the subtasks (datasets) for the macro-averaged tasks (RULER, LongBench:
-each subtask keeps its size, as the published average weighs subtasks equally), else one stratum. Each
+of that stratum. The strata are the subtasks (datasets, shot counts) for the macro-averaged tasks (RULER,
+LongBench, many-shot: each keeps its size, as the published averages weigh subtasks equally), else one stratum. Each
 resample recomputes the statistic from the drawn units — perplexity ``exp(Σ nll / Σ tokens)`` over the
 drawn documents (a document drawn twice counts twice), accuracy the mean (macro mean) of the drawn
 prompts' scores, speed the median of the drawn repeats — and the 95 % interval is the 2.5th and 97.5th
@@ -79,7 +79,9 @@ PLAIN = "plain"
 #: Tasks scored per sample in [0, 1], in the order the report shows them.
 ACCURACY_TASKS = ("passkey", "niah", "ruler", "longbench", "manyshot", "short")
 #: Tasks whose published average is a macro average over this field (RULER's 13 tasks, LongBench's datasets).
-MACRO_FIELDS = {"ruler": "subtask", "longbench": "dataset"}
+#: Many-shot's prompt with k examples is scored at every length it fits, so a length's micro-average would weigh
+#: each shot count by how many of them fit; the macro average gives every shot count that fits the same weight.
+MACRO_FIELDS = {"ruler": "subtask", "longbench": "dataset", "manyshot": "shots"}
 #: Fields that fix a perplexity protocol; records summed into one value must agree on them.
 PPL_PROTOCOL = ("corpus", "score_mode", "stride", "weighting", "add_bos")
 SPEED_METRICS = ("prefill_s", "decode_s_per_token", "peak_mem_bytes")
@@ -353,7 +355,7 @@ def ppl_value(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def accuracy_value(task: str, records: Sequence[Mapping[str, Any]]) -> tuple[float | None, int]:
-    """Mean score (macro over :data:`MACRO_FIELDS` subgroups for RULER and LongBench) and the sample count."""
+    """Mean score (macro over :data:`MACRO_FIELDS` subgroups for RULER, LongBench and many-shot) and the sample count."""
     scored = [r for r in records if _finite(r.get("score"))]
     if not scored:
         return None, 0
