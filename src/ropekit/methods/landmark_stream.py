@@ -199,9 +199,18 @@ def _before_decoder(module, args, kwargs):
 def _check_room(cache, needed: int, mem_freq: int) -> None:
     """A cache of fixed size (``StaticCache``; ``generate`` sizes it for the plain tokens) must hold the landmarks
     too, one after every ``mem_freq`` tokens: refuse in one line before transformers fails on an index."""
-    get_max_length = getattr(cache, "get_max_length", None)
-    limit = get_max_length() if callable(get_max_length) else -1
-    if limit is not None and 0 < limit < needed:
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        return
+    sliding = getattr(cache, "is_sliding", None)
+    sliding = list(sliding) if isinstance(sliding, (list, tuple)) else [False] * len(layers)
+    # a sliding-window layer keeps only its window by design; a full layer of fixed size must hold everything
+    limits = [layer.get_max_length() for layer, slides in zip(layers, sliding)
+              if not slides and callable(getattr(layer, "get_max_length", None))]
+    if not limits or any(limit is None or limit < 0 for limit in limits):
+        return  # a dynamic layer grows as needed
+    limit = min(limits)
+    if 0 < limit < needed:
         raise RopekitError(
             f"landmark attention: with its landmarks (one after every {mem_freq} tokens) this input needs {needed} "
             f"slots of the KV cache, and the static cache holds {limit}",
