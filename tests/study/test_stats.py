@@ -236,6 +236,18 @@ def test_accuracy_interval_matches_the_exact_bootstrap_distribution():
     assert row["ci95"] is None
 
 
+def test_a_mean_over_lengths_whose_prompts_all_passed_gets_wilsons_interval():
+    """The report's "best beyond the window" pools several lengths: 20 + 20 prompts all found is 100 % with Wilson's
+    interval over the 40, not [100, 100]; a mixed pooled cell keeps the bootstrap."""
+    recs = [acc_record("dyn", L, 1.0, i) for L in (128, 256) for i in range(20)]
+    st = stats.Analysis(recs)
+    z2 = 1.959963984540054 ** 2
+    assert st.mean_interval("dyn", "passkey", [128, 256], "accuracy") == pytest.approx([40 / (40 + z2), 1.0])
+    mixed = stats.Analysis(recs[:20] + [acc_record("dyn", 256, float(i % 2), i) for i in range(20)])
+    lo, hi = mixed.mean_interval("dyn", "passkey", [128, 256], "accuracy")
+    assert lo < 0.75 < hi < 1.0
+
+
 def test_manyshot_weighs_each_shot_count_alike():
     """At one length: 10 zero-shot queries right, 2 eight-shot queries wrong — the micro mean (10/12) would be the
     zero-shot score; the macro mean over shot counts is (1 + 0)/2."""

@@ -628,7 +628,22 @@ class Analysis:
         if not reps or any(r is None for r in reps):
             return None
         ci = percentile_interval(np.mean(reps, axis=0))
+        if ci is not None and ci[0] == ci[1] and metric == "accuracy":
+            ci = self._all_alike_over(method, task, lengths) or ci
         return list(ci) if ci else None
+
+    def _all_alike_over(self, method: str, task: str, lengths: Sequence[Any]) -> tuple[float, float] | None:
+        """Wilson's interval over the prompts of several lengths when every one of them passed (or failed): the
+        pooled counterpart of :func:`_all_alike_interval`."""
+        n, values = 0, set()
+        for length in lengths:
+            m = self._metric(method, task, length, "accuracy")
+            observed = None if m is None else m.den.sum(axis=0) > 0
+            if m is None or _all_alike_interval(m, observed) is None:
+                return None
+            values.add(float(m.num[:, observed][0, 0]))
+            n += int(observed.sum())
+        return wilson_interval(int(values.pop()) * n, n) if len(values) == 1 and n >= 2 else None
 
     def curve_intervals(self, method: str, length: Any) -> tuple[list, list] | None:
         """Per-bucket 95 % intervals of the mean-NLL-by-position curve (documents resampled; first seed's
