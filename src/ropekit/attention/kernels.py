@@ -313,7 +313,7 @@ class _ForwardMemo:
 _MEMO = _ForwardMemo()
 
 
-def _version(tensor) -> int:
+def tensor_version(tensor) -> int:
     """A tensor's in-place version counter; inference-mode tensors keep none (and cannot change outside it): 0."""
     try:
         return tensor._version
@@ -327,7 +327,7 @@ def forward_memo(attention_mask, position_ids, q_len: int, k_len: int) -> dict:
     With neither a mask nor positions, every decision follows from the lengths alone, and the memo is keyed by them.
     """
     objs = tuple(o for o in (attention_mask, position_ids) if o is not None)
-    sig = (tuple((id(o), _version(o)) for o in objs), attention_mask is None, position_ids is None,
+    sig = (tuple((id(o), tensor_version(o)) for o in objs), attention_mask is None, position_ids is None,
            int(q_len), int(k_len))
     memo = _MEMO
     if memo.sig == sig and len(memo.refs) == len(objs) and all(r() is o for r, o in zip(memo.refs, objs)):

@@ -38,6 +38,7 @@ import weakref
 import torch
 
 from ..errors import RopekitError
+from .kernels import tensor_version
 
 try:  # flex attention is optional in torch builds
     from torch.nn.attention.flex_attention import BlockMask
@@ -104,7 +105,7 @@ def written_keys(attention_mask, q_len: int, k_len: int, kernel: str) -> int:
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
         return min(k_len, attention_mask.shape[-1])
     memo = _WRITTEN[0]
-    if (memo is not None and memo[0]() is attention_mask and memo[1:4] == (_tensor_version(attention_mask), q_len, k_len)):
+    if (memo is not None and memo[0]() is attention_mask and memo[1:4] == (tensor_version(attention_mask), q_len, k_len)):
         return memo[4]
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
         last = attention_mask[..., -1, :k_len]
@@ -118,18 +119,10 @@ def written_keys(attention_mask, q_len: int, k_len: int, kernel: str) -> int:
     written = int(torch.where(seen, torch.arange(1, k_len + 1, device=seen.device), 0).max())
     answer = written if written > 0 else k_len  # no key seen at all: nothing to read from it
     try:
-        _WRITTEN[0] = (weakref.ref(attention_mask), _tensor_version(attention_mask), q_len, k_len, answer)
+        _WRITTEN[0] = (weakref.ref(attention_mask), tensor_version(attention_mask), q_len, k_len, answer)
     except TypeError:
         pass
     return answer
-
-
-def _tensor_version(obj) -> int:
-    """In-place version counter; inference-mode tensors keep none (and cannot change outside it): 0."""
-    try:
-        return obj._version if isinstance(obj, torch.Tensor) else 0
-    except RuntimeError:
-        return 0
 
 
 def counts_left_padding(attention_mask, position_ids, q_len: int, k_len: int) -> bool:
