@@ -125,8 +125,8 @@ def test_yarn_with_other_betas_goes_per_pair(tmp_path):
 def test_ntk_by_parts_ratio_ramp_divisors(tmp_path, factor, beta_fast, beta_slow):
     _, reader, _ = _write(tmp_path, "ntk_by_parts", factor=factor, beta_fast=beta_fast, beta_slow=beta_slow)
     theta = _plain_theta()
-    r = WINDOW * theta / (2 * math.pi)  # YaRN Eq. 17: r(d) = L/λ_d
-    gamma = np.clip((r - beta_slow) / (beta_fast - beta_slow), 0.0, 1.0)  # Eq. 18 (α = β_slow, β = β_fast)
+    r = WINDOW * theta / (2 * math.pi)  # YaRN §3.2: r(d) = L/λ_d
+    gamma = np.clip((r - beta_slow) / (beta_fast - beta_slow), 0.0, 1.0)  # the §3.2 ramp (α = β_slow, β = β_fast)
     scaled = (1 - gamma) * theta / factor + gamma * theta
     assert _value(reader, "llama.rope.scaling.type") == "none"
     assert _value(reader, "llama.rope.freq_base") == BASE

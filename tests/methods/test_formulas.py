@@ -154,7 +154,7 @@ def test_dynamic_ntk_frozen_in_a_model(make_ids):
 
 # ================================================================ NTK-by-parts and YaRN
 def _ratio_gamma(b, d, C, beta_fast=32.0, beta_slow=1.0):
-    """YaRN paper Eq. 17–18: r_i = C/λ_i, γ = clamp((r − α)/(β − α), 0, 1), α = β_slow, β = β_fast."""
+    """YaRN paper §3.2: r_i = C/λ_i, γ = clamp((r − α)/(β − α), 0, 1), α = β_slow, β = β_fast."""
     lam = 2 * math.pi / _theta(b, d)
     r = C / lam
     return ((r - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)

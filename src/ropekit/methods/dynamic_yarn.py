@@ -21,7 +21,7 @@ class DynamicYaRN(_ByParts):
 
     For an input whose longest position is ``L − 1`` the frequencies and temperature are YaRN's at
     ``s(L) = min(max(1, L/C), s_max)`` (``s_max`` = ``factor``): NTK-by-parts ``θ'_i = (1 − γ_i)·θ_i/s(L) +
-    γ_i·θ_i`` (YaRN Eq. 17–18) and the attention factor ``0.1·ln s(L) + 1`` (YaRN Eq. 22). Inside the window
+    γ_i·θ_i`` (YaRN §3.2, NTK-by-parts) and the attention factor ``0.1·ln s(L) + 1`` (YaRN §3.4's recommended temperature). Inside the window
     ``s = 1``: the plain model, bit for bit — what static YaRN loses on short prompts.
 
     Schedule: every input gets the factor of its own length (ropekit's length pre-hook on the rotary module),
@@ -44,7 +44,7 @@ class DynamicYaRN(_ByParts):
     name = "dynamic_yarn"
     title = "Dynamic YaRN"
     summary = "YaRN at s = L/C for an input of L tokens (capped at factor): the plain model inside the window."
-    reference = "Peng et al. 2023, arXiv 2309.00071, §3.4 with Eq. 17–18 and 22 at s = L/C; vLLM #18728"
+    reference = "Peng et al. 2023, arXiv 2309.00071, §3.4: the §3.2 frequencies and the §3.4 temperature at s = L/C (§3.3); vLLM #18728"
     params = (FACTOR, ORIGINAL_WINDOW, BETA_FAST, BETA_SLOW, BLEND, ramp_param("dim"), TRUNCATE, ROPE_THETA)
     changes = ("frequencies", "attention_factor", "length_dependent")
 

@@ -56,7 +56,7 @@ def keep_fraction(
     (``r(i) < β_slow``), and a ramp in between.
 
     * ``ramp="ratio"`` — the YaRN paper's definition of NTK-by-parts: ``γ(r) = (r − β_slow)/(β_fast − β_slow)``
-      clamped to [0, 1], linear in ``r = C/λ_i`` (YaRN Eq. 17–18, α = β_slow, β = β_fast).
+      clamped to [0, 1], linear in ``r = C/λ_i`` (YaRN §3.2, the ramp γ(r) with α = β_slow, β = β_fast).
     * ``ramp="dim"`` — the reference code's and transformers' form: linear in the pair index between
       :func:`yarn_correction_range` (``1 − clamp((i − low)/(high − low), 0, 1)``).
     """
@@ -116,7 +116,7 @@ def keep_fraction_from_ratios(
 ) -> torch.Tensor:
     """γ_i for NTK-by-parts / YaRN on any frequencies, from ``r_i = C/λ_i`` (float64, decreasing in ``i``).
 
-    * ``ramp="ratio"``: ``γ(r) = clamp((r − β_slow)/(β_fast − β_slow), 0, 1)`` (YaRN Eq. 17–18).
+    * ``ramp="ratio"``: ``γ(r) = clamp((r − β_slow)/(β_fast − β_slow), 0, 1)`` (YaRN §3.2, NTK-by-parts).
     * ``ramp="dim"``: linear in the pair index between the (fractional) pairs where ``r`` crosses β_fast and
       β_slow, floored/ceiled with ``truncate`` and clipped to ``[0, d−1]`` like :func:`yarn_correction_range` —
       which it equals on plain RoPE, where ``log r_i`` is linear in ``i``.
@@ -184,7 +184,7 @@ class _ByParts(Method):
         )
 
     def scaled_inv_freq(self, info, params, seq_len=None, device=None):
-        """``(θ', the model's own attention factor)``: YaRN Eq. 17–18 on plain RoPE, the composition rule on a
+        """``(θ', the model's own attention factor)``: YaRN §3.2 on plain RoPE, the composition rule on a
         scaled one."""
         if info.is_scaled:
             base, attention_factor = self.base(info, seq_len, device)
@@ -220,7 +220,7 @@ class _ByParts(Method):
 
 @register
 class NTKByParts(_ByParts):
-    """NTK-by-parts (bloc97 2023, as defined in the YaRN paper §3.2, Eq. 17–18).
+    """NTK-by-parts (bloc97 2023, as defined in the YaRN paper §3.2: r(d) = L/λ_d, the ramp γ(r) and h(θ_d)).
 
     ``θ'_i = (1 − γ(r_i))·θ_i/s + γ(r_i)·θ_i`` with ``r_i = C/λ_i`` and
     ``γ(r) = clamp((r − α)/(β − α), 0, 1)``, α = ``beta_slow`` = 1, β = ``beta_fast`` = 32 for Llama.
@@ -234,7 +234,7 @@ class NTKByParts(_ByParts):
     name = "ntk_by_parts"
     title = "NTK-by-parts"
     summary = "Interpolate wavelengths longer than C, keep short ones, linear ramp between (no temperature)."
-    reference = "bloc97 2023; YaRN paper (Peng et al. 2023) §3.2 Eq. 17–18"
+    reference = "bloc97 2023; YaRN paper (Peng et al. 2023) §3.2 (r(d), γ(r), h(θ_d))"
     params = (FACTOR, ORIGINAL_WINDOW, BETA_FAST, BETA_SLOW, ramp_param("ratio"), BLEND, TRUNCATE, ROPE_THETA)
 
     family = "NTK & base frequency"

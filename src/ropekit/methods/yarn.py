@@ -9,7 +9,7 @@ from .ntk_by_parts import BETA_FAST, BETA_SLOW, BLEND, TRUNCATE, _ByParts, ramp_
 
 
 def yarn_mscale(factor: float) -> float:
-    """YaRN's attention factor ``√(1/t) = 0.1·ln s + 1`` (YaRN Eq. 22; 1 when s ≤ 1).
+    """YaRN's attention factor ``√(1/t) = 0.1·ln s + 1`` (YaRN §3.4's recommended temperature; 1 when s ≤ 1).
 
     It multiplies cos and sin, so the attention logits are scaled by its square.
     """
@@ -30,7 +30,7 @@ class YaRN(_ByParts):
     Frequencies: ``θ'_i = (1 − γ_i)·θ_i/s + γ_i·θ_i`` (LCEG Eq. 10 without ``√T``), γ linear in the pair
     index between the correction dimensions of β_fast and β_slow (``ramp='dim'``, the reference code and
     transformers); ``blend='wavelength'`` mixes wavelengths instead (the PoSE authors' revision).
-    Temperature: cos and sin are multiplied by ``attention_factor``, default ``0.1·ln s + 1`` (YaRN Eq. 22),
+    Temperature: cos and sin are multiplied by ``attention_factor``, default ``0.1·ln s + 1`` (YaRN §3.4's recommended temperature),
     so logits scale by its square. The ramp uses ``original_max_position_embeddings`` and the model's own
     ``rope_theta`` (jquesnelle/yarn's Llama code silently used 10000; docs/methods-reference.md §2).
 
