@@ -101,6 +101,20 @@ def test_chat_template_only_where_pred_py_uses_it():
     assert bytes(ids).decode() == prompt
 
 
+def test_chat_template_text_gets_no_second_bos():
+    """The rendered template carries its own special tokens: none is added, as RULER and NIAH encode theirs
+    and as transformers' apply_chat_template(tokenize=True) does, whether or not it starts with the BOS."""
+    tok = _BosBytes()
+    x = item(0, context="c" * 10, question="q?")
+    prompt = lb.format_prompt("hotpotqa", x)
+    tok.apply_chat_template = lambda msgs, tokenize, add_generation_prompt: "<u>" + msgs[0]["content"] + "</u><a>"
+    tok.chat_template = "set"
+    ids, _ = lb.build_input(tok, "hotpotqa", x, 1000, chat=True)
+    assert 256 not in ids and bytes(ids).decode() == "<u>" + prompt + "</u><a>"
+    ids, _ = lb.build_input(tok, "hotpotqa", x, 1000, chat=False)  # raw text keeps the tokenizer's BOS
+    assert ids[0] == 256 and ids.count(256) == 1
+
+
 def test_samsum_also_stops_at_newline():
     tok = byte_tokenizer()
     assert lb.end_tokens(tok, "samsum") == [0, 10] and lb.end_tokens(tok, "samsum_e") == [0, 10]

@@ -298,6 +298,40 @@ def test_paired_accuracy_difference_against_a_naive_paired_bootstrap():
     assert c["ci95"] == [1.0, 1.0] and not c["significant"] and c["direction"] == 0
 
 
+def test_paired_difference_on_part_of_the_units_resamples_the_shared_ones_alone():
+    """Method b was scored on 8 of the 12 prompts: the pair's bootstrap draws 8 of those 8 in every resample
+    (the contract applied to the shared units), not 12 of the union with a varying number of shared ones."""
+    a = [1, 1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1]
+    b = [0, 1, 0, 0, 1, 0, 0, 1]
+    recs = [acc_record("a", 64, float(s), i) for i, s in enumerate(a)] + [acc_record("b", 64, float(s), i) for i, s in enumerate(b)]
+    c = stats.Analysis(recs).compare("a", "b", "passkey", 64, "accuracy")
+    (idx,) = draws([8])
+    reps = [sum(a[i] - b[i] for i in row) / 8 for row in idx]
+    assert c["n"] == 8 and c["estimate"] == pytest.approx(sum(a[:8]) / 8 - sum(b) / 8)
+    assert c["ci95"] == pytest.approx([naive_percentile(reps, 2.5), naive_percentile(reps, 97.5)], abs=1e-12)
+    # perplexity over two lengths where b lacks a different document at each: the units shared at either
+    # length (all four here, documents 0-3) are resampled, each length paired on its own shared documents
+    nll = {0: 3.0, 1: 4.0, 2: 3.5, 3: 5.0}
+    recs = [ppl_record("a", L, nll[d] * 10, 10, d) for L in (64, 128) for d in nll]
+    recs += [ppl_record("b", 64, (nll[d] + 0.1 * d) * 10, 10, d) for d in (0, 1, 2)]
+    recs += [ppl_record("b", 128, (nll[d] + 0.1 * d) * 10, 10, d) for d in (1, 2, 3)]
+    recs += [ppl_record("c", 64, 30.0, 10, 4)]  # a unit neither a nor b has: not drawn for their pair
+    c = stats.Analysis(recs).compare("b", "a", "ppl", [64, 128], "ppl")
+    (idx,) = draws([4])
+    shared = {64: (0, 1, 2), 128: (1, 2, 3)}
+
+    def length_diff(row, length):
+        drawn = [d for d in row if d in shared[length]]
+        return sum(0.1 * d * 10 for d in drawn) / (10 * len(drawn)) if drawn else float("nan")
+
+    reps = [(length_diff(row, 64) + length_diff(row, 128)) / 2 for row in idx]
+    finite = [r for r in reps if r == r]
+    assert c["kind"] == "ratio" and c["n"] == 3
+    assert c["estimate"] == pytest.approx(math.exp((0.1 + 0.2) / 2))
+    assert c["ci95"] == pytest.approx([math.exp(naive_percentile(finite, 2.5)), math.exp(naive_percentile(finite, 97.5))],
+                                      rel=1e-12)
+
+
 def test_seeds_are_averaged_and_their_spread_reported():
     recs = []
     for seed, shift in ((0, 0.0), (1, 0.1), (2, 0.3)):

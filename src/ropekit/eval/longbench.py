@@ -13,7 +13,9 @@ Per item, exactly as pred.py does it:
    ``max_length`` (here each of ``lengths``), it becomes ``decode(ids[:half]) + decode(ids[-half:])``
    with ``half = int(max_length / 2)`` and special tokens skipped (middle truncation, :func:`middle_truncate`);
 3. only with ``chat=True``, the result is wrapped in the tokenizer's chat template, except for trec,
-   triviaqa, samsum, lsht, lcc and repobench-p, which stay raw text (:data:`NO_CHAT`);
+   triviaqa, samsum, lsht, lcc and repobench-p, which stay raw text (:data:`NO_CHAT`); the rendered template
+   is encoded without adding special tokens, since it carries its own (pred.py's hand-written templates
+   get the tokenizer's BOS added, which the shipped templates spell out themselves);
 4. greedy decoding of at most ``dataset2maxlen`` new tokens (:data:`MAX_NEW_TOKENS`); samsum also stops at
    "\\n" and must generate at least one token (pred.py's ``min_length=context_length+1``);
 5. the new tokens are decoded with special tokens skipped and scored by the dataset's metric
@@ -204,9 +206,9 @@ def apply_chat(tokenizer, prompt: str) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise RopekitError("--chat was given but the tokenizer has no chat template", "drop --chat for a base model")
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-    bos = getattr(tokenizer, "bos_token", None)
-    # templates that spell out the BOS would get a second one from the default special tokens
-    return encode(tokenizer, text, add_special_tokens=not (bos and text.startswith(bos)))
+    # the template spells out every special token the model expects (a BOS too, where it wants one), so nothing
+    # is added: as transformers' apply_chat_template(tokenize=True) and the RULER and NIAH prompts encode it
+    return encode(tokenizer, text, add_special_tokens=False)
 
 
 def build_input(tokenizer, dataset: str, item: dict[str, Any], max_length: int, *, chat: bool = False) -> tuple[list[int], dict[str, Any]]:

@@ -46,7 +46,10 @@ intervals. A unit that a method lacks contributes nothing to that method's sums.
 
 **Paired comparisons** (:meth:`Analysis.compare`): perplexity as the ratio A/B (the difference of mean
 NLL, exponentiated), every other metric as the difference A − B, computed on the units both methods
-have, resample by resample on the same resamples; the interval is its 2.5/97.5 percentiles. A difference
+have, resample by resample on the same resamples; the interval is its 2.5/97.5 percentiles. Where the
+two methods share only some of the task's units, the resamples are drawn by the same contract from the
+shared units alone (over several lengths: the units shared at any of them), so that every resample has
+as many units as the comparison. A difference
 is *significant* when its 95 % interval excludes 0 (ratio 1) and at least :data:`MIN_PAIRED` units are
 shared — below that the percentile bootstrap cannot tell noise from effect, so no difference is called.
 The same rule decides ties in the ranking (:func:`rank_methods`) and the best values of the report's tables.
@@ -545,19 +548,38 @@ class Analysis:
         return rows
 
     # ---- resamples ----
-    def _reps(self, metric: _Metric, units: _Units, mask: np.ndarray | None = None) -> np.ndarray:
+    def _reps(self, metric: _Metric, units: _Units, mask: np.ndarray | None = None,
+              keep: np.ndarray | None = None) -> np.ndarray:
         """Resampled statistic of one cell (mean over its seeds; mean NLL for perplexity), ``(B,)``; cached per
-        cell and mask (the ranking compares every pair of methods, mostly on the same units)."""
+        cell, mask and kept units (the ranking compares every pair of methods, mostly on the same units).
+        ``keep`` names the task's units that ``units`` (from :meth:`_shared_units`) resamples."""
         if mask is not None and mask.all():
             mask = None
-        key = (id(metric), None if mask is None else mask.tobytes())
+        key = (id(metric), None if mask is None else mask.tobytes(), None if keep is None else keep.tobytes())
         cached = self._cache.get(key)
         if cached is not None:
             return cached
         num, den = (metric.num, metric.den) if mask is None else (metric.num * mask, metric.den * mask)
+        if keep is not None:
+            num, den = num[:, keep], den[:, keep]
         per_seed = [_ratio(units.counts, num[s], den[s], units.columns, metric.macro) for s in range(num.shape[0])]
         self._cache[key] = out = np.mean(per_seed, axis=0)
         return out
+
+    def _shared_units(self, task: str, keep: np.ndarray) -> _Units:
+        """The task's units ``keep`` alone, resampled by the module docstring's contract over them: a paired
+        comparison draws its resamples from the units both sides have, so that every resample holds as many of
+        them as the comparison does (drawn from the task's union, the count of shared units in a resample
+        varies, and the interval comes out wider than the pair's own)."""
+        key = ("units", task, keep.tobytes())
+        cached = self._cache.get(key)
+        if cached is None:
+            units = self.units[task]
+            strata = units.strata[keep]
+            indices = resample_indices(strata, self.resamples, self.seed)
+            kept = [units.keys[i] for i in np.flatnonzero(keep)]
+            self._cache[key] = cached = _Units(kept, strata, indices, resample_counts(indices, len(kept)))
+        return cached
 
     def _point(self, metric: _Metric, units: _Units, mask: np.ndarray | None = None) -> float:
         num, den = (metric.num, metric.den) if mask is None else (metric.num * mask, metric.den * mask)
@@ -595,21 +617,27 @@ class Analysis:
         units = self.units.get(task)
         if units is None or not la:
             return None
-        reps_a, reps_b, pts_a, pts_b, ns = [], [], [], [], []
-        log = False
+        pairs, masks = [], []
         for x, y in zip(la, lb):
             ma, mb = self._metric(a, task, x, metric), self._metric(b, task, y, metric)
             if ma is None or mb is None:
                 return None
-            log = ma.log
             mask = self._present(ma) & self._present(mb)
-            ns.append(int(mask.sum()))
             if not mask.any():
                 return None
-            reps_a.append(self._reps(ma, units, mask))
-            reps_b.append(self._reps(mb, units, mask))
+            pairs.append((ma, mb))
+            masks.append(mask)
+        # resample the units the comparison reads (over several lengths, those of any of them)
+        keep = np.logical_or.reduce(masks)
+        drawn, kept = (units, None) if keep.all() else (self._shared_units(task, keep), keep)
+        reps_a, reps_b, pts_a, pts_b = [], [], [], []
+        for (ma, mb), mask in zip(pairs, masks):
+            reps_a.append(self._reps(ma, drawn, mask, kept))
+            reps_b.append(self._reps(mb, drawn, mask, kept))
             pts_a.append(self._point(ma, units, mask))
             pts_b.append(self._point(mb, units, mask))
+        log = pairs[0][0].log
+        ns = [int(m.sum()) for m in masks]
         diff = np.mean(reps_a, axis=0) - np.mean(reps_b, axis=0)
         point = float(np.mean(pts_a) - np.mean(pts_b))
         ci = percentile_interval(diff)
