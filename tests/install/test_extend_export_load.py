@@ -240,6 +240,35 @@ def test_partial_rotary_factor_ignored_by_the_family(family, make_ids):
     assert torch.equal(_logits(model, ids), _logits(plain, ids))
 
 
+@pytest.mark.parametrize("method,params", [("pi", {"factor": 2.0}), ("yarn", {"factor": 2.0})])
+def test_native_export_writes_the_rotary_fraction_the_model_rotates(method, params, tmp_path, make_ids):
+    """A Llama config carrying partial_rotary_factor 0.5 rotates the whole head (the family ignores it), while
+    transformers' linear and yarn types read the factor: the export must say 1.0, or plain transformers builds
+    a half-width rotation that fails at the first forward."""
+    model = build_tiny_model("llama", partial_rotary_factor=0.5)
+    ropekit.extend(model, method, **params)
+    report = ropekit.save_pretrained(model, tmp_path)
+    assert report["format"] == "native"
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = make_ids(150)
+    assert torch.allclose(_logits(plain, ids), _logits(model, ids), atol=1e-5)
+
+
+def test_dynamic_ntk_native_export_declares_the_original_window_of_its_rule(tmp_path, make_ids):
+    """transformers' `dynamic` takes max_position_embeddings as the window C of s·L/C − (s − 1); with
+    original_max_position_embeddings below the model's window ropekit's C is that parameter, and plain
+    transformers must compute the same frequencies at every length."""
+    model = build_tiny_model("llama")
+    window = model.config.max_position_embeddings
+    ropekit.extend(model, "dynamic_ntk", factor=2.0, original_max_position_embeddings=window // 2, trained_length=window // 2)
+    report = ropekit.save_pretrained(model, tmp_path)
+    assert report["format"] == "native"
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    for length in (window // 2 + 20, window + 40, 3 * window):
+        ids = make_ids(length)
+        assert torch.allclose(_logits(plain, ids), _logits(model, ids), atol=1e-5), f"length {length}"
+
+
 # ================================================================ save → load
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):

@@ -73,8 +73,9 @@ def _native_rope(m, info, params, base_rope: dict[str, Any]) -> tuple[dict[str, 
         per_position = m.position_dependent_rotation(params)
         return None, (f"{m.name}: {per_position}" if per_position
                       else f"transformers has no rope type computing {m.name} with these parameters")
-    if "partial_rotary_factor" in base_rope:
-        native["partial_rotary_factor"] = base_rope["partial_rotary_factor"]
+    if "partial_rotary_factor" in base_rope or info.partial_rotary_factor != 1.0:
+        # what the model really rotates: Llama and Qwen2 ignore a configured factor, transformers' scaled types read it
+        native["partial_rotary_factor"] = info.partial_rotary_factor
     return native, ""
 
 
@@ -317,9 +318,9 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
         saved = json.loads(config_path.read_text())
         if rope is not None:
             saved["rope_parameters"] = rope
-            # transformers' `dynamic` reads max_position_embeddings as the original window
-            saved["max_position_embeddings"] = (info.window if rope.get("rope_type") == "dynamic"
-                                                else _served_window(config, freeze_length))
+            # transformers' `dynamic` reads max_position_embeddings as the original window C of its rule
+            saved["max_position_embeddings"] = (int(params["original_max_position_embeddings"])
+                                                if rope.get("rope_type") == "dynamic" else _served_window(config, freeze_length))
         else:
             saved["rope_parameters"] = json_safe(dict(config.rope_parameters))
             saved["max_position_embeddings"] = config.max_position_embeddings
