@@ -269,6 +269,25 @@ def test_dynamic_ntk_native_export_declares_the_original_window_of_its_rule(tmp_
         assert torch.allclose(_logits(plain, ids), _logits(model, ids), atol=1e-5), f"length {length}"
 
 
+def test_yarn_export_names_the_transformers_4_releases_that_recompute_its_factor(tmp_path):
+    """transformers 4.51–4.55's _compute_yarn_parameters replaces rope_scaling's factor by max_position_embeddings /
+    original_max_position_embeddings (checked in the 4.54.1 wheel; 4.56 reads it as written). A factor whose
+    extended window is not an integer multiple (1.3 × 64 → 83 positions, read back as 83/64 = 1.296875) is not
+    the same model there; factor 2 (128/64) is."""
+    model = build_tiny_model("llama")
+    window = model.config.max_position_embeddings
+    ropekit.extend(model, "yarn", factor=1.3)
+    report = ropekit.save_pretrained(model, tmp_path / "odd")
+    config = json.loads((tmp_path / "odd" / "config.json").read_text())
+    implied = config["max_position_embeddings"] / window
+    assert implied != 1.3 and report["transformers"] and not report["transformers4"]
+    why = config["ropekit"]["export"]["transformers4_refusal"]
+    assert "4.51–4.55" in why and f"{implied:.6g}" in why and "\n" not in why
+    model = build_tiny_model("llama")
+    ropekit.extend(model, "yarn", factor=2.0)
+    assert ropekit.save_pretrained(model, tmp_path / "even")["transformers4"]
+
+
 # ================================================================ save → load
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):

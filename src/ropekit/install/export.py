@@ -142,7 +142,7 @@ def _write_legacy_keys(saved: dict[str, Any]) -> tuple[str, list[str]]:
     load the same model (``""`` when it will) and the keys written. Kept only when transformers 5 still builds the
     same RoPE from the file (5.x reads ``rope_scaling`` before ``rope_parameters``)."""
     rope = saved["rope_parameters"]
-    keys, why = legacy_keys(saved.get("model_type", ""), rope)
+    keys, why = legacy_keys(saved.get("model_type", ""), rope, saved.get("max_position_embeddings"))
     if not keys:
         return why, []
     if not transformers_builds({**saved, **keys}, rope):

@@ -65,11 +65,31 @@ def _partial(rope: dict[str, Any], model_type: str) -> dict[str, Any]:
     return {key: rope["partial_rotary_factor"]}
 
 
-def legacy_keys(model_type: str, rope: dict[str, Any]) -> tuple[dict[str, Any], str]:
+def _yarn_factor_read_otherwise(rope: dict[str, Any], max_position_embeddings: int | None) -> str:
+    """Why transformers 4.51–4.55 compute another yarn than ``rope`` says, or ``""``: their
+    ``_compute_yarn_parameters`` replaces ``factor`` by ``max_position_embeddings / original_max_position_embeddings``
+    whenever the latter is in ``rope_scaling`` (4.56 reads the factor as written and only warns)."""
+    original = rope.get("original_max_position_embeddings")
+    if rope.get("rope_type") != "yarn" or not original or not max_position_embeddings:
+        return ""
+    implied = max_position_embeddings / original
+    if abs(implied - float(rope["factor"])) <= 1e-9 * float(rope["factor"]):
+        return ""
+    return (f"transformers 4.51–4.55 take yarn's factor as max_position_embeddings / original_max_position_embeddings "
+            f"= {max_position_embeddings}/{original} = {implied:.6g}, not {float(rope['factor']):g} (4.56 and later read "
+            "it as written): load it with 4.56 or later, or extend to a target length that is a multiple of the window")
+
+
+def legacy_keys(model_type: str, rope: dict[str, Any], max_position_embeddings: int | None = None) -> tuple[dict[str, Any], str]:
     """``(top-level keys, why)``: the transformers 4.x names of ``rope`` (an export's ``rope_parameters``) and, when
-    4.x will not compute the same model from them, why in one line (``""`` when it does)."""
+    4.x will not compute the same model from them, why in one line (``""`` when it does). ``max_position_embeddings``
+    is the export's declared window (what 4.51–4.55 derive yarn's factor from)."""
     if any(isinstance(v, dict) for v in rope.values()):
-        return _per_layer_type(model_type, rope)
+        keys, why = _per_layer_type(model_type, rope)
+        full = rope.get("full_attention")
+        if keys and not why and isinstance(full, dict):
+            why = _yarn_factor_read_otherwise(full, max_position_embeddings)
+        return keys, why
     kind = rope.get("rope_type", "default")
     keys: dict[str, Any] = {"rope_theta": rope.get("rope_theta"), "rope_scaling": _scaling(rope, model_type),
                             **_partial(rope, model_type)}
@@ -80,7 +100,7 @@ def legacy_keys(model_type: str, rope: dict[str, Any]) -> tuple[dict[str, Any], 
             return keys, ("Phi-3's transformers 4.x config takes only type, short_factor and long_factor (no "
                           "attention_factor): it refuses this directory (ValueError); load it with transformers 5")
     if kind in LEGACY_TYPES:
-        return keys, ""
+        return keys, _yarn_factor_read_otherwise(rope, max_position_embeddings)
     return keys, (f"transformers 4.x has no rope type '{kind}': it refuses the directory (KeyError '{kind}'); "
                   "load it with transformers 5 or ropekit.load")
 
