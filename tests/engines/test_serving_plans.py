@@ -7,6 +7,7 @@ slow tests in test_engines_slow.py run it.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ def _export(tmp_path, method, rope_format="auto", **params):
     ("yarn", {"factor": 4.0}, True),
     ("llama3", {"factor": 4.0}, True),
     ("ntk_by_parts", {"factor": 2.0}, True),           # written as longrope with one set: exact
-    ("dynamic_ntk", {"factor": 2.0}, False),           # vLLM's dynamic serves plain RoPE
+    ("dynamic_ntk", {"factor": 2.0}, False),           # vLLM's dynamic is Dynamic NTK frozen at s·C
     ("self_extend", {"group_size": 4, "window_size": 16}, False),
 ])
 def test_which_exports_vllm_serves_exactly(tmp_path, method, params, exact):
@@ -44,6 +45,25 @@ def test_which_exports_vllm_serves_exactly(tmp_path, method, params, exact):
         assert plan.max_model_len == json.loads((tmp_path / method / "config.json").read_text())["max_position_embeddings"]
     else:
         assert plan.why and "\n" not in plan.why
+
+
+@pytest.mark.parametrize("method,params,magnitude", [
+    ("yarn", {"factor": 2.0, "attention_factor": 1.3}, 1.3),
+    ("ntk_by_parts", {"factor": 2.0, "ramp": "dim"}, 1.0),  # written as transformers' yarn with attention_factor 1
+])
+def test_yarn_magnitude_reaches_vllm_as_its_attn_factor(tmp_path, method, params, magnitude):
+    """vLLM's YaRNScalingRotaryEmbedding multiplies cos/sin by yarn_get_mscale(s) · attn_factor and never reads
+    attention_factor: the plan passes attn_factor so that the product is the model's own magnitude (NTK-by-parts
+    has none, YaRN §3.2), and the export's report says what the plan says."""
+    model = build_tiny_model("llama")
+    ropekit.extend(model, method, **params)
+    report = ropekit.save_pretrained(model, tmp_path / method, rope_format="native")
+    plan = vllm_serving(tmp_path / method)
+    assert plan.exact and report["vllm"] is True
+    served = plan.hf_overrides["rope_parameters"]
+    assert served["rope_type"] == "yarn"
+    assert (0.1 * math.log(2.0) + 1.0) * served["attn_factor"] == pytest.approx(magnitude, rel=1e-12)
+    assert "--hf-overrides" in plan.command
 
 
 def test_longrope_magnitude_is_in_config_json_under_vllms_own_names(tmp_path):
@@ -89,7 +109,7 @@ def test_verify_against_plain_transformers(tmp_path, run_cli):
 def test_vllm_refusal_names_the_reason(tmp_path, run_cli):
     directory = _export(tmp_path, "dynamic_ntk", factor=2.0)
     code, _, err = run_cli("export", str(directory), "--format", "vllm")
-    assert code == 2 and "dynamic" in err and "plain RoPE" in err
+    assert code == 2 and "dynamic" in err and "frozen at factor × window" in err and "--freeze-length" in err
     code, _, err = run_cli("verify", str(directory), "--engine", "vllm", "--python", "/nonexistent/python")
     assert code == 2 and "\n" not in err.strip()
 
@@ -202,3 +222,15 @@ def test_engines_live_in_the_per_user_data_directory(tmp_path, monkeypatch, run_
     assert not rows["vllm"]["installed"] and "ropekit engines install vllm" in rows["vllm"]["python"]
     code, _, err = run_cli("engines", "install", "bogus")
     assert code == 2 and "unknown engine 'bogus'" in err
+
+
+def test_vllms_dynamic_is_dynamic_ntk_frozen_at_factor_times_window():
+    """vLLM's DynamicNTKScalingRotaryEmbedding: max_len = C·s, base = b·(s·max_len/C − (s − 1))^(d/(d−2)), which the
+    refusal names as Dynamic NTK frozen at s·C tokens (what --freeze-length s·C exports)."""
+    from ropekit.methods.dynamic_ntk import dynamic_ntk_base
+
+    b, d, window, s = 10_000.0, 16, 64, 2.0
+    max_len = window * s
+    vllm_base = b * ((s * max_len / window) - (s - 1)) ** (d / (d - 2))
+    assert vllm_base == pytest.approx(35097.92, abs=0.01)
+    assert dynamic_ntk_base(b, d, s, int(max_len), window, window) == pytest.approx(vllm_base, rel=1e-12)

@@ -30,7 +30,7 @@ from .card import card_body, write_card
 from .legacy import legacy_keys, with_engine_keys
 from .model_rope import base_info, rotary_modules, text_config
 from .rope_types import transformers_builds
-from .vllm import engine_keys
+from .vllm import engine_keys, vllm_serving
 from .weights import cast_state, plan_weights, quantizer_set_aside
 
 def _with_base_rope(config, record):
@@ -358,12 +358,7 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
                          base_model=None if source and source.lower().endswith(".gguf") else source,
                          source_gguf=source if source and source.lower().endswith(".gguf") else None)
         write_card(building, body, method=m.name, base_model=source if source and _HUB_ID.match(source) else None)
-    if engine is not None:
-        vllm = True
-    elif chosen == "native":
-        vllm = "vllm" in m.exports_to(params)
-    else:  # vLLM's longrope uses the long set at every length once the served window exceeds the original
-        vllm = chosen == "longrope" and rope.get("short_factor") == rope.get("long_factor") is not None
+    vllm = vllm_serving(out).exact  # the same verdict as the card's and `ropekit verify`'s
     return {
         "method": m.name,
         "path": str(out),

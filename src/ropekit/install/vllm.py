@@ -5,7 +5,8 @@ vLLM builds its rotary embedding from ``config.json``'s ``rope_parameters`` (``g
 transformers' meaning: its ``longrope`` ignores ``attention_factor`` (it derives the magnitude from
 ``max_position_embeddings`` unless ``short_mscale``/``long_mscale`` are given) and uses the long factors at every
 length once the served context exceeds the original window; its ``dynamic`` computes one base for the whole cache
-instead of per input. So an export is exact in vLLM only for the rope types below, some with overrides.
+(Dynamic NTK frozen at factor × window tokens) instead of per input; its ``yarn`` takes the magnitude as
+``0.1·ln s + 1`` times its own ``attn_factor``, never transformers' ``attention_factor``. So an export is exact in vLLM only for the rope types below, some with overrides.
 
 **Methods vLLM computes itself.** A method may write ``config.json`` keys with which vLLM computes it rather than through
 its RoPE (:attr:`ropekit.methods.base.Method.vllm_keys`: Dual Chunk Attention's ``dual_chunk_attention_config``); the
@@ -16,6 +17,7 @@ export writes them (:meth:`~ropekit.methods.base.Method.vllm_config`) and the me
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +28,19 @@ from ..methods import list_methods
 from ..methods.base import EngineServing
 
 #: Rope types vLLM computes as transformers does, from the same keys.
-_SAME_MATH = ("default", "linear", "yarn", "llama3")
+_SAME_MATH = ("default", "linear", "llama3")
+
+
+def _yarn_overrides(rope: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``yarn`` multiplies cos and sin by ``yarn_get_mscale(factor) · attn_factor`` (``attn_factor`` 1 unless
+    given) and never reads transformers' ``attention_factor``: an attention factor other than 0.1·ln s + 1 (an
+    explicit one, DeepSeek's mscale ratio, NTK-by-parts' 1) reaches vLLM as ``attn_factor`` = A / (0.1·ln s + 1)."""
+    factor = float(rope.get("factor") or 1.0)
+    own = 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0
+    attention = rope.get("attention_factor")
+    if attention is None or abs(float(attention) - own) <= 1e-12 * own:
+        return rope
+    return {**rope, "attn_factor": float(attention) / own}
 
 @dataclass(frozen=True)
 class VLLMServing:
@@ -47,6 +61,8 @@ def _rope_overrides(rope: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     kind = rope.get("rope_type", "default")
     if kind in _SAME_MATH:
         return rope, ""
+    if kind == "yarn":
+        return _yarn_overrides(rope), ""
     if kind == "longrope":
         if list(rope.get("short_factor") or []) != list(rope.get("long_factor") or []):
             return None, ("vLLM's longrope applies the long factors at every length once the served context exceeds "
@@ -56,7 +72,8 @@ def _rope_overrides(rope: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         # vLLM reads the magnitude from short_mscale/long_mscale, not from attention_factor
         return {**rope, "short_mscale": rope["attention_factor"], "long_mscale": rope["attention_factor"]}, ""
     if kind == "dynamic":
-        return None, "vLLM's dynamic computes one base for its whole context instead of per input (it serves plain RoPE)"
+        return None, ("vLLM's dynamic computes one base for its whole context, Dynamic NTK frozen at factor × window "
+                      "tokens, instead of per input: export with --freeze-length (factor × window gives vLLM's numbers)")
     return None, f"vLLM has no rope type '{kind}' (a ropekit-only method: export it with rope_format longrope if it is static)"
 
 
