@@ -30,6 +30,7 @@ from .card import card_body, write_card
 from .legacy import legacy_keys, with_engine_keys
 from .model_rope import base_info, rotary_modules, text_config
 from .rope_types import transformers_builds
+from .softmax_scale import softmax_scale_changes
 from .vllm import engine_keys, vllm_serving
 from .weights import cast_state, plan_weights, quantizer_set_aside
 
@@ -89,10 +90,6 @@ def _longrope_rope(model, m, info, params, freeze_length: int | None) -> tuple[d
     """
     if not m.frequencies_only:
         return None, f"{m.name} changes attention, not only the frequencies"
-    if (info.rope_parameters or {}).get("mscale_all_dim"):
-        # DeepSeek's attention multiplies its softmax scale by yarn's mscale(factor, mscale_all_dim)² read from
-        # rope_parameters (yarn_apply_mscale): a longrope config would drop it (measured: 7e-4 in log p)
-        return None, "the model's softmax scale follows its yarn mscale_all_dim, which longrope does not carry"
     per_position = m.position_dependent_rotation(params)
     if per_position:
         return None, f"{m.name}: {per_position}"
@@ -203,6 +200,9 @@ def _encode(model, m, record, data: dict[str, Any], rope_format: str, freeze_len
     rope = pieces[None] if None in pieces else {**copy.deepcopy(base_rope), **pieces}
     if not transformers_builds(data, rope):
         return None, f"model type '{data.get('model_type')}' does not accept that rope_parameters unchanged"
+    scale_why = softmax_scale_changes(str(data.get("model_type", "")), base_rope, rope)
+    if scale_why:
+        return None, scale_why
     return rope, ""
 
 
