@@ -288,31 +288,28 @@ def test_yarn_export_names_the_transformers_4_releases_that_recompute_its_factor
     assert ropekit.save_pretrained(model, tmp_path / "even")["transformers4"]
 
 
-def test_deepseek_softmax_scale_decides_the_export_form(tmp_path, make_ids):
+def test_deepseek_softmax_scale_is_never_changed_by_an_install_or_an_export(tmp_path, make_ids):
     """DeepSeek-V3's attention multiplies its softmax scale by (0.1·mscale_all_dim·ln s + 1)² when rope_parameters
-    carry mscale_all_dim (transformers' yarn_apply_mscale, fixed when the model is built); ropekit extends a built
-    model, whose scale stays the base's. A form that would make the family build another scale is not written:
-    YaRN with mscale_all_dim on a plain DeepSeek is written as longrope (no mscale_all_dim: the plain scale), and
-    PI on a DeepSeek that ships yarn with mscale_all_dim keeps the ropekit form. Plain transformers / ropekit.load
-    then compute what the extended model does."""
+    carry mscale_all_dim (transformers' yarn_apply_mscale), fixed when the model is built; an installed method
+    changes the rotary embedding only. So YaRN's mscale_all_dim is refused there in one line, and an export form
+    that would make the family build another scale is not written: PI on a DeepSeek that ships yarn with
+    mscale_all_dim keeps the ropekit form (longrope would drop the base's scale), which ropekit.load restores."""
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_get_mscale
 
     model = build_tiny_model("deepseek_v3")
-    ropekit.extend(model, "yarn", factor=2.0, mscale=1.0, mscale_all_dim=1.0)
-    report = ropekit.save_pretrained(model, tmp_path / "yarn")
-    assert report["format"] == "longrope" and report["transformers"]
-    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "yarn").eval()
-    attention = plain.model.layers[0].self_attn
-    assert attention.scaling == model.model.layers[0].self_attn.scaling  # the base's, not × mscale(2, 1)²
-    assert attention.scaling != pytest.approx(model.model.layers[0].self_attn.scaling * yarn_get_mscale(2.0, 1.0) ** 2)
-    ids = make_ids(150)
-    assert torch.allclose(_logits(plain, ids), _logits(model, ids), atol=1e-5)
+    with pytest.raises(RopekitError, match="mscale_all_dim also scales the attention softmax") as err:
+        ropekit.extend(model, "yarn", factor=2.0, mscale=1.0, mscale_all_dim=1.0)
+    assert "\n" not in str(err.value) and ropekit.installed(model) is None
+    ropekit.extend(build_tiny_model("llama"), "yarn", factor=2.0, mscale=1.0, mscale_all_dim=1.0)  # Llama: rotary only
 
     shipped = build_tiny_model("deepseek-v3")
+    plain_scale = build_tiny_model("deepseek_v3").model.layers[0].self_attn.scaling
+    assert shipped.model.layers[0].self_attn.scaling == pytest.approx(plain_scale * yarn_get_mscale(4.0, 1.0) ** 2)
     ropekit.extend(shipped, "pi", factor=2.0)
     report = ropekit.save_pretrained(shipped, tmp_path / "pi")
     assert report["format"] == "ropekit"
     loaded = ropekit.load(tmp_path / "pi")
+    ids = make_ids(150)
     assert torch.equal(_logits(loaded, ids), _logits(shipped, ids))
     with pytest.raises(RopekitError, match="softmax scale"):
         ropekit.save_pretrained(shipped, tmp_path / "pi-longrope", rope_format="longrope")

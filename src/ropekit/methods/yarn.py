@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from ..core.softmax_scale import reads_softmax_scale_from_rope
+from ..errors import InvalidParameterError
 from .base import FACTOR, LLAMACPP_YARN_BETAS, ORIGINAL_WINDOW, ROPE_THETA, GGUFKeys, Param, register
 from .ntk_by_parts import BETA_FAST, BETA_SLOW, BLEND, TRUNCATE, _ByParts, ramp_param
 
@@ -35,7 +37,10 @@ class YaRN(_ByParts):
     ``rope_theta`` (jquesnelle/yarn's Llama code silently used 10000; docs/methods-reference.md §2).
 
     DeepSeek-V2/V3's keys: with ``mscale`` and ``mscale_all_dim`` both set (and no ``attention_factor``), the
-    attention factor is ``(0.1·mscale·ln s + 1)/(0.1·mscale_all_dim·ln s + 1)`` — transformers' rule.
+    attention factor is ``(0.1·mscale·ln s + 1)/(0.1·mscale_all_dim·ln s + 1)`` — transformers' rule. On the families
+    whose attention also multiplies its softmax scale by ``(0.1·mscale_all_dim·ln s + 1)²`` (DeepSeek's
+    ``yarn_apply_mscale``, applied when the model is built) ``mscale_all_dim`` is refused: an installed method
+    cannot change that scale.
     ``truncate=false`` (gpt-oss) keeps the ramp's end dimensions fractional.
 
     Composition: NTK-by-parts' rule on the effective frequencies — γ from ``r_i = C/λ^eff_i`` with ``C`` the
@@ -77,6 +82,17 @@ class YaRN(_ByParts):
             f"s={s:g}, β={params['beta_fast']:g}, α={params['beta_slow']:g} ({params['ramp']} ramp), "
             f"attn×{params['attention_factor']:.3f}"
         )
+
+    def check(self, info, params):
+        super().check(info, params)
+        if params["mscale_all_dim"] and reads_softmax_scale_from_rope(info.model_type):
+            # DeepSeek's attention multiplies its softmax scale by (0.1·mscale_all_dim·ln s + 1)², read from
+            # rope_parameters when the model is built; an installed method changes the rotary embedding only
+            raise InvalidParameterError(
+                f"{self.name}: on model type '{info.model_type}' mscale_all_dim also scales the attention softmax, "
+                "which is fixed when the model is built and an installed method does not change",
+                "leave mscale and mscale_all_dim out (pass attention_factor for the rotary magnitude), or build the "
+                "model from a config whose rope_parameters hold that yarn")
 
     def resolve(self, info, given):
         params = super().resolve(info, given)
