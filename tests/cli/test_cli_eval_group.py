@@ -154,3 +154,24 @@ def test_a_resume_with_other_options_is_refused_in_one_line(run_cli, tmp_path):
     assert code == 2 and len(lines) == 1 and "seed=0" in lines[0] and "seed=1" in lines[0], stderr
     assert out.read_text() == before
     assert run_cli(*common, "--lengths", "256,300", "--resume")[0] == 0  # more lengths, same options: fine
+    # another model: its samples would be the first model's
+    before = out.read_text()
+    code, _, stderr = run_cli("eval", "passkey", "tiny-qwen2", "--trials", "1", "--out", str(out), "--json",
+                              "--lengths", "256", "--resume")
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "model='tiny'" in lines[0] and "model='tiny-qwen2'" in lines[0], stderr
+    assert out.read_text() == before
+
+
+@pytest.mark.parametrize("task", ["ppl", "entropy", "passkey"])
+def test_a_plot_path_that_is_not_a_png_is_refused_before_any_work(run_cli, tmp_path, task):
+    """A --plot without .png replaced the user's file with a PNG (ppl) or failed with matplotlib's error after the
+    whole evaluation (entropy): now one line, exit 2, before the model loads, and the file is as it was."""
+    notes = tmp_path / "notes"
+    notes.write_text("keep me")
+    for target in (notes, tmp_path / "figure.txt"):
+        code, _, stderr = run_cli("eval", task, "tiny", "--lengths", "64", "--out", str(tmp_path / "r.jsonl"),
+                                  "--plot", str(target))
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and "not a .png path" in lines[0], stderr
+    assert notes.read_text() == "keep me" and not (tmp_path / "r.jsonl").exists()

@@ -108,6 +108,21 @@ def test_python_dash_m_ropekit_is_the_ropekit_command():
     assert module.stdout == entry.stdout
 
 
+def test_a_bad_input_under_deepspeed_is_still_one_line(tmp_path):
+    """DeepSpeed, imported on the way to a training, announces "Setting accelerator to CPU…" on every machine
+    without CUDA: that notice is dropped, so a refused training stays one line (and stdout stays clean)."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed")
+    code = ("import ropekit.runtime as r; r.route_deepspeed_logs_to_stderr(); import deepspeed; "
+            "from deepspeed.accelerator import get_accelerator; get_accelerator()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=300,
+                          check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Setting accelerator to CPU" not in done.stderr + done.stdout and done.stdout == ""
+
+
 def _command_paths(command, prefix=()) -> list[tuple[str, ...]]:
     """Every command of the click tree, groups included, as the words that name it, in the order of --help."""
     paths = [prefix] if prefix else []

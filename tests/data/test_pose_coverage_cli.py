@@ -112,6 +112,7 @@ def test_scheme_exact_and_plot_options(run_cli, tmp_path):
     (["--window", "8", "--target", "16", "--plot", "coverage.pdf"], ".png"),
     (["--window", "2048", "--target", "16384", "--chunks", "3", "--exact", "always"], "too large"),
     (["--window", "many"], "--window"),
+    (["--window", "64", "--target", "100000000000"], "past 16,777,216 tokens"),  # was a 745 GiB MemoryError
 ])
 def test_bad_input_is_one_line_and_nonzero(run_cli, tmp_path, monkeypatch, args, needle):
     monkeypatch.chdir(tmp_path)

@@ -118,11 +118,17 @@ def test_bad_input_is_one_line_and_writes_nothing(run_cli, tmp_path):
     for args, words in ((["--data", "builtin"], "held-out evaluation corpus"),
                         (["--data", "builtin-tests"], "builtin-tests is a held-out evaluation corpus"),
                         (["--target-length", "32"], "not beyond"),
-                        (["--fixed-pairs", "8"], "fixes every one")):
+                        (["--fixed-pairs", "8"], "fixes every one"),
+                        (["--target-length", "99999999999"], "past 16,777,216 tokens")):
         argv = ["search", "tiny", "--target-length", "256", "--out", str(tmp_path / "s"), *args]
         code, _, err = run_cli(*argv)
         assert code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
         assert not (tmp_path / "s").exists()
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    code, _, err = run_cli("search", "tiny", "--target-length", "256", "--out", str(afile))
+    assert code == 2 and "exists and is a file" in err and len(err.strip().splitlines()) == 1
+    assert afile.read_text() == "keep me"
 
 
 def test_sigkill_mid_search_loses_nothing_and_evaluates_nothing_twice(searched, tmp_path):

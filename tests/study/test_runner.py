@@ -554,6 +554,20 @@ def test_base_model_is_loaded_once_per_process_and_each_piece_gets_a_private_cop
         assert not torch.equal(first(input_ids=ids).logits, fresh(input_ids=ids).logits)
 
 
+def test_an_uncached_hub_model_offline_is_refused_before_the_study_directory_exists(run_cli, tmp_path, monkeypatch):
+    """Offline, a hub id that is not in the local cache is one line and exit 2 before anything is written (the study
+    directory used to be created and every piece marked failed)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    raw = {**SMALL, "model": "ropekit-tests/certainly-not-cached-model-0", "variants": [{"label": "base"}],
+           "evals": {"passkey": {"lengths": [64], "trials": 1, "depths": [0.5]}}}
+    raw.pop("recipe")
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    code, _, stderr = run_cli("study", str(config), "--out", str(tmp_path / "never"))
+    assert code == 2 and stderr.strip().count("\n") == 0 and "offline" in stderr, stderr
+    assert "certainly-not-cached-model-0" in stderr and not (tmp_path / "never").exists()
+
+
 def test_a_missing_eval_data_file_is_refused_up_front_unless_its_pieces_are_done(run_cli, tmp_path):
     """An evaluation whose data file is missing is refused before anything is written (one line, exit 2), not
     failed when its piece's turn comes; once its pieces are done the file is no longer needed."""

@@ -85,3 +85,22 @@ def test_tiny_full_runs_a_few_steps_and_loads_with_its_method(run_cli, monkeypat
     assert code == 2 and "--resume" in err
     code, _, err = run_cli("train", str(config), "--out", str(out_dir), "--max-steps", "2", "--resume")
     assert code == 0 and "nothing to do" in err
+
+
+def test_a_missing_data_path_or_an_unwritable_output_is_one_line_before_the_run_directory(run_cli, tmp_path):
+    """A data source that does not exist (it failed after writing config.yaml and metrics.jsonl into the run
+    directory), and an output directory that is a file: one line, exit 2, nothing written."""
+    raw = yaml.safe_load(example_yaml("tiny-full"))
+    raw["data"] = {**(raw.get("data") or {}), "sources": [{"path": str(tmp_path / "nonexistent.jsonl")}]}
+    config = tmp_path / "nodata.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    code, _, err = run_cli("train", str(config), "--out", str(tmp_path / "run"))
+    assert code == 2 and "nonexistent.jsonl' does not exist" in err and err.strip().count("\n") == 0, err
+    assert not (tmp_path / "run").exists()
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    good = tmp_path / "good.yaml"
+    good.write_text(example_yaml("tiny-full"))
+    code, _, err = run_cli("train", str(good), "--out", str(afile))
+    assert code == 2 and "exists and is a file" in err and err.strip().count("\n") == 0, err
+    assert afile.read_text() == "keep me"

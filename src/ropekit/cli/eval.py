@@ -167,6 +167,8 @@ def _run(task: str, model: str, lengths: Optional[str], method: Optional[str], p
         from ..methods import get_method
 
         get_method(method)  # an unknown name fails before the model loads
+    if given.get("plot") is not None:
+        _check_plot_target(Path(given["plot"]))  # before the work, not after it
     loaded = load_model(model, *placement)
     from ..eval.common import make_context
     from ..runtime.progress import progress
@@ -177,7 +179,8 @@ def _run(task: str, model: str, lengths: Optional[str], method: Optional[str], p
             lengths=given.get("lengths") or getattr(module, "DEFAULT_LENGTHS", [loaded.model.config.max_position_embeddings]),
             key_fields=module.KEY_FIELDS, seed=seed, out=str(out_file) if out_file else None, resume=resume,
             progress=TaskProgress(shown),
-            options={k: v for k, v in given.items() if k not in _SELECTING},
+            # the model as named: a results file resumed with another model would report the first one's samples
+            options={"model": model, **{k: v for k, v in given.items() if k not in _SELECTING}},
         )
         module.run(ctx, **given)
     # this run's method and parameters only: a results file resumed with several methods holds the others too, and
@@ -190,6 +193,16 @@ def _run(task: str, model: str, lengths: Optional[str], method: Optional[str], p
     print_rows(rows, title=f"{task} — {model} — {label}")
     if out_file:
         err.print(f"records: {out_file}")
+
+
+def _check_plot_target(path: Path) -> None:
+    """A figure path the run can write, refused in one line before any work (an existing file that is not a PNG
+    is never replaced by one)."""
+    from ..runtime.atomic import check_target
+
+    if path.suffix.lower() != ".png":
+        raise RopekitError(f"--plot '{path}' is not a .png path", "pass a file name ending in .png")
+    check_target(path, what="--plot", kind="file")
 
 
 # ---- the tasks -------------------------------------------------------------------------------------

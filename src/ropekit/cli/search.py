@@ -52,6 +52,9 @@ def search_cmd(
     else:
         resolve_model(model)  # a missing path fails in one line before anything is written
         path = model
+    from ..runtime.atomic import check_target
+
+    check_target(out_dir, kind="dir")  # a file, a read-only place: one line before the model loads
     settings = SearchSettings(model=model, target_length=target_length, evaluations=evaluations, seed=seed,
                               documents=documents, data=data, fixed_pairs=fixed_pairs, population=population,
                               start_tokens=starts)

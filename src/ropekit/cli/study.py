@@ -60,7 +60,7 @@ def study_cmd(
     status_dir: Optional[Path] = typer.Argument(None, help="With `status`: the study directory."),
     preset: Optional[str] = typer.Option(None, "--preset", help="A built-in study: quick, standard, smollm2, lceg-llama2-7b."),
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Study directory (default: study-NAME); holds study.sqlite."),
-    workers: int = typer.Option(1, "--workers", "-w", help="Worker processes sharing the pieces (threads split between them)."),
+    workers: int = typer.Option(1, "--workers", "-w", min=1, help="Worker processes sharing the pieces (threads split between them)."),
     backend: str = typer.Option("local", "--backend", help="local (processes on this machine) or ray (every piece a Ray task)."),
     address: Optional[str] = typer.Option(None, "--address", help="ray: the cluster (auto, or HOST:PORT of its head); "
                                           "default: start a local one."),
@@ -97,6 +97,8 @@ def study_cmd(
             raise RopekitError("--show prints a preset", "add --preset NAME (e.g. --preset quick)")
         typer.echo(preset_text(preset), nl=False)  # raw: rich would wrap long lines and break the YAML
         return
+    if backend not in ("local", "ray"):
+        raise RopekitError(f"--backend '{backend}' is not a study backend", "pass --backend local or --backend ray")
     cfg = load_study_config(config, preset=preset)
     if pretrain:
         cfg.pretrain = True
@@ -109,9 +111,9 @@ def study_cmd(
     from ..study.runner import run_study
 
     if cfg.model != BUILTIN_BASE:
-        from ..models.loading import resolve_model
+        from ..models.loading import require_reachable
 
-        resolve_model(cfg.model)  # a missing path fails here, in one line, before a study directory exists
+        require_reachable(cfg.model)  # a missing path or an uncached hub id offline: one line, before any directory
 
     if backend == "ray":
         from ..study.ray_backend import require_ray

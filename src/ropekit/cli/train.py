@@ -38,6 +38,19 @@ def _examples(name: str, json_out: bool) -> None:
     sys.stdout.write(example_yaml(name))  # raw: the YAML is meant to be redirected into a file
 
 
+def _require_local_sources(cfg) -> None:
+    """A data source path that does not exist, in one line before the run directory is written."""
+    from ..data.training_data import validate_data_spec
+    from ..train.data import data_spec
+
+    for i, stage in enumerate(cfg.stages):
+        for source in validate_data_spec(data_spec(stage.data.spec, stage.data.shuffle), stage.seq_len).sources:
+            if source.path.strip().lower() != "builtin" and not Path(source.path).expanduser().exists():
+                where = f"stages[{i}] ({stage.name}): " if cfg.curriculum else ""
+                raise RopekitError(f"{where}data source '{source.path}' does not exist",
+                                   "pass an existing file or directory, or 'builtin'")
+
+
 def _plan_rows(cfg) -> list[dict[str, Any]]:
     """One row per stage: the steps it covers (after --max-steps), its sequence length, method and batch."""
     world = _world_size()
@@ -198,7 +211,10 @@ def train_cmd(
         else:
             _print_plan(config, cfg, rows)
         return
-    cfg.require_output()
+    from ..runtime.atomic import check_target
+
+    check_target(cfg.require_output(), what="output.dir", kind="dir")  # a file, a read-only place: one line
+    _require_local_sources(cfg)
     result = train(cfg, resume=resume, console=err)
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return  # under a multi-process launch only rank 0 reports

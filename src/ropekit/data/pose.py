@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..core.schema import MAX_POSITIONS
 from ..errors import RopekitError
 from ..runtime.atomic import save_figure
 
@@ -82,6 +83,9 @@ def _check_lengths(train_length: int, target_length: int, n_chunks: int | None =
     for name, value in (("train length", train_length), ("target length", target_length)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise RopekitError(f"the {name} {value!r} is not a positive integer", f"pass the {name} in tokens, e.g. 256")
+    if target_length > MAX_POSITIONS:
+        raise RopekitError(f"target length {target_length:,} is past {MAX_POSITIONS:,} tokens, the most positions a "
+                           "float32 rotary angle tells apart", "pass a target length up to 16M tokens")
     if target_length < train_length:
         raise RopekitError(f"target length {target_length} is below the training length {train_length}",
                            "set the target length (the context to simulate) to at least the training length")

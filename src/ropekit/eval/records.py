@@ -7,10 +7,12 @@ in flight; ``--resume`` reads the file back and skips every record whose key is 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..core.schema import MAX_POSITIONS
 from ..errors import RopekitError
 from ..runtime.atomic import atomic_file
 
@@ -28,8 +30,11 @@ def parse_lengths(text: str) -> list[int]:
             value = float(number) * scale
         except ValueError:
             raise RopekitError(f"--lengths entry '{part.strip()}' is not a length", "pass e.g. --lengths 4k,8k,16000") from None
-        if value < 1 or value != int(value):
+        if not math.isfinite(value) or value < 1 or value != int(value):
             raise RopekitError(f"--lengths entry '{part.strip()}' is not a positive whole number of tokens", "pass e.g. --lengths 4k,8k")
+        if value > MAX_POSITIONS:
+            raise RopekitError(f"--lengths entry '{part.strip()}' is past {MAX_POSITIONS:,} tokens, the most positions "
+                               "a float32 rotary angle tells apart", "pass lengths up to 16M tokens, e.g. --lengths 128k")
         lengths.append(int(value))
     if not lengths:
         raise RopekitError("--lengths is empty", "pass e.g. --lengths 4k,8k")
@@ -45,21 +50,27 @@ class RecordWriter:
         self.done: dict[tuple, dict[str, Any]] = {}
         if self.path is None:
             return
+        if self.path.is_dir():
+            raise RopekitError(f"--out '{self.path}' is a directory", "pass a results file path, e.g. results.jsonl")
         if self.path.exists() and self.path.stat().st_size > 0 and not resume:
             raise RopekitError(
                 f"results file '{self.path}' already holds records",
                 "pass --resume to continue it, or another --out",
             )
         if resume and self.path.exists():
-            text = self.path.read_text()
+            try:
+                text = self.path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise RopekitError(f"'{self.path}' is not a JSON-lines results file (not UTF-8 text)",
+                                   "pass the results file a run wrote, or another --out") from None
             lines = text.splitlines()
+            cut = False
             if lines and not text.endswith("\n"):
                 try:
                     json.loads(lines[-1])
-                except json.JSONDecodeError:  # the line a crash cut short: drop it, that piece is redone
-                    lines = lines[:-1]
-                    with atomic_file(self.path, overwrite=True, what="results file") as tmp:
-                        tmp.write_text("".join(line + "\n" for line in lines))
+                except json.JSONDecodeError:  # the line a crash cut short: dropped (that piece is redone)
+                    lines, cut = lines[:-1], True
+            records = []
             for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
@@ -67,6 +78,13 @@ class RecordWriter:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     raise RopekitError(f"'{self.path}' line {number} is not JSON", "fix or remove that line") from None
+                if not isinstance(record, dict):
+                    raise RopekitError(f"'{self.path}' line {number} is not a results record", "fix or remove that line")
+                records.append(record)
+            if cut:  # only a file that is otherwise a results file is rewritten
+                with atomic_file(self.path, overwrite=True, what="results file") as tmp:
+                    tmp.write_text("".join(line + "\n" for line in lines))
+            for record in records:
                 self.done[self.key(record)] = record
         self.path.parent.mkdir(parents=True, exist_ok=True)
 

@@ -50,6 +50,7 @@ __all__ = [
     "load_model",
     "parameter_count",
     "read_gguf_info",
+    "require_reachable",
     "resolve_model",
     "smollm2_gguf_path",
 ]
@@ -618,6 +619,15 @@ def _cached_snapshot(repo_id: str) -> Path | None:
     except Exception:
         return None
     return folder if (folder / "config.json").is_file() else None
+
+
+def require_reachable(spec: str) -> None:
+    """Raise the one-line offline :class:`ModelLoadError` now for a hub id that is neither cached nor downloadable,
+    so that a command which would load it later (a study's pieces) refuses before writing anything."""
+    kind, value = resolve_model(spec)
+    if kind == "hub" and _cached_snapshot(value) is None and hub_is_offline():
+        raise ModelLoadError(f"cannot download '{value}': this machine is offline and it is not in the local cache",
+                             "Pass a local directory or .gguf file")
 
 
 def _load_hub(repo_id: str, *, dtype, attn_implementation: str, with_tokenizer: bool):

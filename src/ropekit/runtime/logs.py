@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 
 
 @contextlib.contextmanager
@@ -78,11 +79,18 @@ class _DeepSpeedImportToStderr:
         def exec_with_stdout_on_stderr(module):
             if finder in sys.meta_path:
                 sys.meta_path.remove(finder)
+            # its import announces "Setting accelerator to CPU…" on every machine without CUDA, a second line under
+            # each of ropekit's one-line messages; the logger object is the one DeepSpeed configures by name
+            logging.getLogger("DeepSpeed").addFilter(_drop_cpu_accelerator_notice)
             with contextlib.redirect_stdout(sys.__stderr__ or sys.stderr):
                 exec_module(module)
 
         spec.loader.exec_module = exec_with_stdout_on_stderr  # this spec's loader only
         return spec
+
+
+def _drop_cpu_accelerator_notice(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Setting accelerator to CPU")
 
 
 def route_deepspeed_logs_to_stderr() -> None:

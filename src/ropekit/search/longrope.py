@@ -39,6 +39,7 @@ from ..runtime.devices import computed_on
 from ..data.corpora import is_builtin, iter_documents
 from ..data.local_text import stdlib_documents
 from ..data.packing import PackedStream
+from ..core.schema import MAX_POSITIONS
 from ..errors import InvalidParameterError, RopekitError
 from ..eval.perplexity import score_windows
 from ..install import extend, rope_info, save_pretrained, uninstall
@@ -94,6 +95,9 @@ def check_settings(s: SearchSettings, window: int, pairs: int) -> None:
     if s.target_length <= window:
         raise InvalidParameterError(f"target length {s.target_length} is not beyond the model's window {window}",
                                     f"pass --target-length above {window}")
+    if s.target_length > MAX_POSITIONS:
+        raise InvalidParameterError(f"target length {s.target_length:,} is past {MAX_POSITIONS:,} tokens, the most "
+                                    "positions a float32 rotary angle tells apart", "pass a target length up to 16M")
     if s.evaluations < 4:
         raise InvalidParameterError(f"--evaluations {s.evaluations} leaves no room for a search",
                                     "pass --evaluations 4 or more (the paper used about 1,300)")
@@ -245,10 +249,10 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
     info = rope_info(model)
     check_settings(settings, info.window, info.rotary_dim // 2)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     factor = settings.target_length / info.window
     starts = settings.searched_starts
-    documents = search_documents(tokenizer, settings)
+    documents = search_documents(tokenizer, settings)  # too little text is refused before the directory exists
+    out.mkdir(parents=True, exist_ok=True)
     if evaluate is None:
         def evaluate(batch):
             for c in batch:
