@@ -222,3 +222,17 @@ def test_inspect_reports_self_extend_reach(run_cli, tmp_path):
     assert code == 0, err
     ext = json.loads(out)["extended_with"]
     assert ext["method"] == "self_extend" and ext["reach"] == 3 * (TINY_WINDOW - 8 + 8 // 3)
+
+
+def test_whole_number_lists_refuse_words_and_infinities_in_one_line():
+    """--chunks/--shots/--trials lists: a word was answered with a hint of decimals, and 'inf' was an internal
+    OverflowError."""
+    from ropekit.cli.common import int_list
+    from ropekit.errors import RopekitError
+
+    assert int_list("2, 3", "--chunks") == [2, 3]
+    for text, said in (("a,b", "not a comma-separated list of whole numbers"), ("inf", "must be whole numbers"),
+                       ("2,nan", "must be whole numbers"), ("1.5", "must be whole numbers"), ("0", "≥ 1")):
+        with pytest.raises(RopekitError, match=said) as err:
+            int_list(text, "--chunks")
+        assert "0.1" not in str(err.value) and "\n" not in str(err.value)

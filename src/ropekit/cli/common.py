@@ -8,6 +8,7 @@ function that needs it, so that ``ropekit --help`` never loads torch or transfor
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Annotated, Any, Optional
 
@@ -173,9 +174,13 @@ def float_list(text: Optional[str], flag: str) -> Optional[list[float]]:
 
 def int_list(text: Optional[str], flag: str, minimum: int = 1) -> Optional[list[int]]:
     """A comma-separated list of whole numbers ≥ ``minimum``; a one-line error naming ``flag`` otherwise."""
-    values = float_list(text, flag)
+    try:
+        values = float_list(text, flag)
+    except RopekitError:
+        raise RopekitError(f"{flag} '{text}' is not a comma-separated list of whole numbers",
+                           f"pass e.g. {flag} {minimum},{minimum + 1},{minimum + 3}") from None
     if values is None:
         return None
-    if any(v != int(v) or v < minimum for v in values):
+    if any(not math.isfinite(v) or v != int(v) or v < minimum for v in values):
         raise RopekitError(f"{flag} '{text}' must be whole numbers ≥ {minimum}", f"pass e.g. {flag} {minimum},2,4,8")
     return [int(v) for v in values]

@@ -43,12 +43,12 @@ def export_cmd(
     if dtype not in GGUF_DTYPES:
         raise RopekitError(f"--outtype {dtype!r} is not one of {', '.join(GGUF_DTYPES)}", "pass e.g. --outtype f16")
     target = out_path or Path(directory) / f"model-{dtype}.gguf"
-    if target.exists() and not overwrite:
-        raise RopekitError(f"'{target}' exists", "pass another --out, or --overwrite")
     from ..install.gguf_export import saved_freeze_length, write_gguf
     from ..runtime.atomic import check_target
 
-    check_target(target, kind="file")  # a FIFO or an unwritable place is refused before the model loads
+    check_target(target, kind="file")  # a directory, a FIFO or an unwritable place, before the model loads
+    if target.exists() and not overwrite:
+        raise RopekitError(f"'{target}' exists", "pass another --out, or --overwrite")
     from .common import load_model
 
     loaded = load_model(directory)
