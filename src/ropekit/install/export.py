@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 
 from ..core.jsonsafe import json_safe
 from ..core.rope import pair_exponents
+from ..core.softmax_scale import softmax_scale_changes
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..runtime.atomic import atomic_dir
 from ..methods import get_method
@@ -30,7 +31,6 @@ from .card import card_body, write_card
 from .legacy import legacy_keys, with_engine_keys
 from .model_rope import base_info, rotary_modules, text_config
 from .rope_types import transformers_builds
-from ..core.softmax_scale import softmax_scale_changes
 from .vllm import engine_keys, vllm_serving
 from .weights import cast_state, plan_weights, quantizer_set_aside
 

@@ -6,7 +6,8 @@ transformers' meaning: its ``longrope`` ignores ``attention_factor`` (it derives
 ``max_position_embeddings`` unless ``short_mscale``/``long_mscale`` are given) and uses the long factors at every
 length once the served context exceeds the original window; its ``dynamic`` computes one base for the whole cache
 (Dynamic NTK frozen at factor × window tokens) instead of per input; its ``yarn`` takes the magnitude as
-``0.1·ln s + 1`` times its own ``attn_factor``, never transformers' ``attention_factor``. So an export is exact in vLLM only for the rope types below, some with overrides.
+``0.1·ln s + 1`` times its own ``attn_factor``, never transformers' ``attention_factor``. So an export is exact in
+vLLM only for the rope types below, some with overrides.
 
 **Methods vLLM computes itself.** A method may write ``config.json`` keys with which vLLM computes it rather than through
 its RoPE (:attr:`ropekit.methods.base.Method.vllm_keys`: Dual Chunk Attention's ``dual_chunk_attention_config``); the
@@ -41,6 +42,7 @@ def _yarn_overrides(rope: dict[str, Any]) -> dict[str, Any]:
     if attention is None or abs(float(attention) - own) <= 1e-12 * own:
         return rope
     return {**rope, "attn_factor": float(attention) / own}
+
 
 @dataclass(frozen=True)
 class VLLMServing:
