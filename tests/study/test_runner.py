@@ -259,11 +259,18 @@ def test_two_worker_processes_give_the_same_database(reference_study, tmp_path, 
     _assert_same(_dump(ref_dir / "study.sqlite"), _dump(tmp_path / "study.sqlite"))
 
 
-def test_another_config_in_the_same_directory_is_refused(reference_study):
+def test_another_config_in_the_same_directory_is_refused(reference_study, run_cli, tmp_path):
     out, _ = reference_study
     other = {**SMALL, "evals": {"ppl": {"lengths": [64], "samples": 1}}}
     with pytest.raises(RopekitError, match="another configuration"):
         run_study(parse_study(other), out, progress=False)
+    # from the command line: one line, before the study is announced, and the database is as it was
+    config = tmp_path / "other.yaml"
+    config.write_text(yaml.safe_dump(other))
+    before = (out / "study.sqlite").read_bytes()
+    code, _, stderr = run_cli("study", str(config), "--out", str(out))
+    assert code == 2 and stderr.strip().count("\n") == 0 and "another configuration" in stderr, stderr
+    assert (out / "study.sqlite").read_bytes() == before
 
 
 def test_a_failing_piece_is_recorded_and_the_rest_goes_on(tmp_path):

@@ -124,11 +124,13 @@ def study_cmd(
 
     check_target(study_dir, kind="dir")  # a file, a FIFO, a read-only place: one line before any work
     from ..study.pieces import placement, select_pieces
-    from ..study.runner import corpus_warning, require_eval_data, require_models, retrain_variants
+    from ..study.runner import (corpus_warning, require_eval_data, require_models, require_same_config,
+                                retrain_variants)
 
     only, retrain = ([label.strip() for item in given or [] for label in item.split(",") if label.strip()]
                      for given in (only, retrain))
     select_pieces(cfg, only)  # an unknown label: one line, before anything is written
+    require_same_config(cfg, study_dir)  # another protocol in this directory: one line, before the announcement
     require_eval_data(cfg, study_dir, only)  # a missing data file that an unfinished piece reads: one line, here
     require_models(cfg, study_dir, retrain, only)  # a trained model not on this machine: one line, here
     for line in retrain_variants(cfg, study_dir, retrain):

@@ -297,6 +297,18 @@ def _check_retrain(config: StudyConfig, labels: Sequence[str]) -> dict[str, tupl
     return producers
 
 
+def require_same_config(config: StudyConfig, study_dir: Path) -> None:
+    """Refuse, before anything is printed or written, a config that the study in ``study_dir`` was not started with
+    (the store's rule: adding or dropping variants is the same protocol)."""
+    if not (study_dir / DB_NAME).is_file():
+        return
+    store = open_study(study_dir)
+    try:
+        store.check_config(config.as_dict())
+    finally:
+        store.close()
+
+
 def require_models(config: StudyConfig, study_dir: Path, retrain: Sequence[str] = (),
                    only: Sequence[str] | None = None) -> None:
     """Refuse, before anything is written, a study whose finished training or search left a model that is not on

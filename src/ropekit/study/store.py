@@ -526,6 +526,17 @@ class StudyStore:
         rows = self._conn.execute("SELECT key, value FROM manifest WHERE key LIKE ?", (PLACEMENT_KEY + "%",))
         return {r["key"][len(PLACEMENT_KEY):]: json.loads(r["value"]) for r in rows}
 
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        """Refuse, in one line, a config whose protocol differs from the one this study was started with
+        (:meth:`initialize`'s rule); nothing is written."""
+        config = json.loads(_dumps(dict(config)))
+        old = self.get_manifest("config")
+        if old is not None and old != config and not _same_protocol(old, config):
+            raise RopekitError(
+                f"study '{self.path.parent}' was started with another configuration",
+                "use a new study directory, or resume with the same configuration",
+            )
+
     def initialize(self, name: str, config: Mapping[str, Any], *, seeds: Any = None, replace: bool = False, **extra: Any) -> None:
         """Record a study's identity: name, config, seeds, package versions and the machine (plus ``extra``
         keys such as ``model``, ``window``, ``target_length``, ``methods``).
@@ -537,12 +548,8 @@ class StudyStore:
         outside the study's plan.
         """
         config = json.loads(_dumps(dict(config)))
-        old = self.get_manifest("config")
-        if old is not None and old != config and not replace and not _same_protocol(old, config):
-            raise RopekitError(
-                f"study '{self.path.parent}' was started with another configuration",
-                "use a new study directory, or resume with the same configuration",
-            )
+        if not replace:
+            self.check_config(config)
         self.set_manifest(name=name, config=config, seeds=seeds, versions=package_versions(),
                           machine=machine_description(), **extra)
 
