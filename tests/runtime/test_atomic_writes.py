@@ -12,7 +12,7 @@ import pytest
 
 from ropekit.errors import RopekitError
 from ropekit.runtime import atomic
-from ropekit.runtime.atomic import atomic_dir, atomic_file, check_target, clean_leftovers
+from ropekit.runtime.atomic import atomic_dir, atomic_file, check_figure_target, check_target, clean_leftovers
 
 
 def _dead_pid() -> int:
@@ -104,6 +104,21 @@ def test_fifos_files_on_the_path_and_long_names_are_refused_before_any_work(tmp_
     with atomic_file(long_ok) as tmp:
         tmp.write_text("ok")
     assert long_ok.read_text() == "ok"
+
+
+def test_a_figure_target_must_be_a_writable_png_file_and_nothing_is_touched(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me")
+    with pytest.raises(RopekitError, match=r"--plot '.*notes.txt' is not a .png path"):
+        check_figure_target(notes)
+    assert notes.read_text() == "keep me"
+    (tmp_path / "figs.png").mkdir()
+    with pytest.raises(RopekitError, match="is a directory"):
+        check_figure_target(tmp_path / "figs.png")
+    with pytest.raises(RopekitError, match="plot path .* which is a file"):
+        check_figure_target(notes / "fig.PNG", what="plot path")
+    assert check_figure_target(tmp_path / "new" / "fig.PNG") == tmp_path / "new" / "fig.PNG"
+    assert not (tmp_path / "new").exists()  # a check, not a write
 
 
 def test_a_read_only_filesystem_is_refused(tmp_path, monkeypatch):

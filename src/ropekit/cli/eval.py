@@ -24,6 +24,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from ..errors import RopekitError
+from ..runtime.atomic import check_figure_target
 from .common import (MODEL_HELP, AttnOpt, Command, DeviceMapOpt, DeviceOpt, DtypeOpt, TaskProgress, err, float_list, int_list, load_model, out, parse_params,
                      print_json, print_rows, split_list)
 
@@ -168,7 +169,7 @@ def _run(task: str, model: str, lengths: Optional[str], method: Optional[str], p
 
         get_method(method)  # an unknown name fails before the model loads
     if given.get("plot") is not None:
-        _check_plot_target(Path(given["plot"]))  # before the work, not after it
+        check_figure_target(given["plot"])  # before the work, not after it
     loaded = load_model(model, *placement)
     from ..eval.common import make_context
     from ..runtime.progress import progress
@@ -193,16 +194,6 @@ def _run(task: str, model: str, lengths: Optional[str], method: Optional[str], p
     print_rows(rows, title=f"{task} — {model} — {label}")
     if out_file:
         err.print(f"records: {out_file}")
-
-
-def _check_plot_target(path: Path) -> None:
-    """A figure path the run can write, refused in one line before any work (an existing file that is not a PNG
-    is never replaced by one)."""
-    from ..runtime.atomic import check_target
-
-    if path.suffix.lower() != ".png":
-        raise RopekitError(f"--plot '{path}' is not a .png path", "pass a file name ending in .png")
-    check_target(path, what="--plot", kind="file")
 
 
 # ---- the tasks -------------------------------------------------------------------------------------

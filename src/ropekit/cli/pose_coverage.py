@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from ..errors import RopekitError
+from ..runtime.atomic import check_figure_target
 from .common import err, int_list, out, print_json
 
 #: --scheme → (PoSE curves, RandPos curve)
@@ -40,8 +41,8 @@ def pose_coverage_cmd(
         raise RopekitError(f"--scheme '{scheme}' is not pose, randpos or both", "pass e.g. --scheme both")
     if exact not in _EXACT:
         raise RopekitError(f"--exact '{exact}' is not auto, always or never", "pass e.g. --exact auto")
-    if plot is not None and plot.suffix.lower() != ".png":
-        raise RopekitError(f"--plot '{plot}' is not a .png file", "pass a path ending in .png")
+    if plot is not None:
+        check_figure_target(plot)
     with_pose, with_randpos = _SCHEMES[scheme]
     chunk_list = int_list(chunks, "--chunks") if with_pose else []
     with err.status("computing coverage…"):

@@ -52,7 +52,7 @@ import torch
 
 from ..core.schema import MAX_POSITIONS
 from ..errors import RopekitError
-from ..runtime.atomic import save_figure
+from ..runtime.atomic import check_figure_target, save_figure
 
 #: Content-offset modes of PoSE (paper Appendix A).
 OFFSET_MODES = ("uniform", "zero", "aligned")
@@ -515,9 +515,7 @@ def plot_coverage(report: dict, path: str | Path, title: str | None = None) -> s
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise RopekitError(f"plot path '{path}' is not a .png file", "pass a path ending in .png")
+    path = check_figure_target(path, what="plot path")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig = Figure(figsize=(8, 4.5))
     FigureCanvasAgg(fig)

@@ -54,6 +54,7 @@ from typing import Any
 
 from ..data.prose import PROSE_SOURCE, prose_digest, prose_sentences
 from ..errors import RopekitError
+from ..runtime.atomic import check_figure_target
 from .common import (
     EvalContext,
     encode,
@@ -250,8 +251,8 @@ def run(ctx: EvalContext, *, lengths: list[int] | None = None, depths: list[floa
         # answers "<|im_end|>" and scores 0); say so rather than let the grid read as a retrieval failure
         warnings.warn("niah: this tokenizer has a chat template but the plain base-model prompt is used; "
                       "pass --chat (chat=True) for an instruction-tuned model", stacklevel=2)
-    if plot is not None and not str(plot).lower().endswith(".png"):
-        raise RopekitError(f"--plot '{plot}' is not a .png path", "pass a file name ending in .png")
+    if plot is not None:
+        check_figure_target(plot)  # before the work, not after it
     ctx.set_total(len(lengths) * len(depth_list) * trials)
     hay: Haystack | None = None
     digest = prose_digest()

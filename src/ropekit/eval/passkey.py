@@ -52,6 +52,7 @@ from ..data.passkey_text import (  # noqa: F401  (the prompt's strings are part 
     filler,
 )
 from ..errors import RopekitError
+from ..runtime.atomic import check_figure_target
 from .common import (
     EvalContext,
     encode,
@@ -211,8 +212,8 @@ def run(ctx: EvalContext, *, lengths: list[int] | None = None, depths: list[floa
     lengths = check_lengths(lengths, ctx)
     depth_list: list[float | None] = [None] if depths is None else check_depths(depths)
     trials = check_trials(trials)
-    if plot is not None and not str(plot).lower().endswith(".png"):
-        raise RopekitError(f"--plot '{plot}' is not a .png path", "pass a file name ending in .png")
+    if plot is not None:
+        check_figure_target(plot)  # before the work, not after it
     ctx.set_total(len(lengths) * len(depth_list) * trials)
     stop = eos_ids(tokenizer)
     for length in lengths:

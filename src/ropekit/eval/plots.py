@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RopekitError
-from ..runtime.atomic import save_figure
+from ..runtime.atomic import check_figure_target, save_figure
 
 #: The red → yellow → green colours of the needle-in-a-haystack heatmaps (gkamradt, LCEG).
 HEATMAP_COLORS = ("#F0496E", "#EBB839", "#0CD79F")
@@ -153,9 +153,7 @@ def heatmap(
     tokens (``{"pretrained": 4096, "trained": 16384}``; ``None`` values are skipped), each drawn as a
     labelled vertical dashed line at :func:`window_position`.
     """
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise RopekitError(f"--plot '{path}' is not a .png path", "pass a file name ending in .png")
+    path = check_figure_target(path)
     cells = grid_from(grid, value=value)
     if not cells:
         raise RopekitError("there is nothing to plot: no record has a numeric depth and length", "evaluate some samples first")

@@ -32,7 +32,7 @@ from ..core.hf_compat import cache_argument, output_cache
 from ..errors import RopekitError
 from ..methods import get_method
 from ..install import extend, rope_info
-from ..runtime.atomic import save_figure
+from ..runtime.atomic import check_figure_target, save_figure
 from .records import RecordWriter
 
 PLAIN = "plain"
@@ -346,14 +346,10 @@ def cost_slopes(rows: list[dict[str, Any]], window: int | None = None) -> dict[s
 def plot_cost(rows: list[dict[str, Any]], path, *, window: int | None = None, title: str = "") -> dict[str, dict[str, Any]]:
     """Log-log plot of prefill time and peak memory per method against length into the PNG ``path``, each method's
     fitted slope (:func:`cost_slopes`) in its legend label, the window as a dashed line; returns the slopes."""
-    from pathlib import Path
-
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise RopekitError(f"--plot '{path}' is not a .png path", "pass a file name ending in .png")
+    path = check_figure_target(path)
     if not rows:
         raise RopekitError("there is nothing to plot: no speed record", "measure some lengths first")
     slopes = cost_slopes(rows, window)

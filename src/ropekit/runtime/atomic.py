@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import RopekitError
 
-__all__ = ["PART_SUFFIX", "atomic_dir", "atomic_file", "check_target", "clean_leftovers", "filesystem_error",
+__all__ = ["PART_SUFFIX", "atomic_dir", "atomic_file", "check_figure_target", "check_target", "clean_leftovers", "filesystem_error",
            "save_figure", "umask_mode"]
 
 PART_SUFFIX = ".part"
@@ -239,6 +239,14 @@ def atomic_dir(target: str | os.PathLike, *, replace: bool = False, what: str = 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def check_figure_target(path: str | os.PathLike, *, what: str = "--plot") -> Path:
+    """Refuse, in one line and before any work, a figure path that is not a writable ``.png`` file (an existing
+    file of another kind is never replaced by a PNG); return it (made absolute)."""
+    if Path(path).suffix.lower() != ".png":
+        raise RopekitError(f"{what} '{_shown(path)}' is not a .png path", "pass a file name ending in .png")
+    return check_target(path, what=what, kind="file")
 
 
 def save_figure(fig, path: str | os.PathLike, **savefig_kwargs) -> Path:
