@@ -114,6 +114,129 @@ def test_vllm_refusal_names_the_reason(tmp_path, run_cli):
     assert code == 2 and "\n" not in err.strip()
 
 
+
+# ---- DeepSeek-V2/V3: vLLM's deepseek_yarn ------------------------------------------------------------------------------
+#
+# What vLLM's source does (vllm-project/vllm, read; vLLM's CPU build is not run on these families here):
+# * model_executor/models/deepseek_v2.py, DeepseekV2Attention and DeepseekV2MLAAttention: any rope_type but "default"
+#   is renamed "deepseek_yarn" before get_rope; the softmax scale is multiplied by mscale(s, mscale_all_dim)².
+# * …/rotary_embedding/deepseek_scaling_rope.py: inv_freq is YaRN's blend with the ramp bounds floor/ceil-rounded
+#   (common.yarn_find_correction_range), and cos/sin are multiplied by
+#   mscale(s, mscale) / mscale(s, mscale_all_dim) · attn_factor (mscale 1, mscale_all_dim 0, attn_factor 1 unless
+#   given), with mscale(s, m) = 0.1·m·ln s + 1; it holds original × factor positions.
+
+def _vllm_deepseek_yarn(rope, dim, base):
+    """vLLM's deepseek_yarn (as summarised above), written from its formulas: (inv_freq, cos/sin magnitude)."""
+    s, original = float(rope["factor"]), rope["original_max_position_embeddings"]
+    beta_fast, beta_slow = rope.get("beta_fast", 32), rope.get("beta_slow", 1)
+
+    def m(multiplier):
+        return 1.0 if s <= 1 else 0.1 * multiplier * math.log(s) + 1.0
+
+    def correction_dim(rotations):
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    inv_freq = []
+    for i in range(dim // 2):
+        theta = base ** (-2 * i / dim)
+        ramp = min(max((i - low) / ((high - low) or 0.001), 0.0), 1.0)
+        extrapolate = 1.0 - ramp
+        inv_freq.append(theta / s * (1 - extrapolate) + theta * extrapolate)
+    magnitude = m(rope.get("mscale", 1)) / m(rope.get("mscale_all_dim", 0)) * rope.get("attn_factor", 1.0)
+    return torch.tensor(inv_freq, dtype=torch.float64), magnitude
+
+
+def _transformers_rotary(directory):
+    """The exported model's rotary embedding as plain transformers builds it: (inv_freq, attention scaling)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    rotary = model.model.rotary_emb
+    return rotary.inv_freq.double(), float(rotary.attention_scaling), model.config
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
+@pytest.mark.parametrize("params", [{"factor": 2.0}, {"factor": 4.0, "attention_factor": 1.3},
+                                    {"factor": 4.0, "beta_fast": 8.0, "beta_slow": 2.0}])
+def test_a_deepseek_yarn_export_is_what_vllms_deepseek_yarn_computes(tmp_path, family, params):
+    model = build_tiny_model(family)
+    ropekit.extend(model, "yarn", **params)
+    report = ropekit.save_pretrained(model, tmp_path / "out", rope_format="native")
+    plan = vllm_serving(tmp_path / "out")
+    assert plan.exact and report["vllm"] is True, plan.why
+    served = plan.hf_overrides.get("rope_parameters") or json.loads((tmp_path / "out" / "config.json").read_text())["rope_parameters"]
+    inv_freq, scaling, config = _transformers_rotary(tmp_path / "out")
+    expected_freq, magnitude = _vllm_deepseek_yarn(served, config.qk_rope_head_dim, config.rope_parameters["rope_theta"])
+    torch.testing.assert_close(inv_freq, expected_freq, rtol=1e-6, atol=0)
+    assert magnitude == pytest.approx(scaling, rel=1e-12)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
+     "original_max_position_embeddings": 64},                       # DeepSeek-V3's shipped form: magnitude 1 in both
+    {"rope_type": "yarn", "factor": 8.0, "mscale": 0.707, "original_max_position_embeddings": 64},  # one key alone
+    {"rope_type": "yarn", "factor": 8.0, "mscale": 1.0, "mscale_all_dim": 0.5, "attention_factor": 1.1,
+     "original_max_position_embeddings": 64},
+])
+def test_deepseek_yarn_magnitude_matches_transformers_yarn(tmp_path, rope):
+    """transformers' yarn reads attention_factor, else mscale/mscale_all_dim's ratio when both are set, else
+    0.1·ln s + 1; vLLM's deepseek_yarn never reads attention_factor. Reference: transformers' own yarn init."""
+    from transformers import DeepseekV3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = DeepseekV3Config(qk_rope_head_dim=16, max_position_embeddings=64 * int(rope["factor"]),
+                              rope_parameters={**rope, "rope_theta": 10000.0})
+    _, attention = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    directory = tmp_path / "ds"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"],
+                                                       "max_position_embeddings": config.max_position_embeddings,
+                                                       "rope_parameters": {**rope, "rope_theta": 10000.0}}))
+    plan = vllm_serving(directory)
+    assert plan.exact, plan.why
+    served = plan.hf_overrides.get("rope_parameters", rope)
+    assert _vllm_deepseek_yarn(served, 16, 10000.0)[1] == pytest.approx(attention, rel=1e-12)
+
+
+@pytest.mark.parametrize("method,params", [("pi", {"factor": 2.0}), ("llama3", {"factor": 2.0}),
+                                           ("ntk_by_parts", {"factor": 2.0})])
+def test_deepseek_exports_vllm_would_serve_as_yarn_are_refused(tmp_path, method, params):
+    """vLLM renames every scaled rope type of these architectures to deepseek_yarn: PI would be served as YaRN.
+    (NTK is written as rope_type default with another base, which vLLM leaves alone.)"""
+    model = build_tiny_model("deepseek_v3")
+    ropekit.extend(model, method, **params)
+    report = ropekit.save_pretrained(model, tmp_path / method)
+    rope_type = json.loads((tmp_path / method / "config.json").read_text())["rope_parameters"]["rope_type"]
+    plan = vllm_serving(tmp_path / method)
+    assert not plan.exact and report["vllm"] is False
+    assert f"'{rope_type}' RoPE would be served as YaRN" in plan.why and "\n" not in plan.why
+    llama = build_tiny_model("llama")  # the same export of another family is served
+    ropekit.extend(llama, method, **params)
+    ropekit.save_pretrained(llama, tmp_path / "llama")
+    assert vllm_serving(tmp_path / "llama").exact
+    ntk = build_tiny_model("deepseek_v3")
+    ropekit.extend(ntk, "ntk", factor=2.0)
+    ropekit.save_pretrained(ntk, tmp_path / "ntk")
+    assert vllm_serving(tmp_path / "ntk").exact
+
+
+@pytest.mark.parametrize("architecture,rope,words", [
+    ("DeepseekV3ForCausalLM", {"truncate": False}, "truncate"),
+    ("DeepseekV3ForCausalLM", {"max": 300}, "fewer than this export's 300"),
+    ("LlamaForCausalLM", {"max": 300}, "fewer than this export's 300"),
+])
+def test_yarn_that_vllm_cannot_hold_is_refused(tmp_path, architecture, rope, words):
+    """vLLM's yarn embeddings hold original × factor positions (64 × 4 = 256 here) and its deepseek_yarn always
+    rounds the ramp bounds."""
+    config = {"architectures": [architecture], "max_position_embeddings": rope.pop("max", 256),
+              "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                  "rope_theta": 10000.0, **rope}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    plan = vllm_serving(tmp_path)
+    assert not plan.exact and words in plan.why
+
 # ---- Dual Chunk Attention: vLLM's own dual_chunk_attention_config ---------------------------------------------------
 #
 # What vLLM's source reads (vllm-project/vllm; read, not run: its DCA needs CUDA and the V0 engine):

@@ -18,7 +18,6 @@ export writes them (:meth:`~ropekit.methods.base.Method.vllm_config`) and the me
 from __future__ import annotations
 
 import json
-import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +26,28 @@ from typing import Any
 from ..errors import ModelLoadError
 from ..methods import list_methods
 from ..methods.base import EngineServing
+from ..methods.yarn import deepseek_mscale
 
 #: Rope types vLLM computes as transformers does, from the same keys.
 _SAME_MATH = ("default", "linear", "llama3")
+
+#: Architectures (and, for a config without ``architectures``, model types) whose vLLM attention — DeepseekV2Attention
+#: and DeepseekV2MLAAttention in vLLM's ``deepseek_v2.py`` — renames every rope type but ``default`` to its own
+#: ``deepseek_yarn`` before it builds the rotary embedding (DeepseekScalingRotaryEmbedding).
+_DEEPSEEK_YARN_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"})
+_DEEPSEEK_YARN_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32"})
+
+
+def _yarn_window(rope: dict[str, Any], max_len: int) -> str:
+    """Why vLLM could not serve ``max_len`` positions with this yarn, or ``""``: its YaRN embeddings (the plain and
+    the DeepSeek one) hold cos/sin for original × factor positions only, and its config check refuses a longer
+    ``--max-model-len``."""
+    original = rope.get("original_max_position_embeddings")
+    factor = float(rope.get("factor") or 1.0)
+    if original and max_len > float(original) * factor:
+        return (f"vLLM's yarn holds cos/sin for original window × factor = {float(original) * factor:g} positions, "
+                f"fewer than this export's {max_len}: extend with factor ≥ {max_len / float(original):.6g}")
+    return ""
 
 
 def _yarn_overrides(rope: dict[str, Any]) -> dict[str, Any]:
@@ -37,7 +55,7 @@ def _yarn_overrides(rope: dict[str, Any]) -> dict[str, Any]:
     given) and never reads transformers' ``attention_factor``: an attention factor other than 0.1·ln s + 1 (an
     explicit one, DeepSeek's mscale ratio, NTK-by-parts' 1) reaches vLLM as ``attn_factor`` = A / (0.1·ln s + 1)."""
     factor = float(rope.get("factor") or 1.0)
-    own = 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0
+    own = deepseek_mscale(factor, 1.0)
     attention = rope.get("attention_factor")
     if attention is None or abs(float(attention) - own) <= 1e-12 * own:
         return rope
@@ -58,13 +76,46 @@ class VLLMServing:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def _rope_overrides(rope: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+def _deepseek_yarn_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[str, Any] | None, str]:
+    """The rope dict for vLLM's DeepSeek attention, which serves any scaled RoPE as ``deepseek_yarn``: YaRN's ramp with
+    the bounds always rounded, and cos/sin times ``mscale(s, mscale) / mscale(s, mscale_all_dim) · attn_factor``
+    (``mscale`` 1 and ``mscale_all_dim`` 0 when absent); it never reads ``attention_factor`` or ``truncate``.
+    transformers' yarn takes ``attention_factor``, else that ratio when both keys are set, else 0.1·ln s + 1. The
+    softmax scale, ``mscale(s, mscale_all_dim)²``, is the same in both (``core/softmax_scale.py``)."""
+    kind = rope.get("rope_type", "default")
+    if kind == "default":
+        return rope, ""
+    if kind != "yarn":
+        return None, (f"vLLM's DeepSeek-V2/V3 attention serves every scaled RoPE as its deepseek_yarn, so this "
+                      f"'{kind}' RoPE would be served as YaRN: extend with yarn to serve the model with vLLM")
+    if rope.get("truncate") is False:
+        return None, ("vLLM's deepseek_yarn always rounds YaRN's ramp bounds to whole dimensions and this export "
+                      "does not (truncate: false): leave truncate at its default to serve it with vLLM")
+    window = _yarn_window(rope, max_len)
+    if window:
+        return None, window
+    factor = float(rope.get("factor") or 1.0)
+    mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+    attention = rope.get("attention_factor")
+    if attention is None:
+        attention = (deepseek_mscale(factor, float(mscale)) / deepseek_mscale(factor, float(mscale_all_dim))
+                     if mscale and mscale_all_dim else deepseek_mscale(factor, 1.0))
+    own = (deepseek_mscale(factor, 1.0 if mscale is None else float(mscale))
+           / deepseek_mscale(factor, 0.0 if mscale_all_dim is None else float(mscale_all_dim)))
+    wanted = float(attention) / own
+    if abs(wanted - float(rope.get("attn_factor", 1.0))) <= 1e-12 * wanted:
+        return rope, ""
+    return {**rope, "attn_factor": wanted}, ""
+
+
+def _rope_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[str, Any] | None, str]:
     """``(the rope dict vLLM should read, "")`` or ``(None, why vLLM would compute something else)``."""
     kind = rope.get("rope_type", "default")
     if kind in _SAME_MATH:
         return rope, ""
     if kind == "yarn":
-        return _yarn_overrides(rope), ""
+        window = _yarn_window(rope, max_len)
+        return (None, window) if window else (_yarn_overrides(rope), "")
     if kind == "longrope":
         if list(rope.get("short_factor") or []) != list(rope.get("long_factor") or []):
             return None, ("vLLM's longrope applies the long factors at every length once the served context exceeds "
@@ -98,13 +149,15 @@ def vllm_serving(directory: str | Path) -> VLLMServing:
         served, whys = {}, []
         for key, value in rope.items():
             if isinstance(value, dict):
-                value, why = _rope_overrides(value)
+                value, why = _rope_overrides(value, max_len)
                 whys.append(why)
             served[key] = value
         why = next((w for w in whys if w), "")
         served = None if why else served
+    elif _serves_rope_as_deepseek_yarn(config):
+        served, why = _deepseek_yarn_overrides(rope, max_len)
     else:
-        served, why = _rope_overrides(rope)
+        served, why = _rope_overrides(rope, max_len)
     if served is None:
         return VLLMServing(exact=False, why=why, max_model_len=max_len)
     overrides = {} if served == rope else {"rope_parameters": served}
@@ -113,6 +166,15 @@ def vllm_serving(directory: str | Path) -> VLLMServing:
         parts += ["--hf-overrides", json.dumps(overrides, separators=(",", ":"))]
     return VLLMServing(exact=True, why="", max_model_len=max_len, hf_overrides=overrides,
                        command=" ".join(shlex.quote(p) for p in parts))
+
+
+def _serves_rope_as_deepseek_yarn(config: dict[str, Any]) -> bool:
+    """Whether vLLM builds this model with its DeepSeek-V2/V3 attention (by ``architectures``, as vLLM picks the
+    model class; by ``model_type`` when a config names none)."""
+    architectures = config.get("architectures") or []
+    if architectures:
+        return any(name in _DEEPSEEK_YARN_ARCHITECTURES for name in architectures)
+    return config.get("model_type") in _DEEPSEEK_YARN_MODEL_TYPES
 
 
 def engine_keys() -> tuple[str, ...]:
