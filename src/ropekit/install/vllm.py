@@ -5,9 +5,10 @@ vLLM builds its rotary embedding from ``config.json``'s ``rope_parameters`` (``g
 transformers' meaning: its ``longrope`` ignores ``attention_factor`` (it derives the magnitude from
 ``max_position_embeddings`` unless ``short_mscale``/``long_mscale`` are given) and uses the long factors at every
 length once the served context exceeds the original window; its ``dynamic`` computes one base for the whole cache
-(Dynamic NTK frozen at factor × window tokens) instead of per input; its ``yarn`` takes the magnitude as
-``0.1·ln s + 1`` times its own ``attn_factor``, never transformers' ``attention_factor``. So an export is exact in
-vLLM only for the rope types below, some with overrides.
+(Dynamic NTK frozen at factor × window tokens) instead of per input; its ``yarn`` took the magnitude as
+``0.1·ln s + 1`` times its own ``attn_factor`` before release 0.32 (which reads ``attention_factor``, as transformers
+does); and its DeepSeek-V2/V3 attention serves every scaled rope type as its own ``deepseek_yarn``. So an export is
+exact in vLLM only for the rope types below, some with overrides that hold in releases on both sides of 0.32.
 
 **Methods vLLM computes itself.** A method may write ``config.json`` keys with which vLLM computes it rather than through
 its RoPE (:attr:`ropekit.methods.base.Method.vllm_keys`: Dual Chunk Attention's ``dual_chunk_attention_config``); the
@@ -18,6 +19,7 @@ export writes them (:meth:`~ropekit.methods.base.Method.vllm_config`) and the me
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,16 +52,28 @@ def _yarn_window(rope: dict[str, Any], max_len: int) -> str:
     return ""
 
 
-def _yarn_overrides(rope: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's ``yarn`` multiplies cos and sin by ``yarn_get_mscale(factor) · attn_factor`` (``attn_factor`` 1 unless
-    given) and never reads transformers' ``attention_factor``: an attention factor other than 0.1·ln s + 1 (an
-    explicit one, DeepSeek's mscale ratio, NTK-by-parts' 1) reaches vLLM as ``attn_factor`` = A / (0.1·ln s + 1)."""
+def _yarn_magnitude(rope: dict[str, Any]) -> float:
+    """The cos/sin magnitude transformers' yarn computes: ``attention_factor``, else mscale(s, mscale) /
+    mscale(s, mscale_all_dim) when both are set, else 0.1·ln s + 1 (YaRN §3.4)."""
     factor = float(rope.get("factor") or 1.0)
-    own = deepseek_mscale(factor, 1.0)
-    attention = rope.get("attention_factor")
-    if attention is None or abs(float(attention) - own) <= 1e-12 * own:
+    if rope.get("attention_factor") is not None:
+        return float(rope["attention_factor"])
+    mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return deepseek_mscale(factor, float(mscale)) / deepseek_mscale(factor, float(mscale_all_dim))
+    return deepseek_mscale(factor, 1.0)
+
+
+def _yarn_overrides(rope: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``yarn`` before release 0.32 multiplies cos and sin by ``yarn_get_mscale(factor) · attn_factor``
+    (``attn_factor`` 1 unless given) and reads neither ``attention_factor`` nor the mscale keys; 0.32 computes the
+    magnitude as transformers does. A magnitude other than 0.1·ln s + 1 (an explicit one, DeepSeek's mscale ratio,
+    NTK-by-parts' 1) is therefore also passed as ``attn_factor`` = A / (0.1·ln s + 1), which 0.32 ignores."""
+    own = deepseek_mscale(float(rope.get("factor") or 1.0), 1.0)
+    attention = _yarn_magnitude(rope)
+    if abs(attention - own) <= 1e-12 * own:
         return rope
-    return {**rope, "attn_factor": float(attention) / own}
+    return {**rope, "attn_factor": attention / own}
 
 
 @dataclass(frozen=True)
@@ -77,11 +91,18 @@ class VLLMServing:
 
 
 def _deepseek_yarn_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[str, Any] | None, str]:
-    """The rope dict for vLLM's DeepSeek attention, which serves any scaled RoPE as ``deepseek_yarn``: YaRN's ramp with
-    the bounds always rounded, and cos/sin times ``mscale(s, mscale) / mscale(s, mscale_all_dim) · attn_factor``
-    (``mscale`` 1 and ``mscale_all_dim`` 0 when absent); it never reads ``attention_factor`` or ``truncate``.
-    transformers' yarn takes ``attention_factor``, else that ratio when both keys are set, else 0.1·ln s + 1. The
-    softmax scale, ``mscale(s, mscale_all_dim)²``, is the same in both (``core/softmax_scale.py``)."""
+    """The rope dict for vLLM's DeepSeek attention, which serves any scaled RoPE as its own ``deepseek_yarn``.
+
+    That embedding rounds YaRN's ramp bounds to whole dimensions and multiplies cos/sin by
+    ``mscale(s, mscale) / mscale(s, mscale_all_dim)`` (``mscale`` 1 and ``mscale_all_dim`` 0 when absent; releases
+    before 0.32 also by an ``attn_factor``); the attention multiplies its softmax scale by
+    ``mscale(s, mscale_all_dim)²``, as transformers' ``yarn_apply_mscale`` does — except that vLLM 0.32 names the
+    rope ``deepseek_llama_scaling`` and skips that factor when ``attention_factor`` is exactly 1. transformers' yarn
+    takes ``attention_factor``, else the mscale ratio when both keys are set, else 0.1·ln s + 1.
+
+    So the served dict carries no ``attention_factor`` (nor ``attn_factor``), and, where the magnitudes differ, the
+    ``mscale`` m′ with mscale(s, m′) = A · mscale(s, mscale_all_dim): every vLLM release then computes A, and
+    ``mscale_all_dim`` — the softmax scale — is left as it is."""
     kind = rope.get("rope_type", "default")
     if kind == "default":
         return rope, ""
@@ -96,16 +117,15 @@ def _deepseek_yarn_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[s
         return None, window
     factor = float(rope.get("factor") or 1.0)
     mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
-    attention = rope.get("attention_factor")
-    if attention is None:
-        attention = (deepseek_mscale(factor, float(mscale)) / deepseek_mscale(factor, float(mscale_all_dim))
-                     if mscale and mscale_all_dim else deepseek_mscale(factor, 1.0))
-    own = (deepseek_mscale(factor, 1.0 if mscale is None else float(mscale))
-           / deepseek_mscale(factor, 0.0 if mscale_all_dim is None else float(mscale_all_dim)))
-    wanted = float(attention) / own
-    if abs(wanted - float(rope.get("attn_factor", 1.0))) <= 1e-12 * wanted:
-        return rope, ""
-    return {**rope, "attn_factor": wanted}, ""
+    attention = _yarn_magnitude(rope)
+    divisor = deepseek_mscale(factor, 0.0 if mscale_all_dim is None else float(mscale_all_dim))
+    served = {k: v for k, v in rope.items() if k not in ("attention_factor", "attn_factor")}
+    own = deepseek_mscale(factor, 1.0 if mscale is None else float(mscale)) / divisor
+    if abs(own - attention) > 1e-12 * attention:
+        if factor <= 1.0:
+            return None, f"vLLM's deepseek_yarn has no magnitude at factor {factor:g} and this export's is {attention:.6g}"
+        served["mscale"] = (attention * divisor - 1.0) / (0.1 * math.log(factor))
+    return served, ""
 
 
 def _rope_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[str, Any] | None, str]:
