@@ -266,6 +266,18 @@ def test_deepseek_exports_vllm_would_serve_as_yarn_are_refused(tmp_path, method,
     assert vllm_serving(tmp_path / "ntk").exact
 
 
+def test_verify_refuses_deepseek_in_vllm_in_one_line(tmp_path, run_cli):
+    """vLLM's MLA runs bfloat16/float16 only; verify compares float32 (refused before vLLM would start)."""
+    import sys
+
+    model = build_tiny_model("deepseek_v3")
+    ropekit.extend(model, "yarn", factor=2.0)
+    ropekit.save_pretrained(model, tmp_path / "ds")
+    code, out, err = run_cli("verify", str(tmp_path / "ds"), "--engine", "vllm", "--python", sys.executable)
+    assert code == 2 and out == "" and "MLA" in err and "--engine transformers" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("architecture,rope,words", [
     ("DeepseekV3ForCausalLM", {"truncate": False}, "truncate"),
     ("DeepseekV3ForCausalLM", {"max": 300}, "fewer than this export's 300"),

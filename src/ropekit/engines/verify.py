@@ -20,7 +20,7 @@ from ..data.corpora import iter_documents
 from ..errors import RopekitError
 from ..install.gguf_export import saved_freeze_length
 from ..install.model_rope import installed, rope_info
-from ..install.vllm import vllm_serving
+from ..install.vllm import serves_rope_as_deepseek_yarn, vllm_serving
 from ..models.byte_tokenizer import byte_tokenizer
 from ..models.loading import load_model
 from .environments import engine_python, get_engine, run_engine
@@ -79,6 +79,12 @@ def _engine_request(engine, directory: Path, loaded, ids: list[int], threads: in
     """The runner request for ``engine`` and what the report should say about how the model was given to it."""
     if engine.name == "vllm":
         serving = vllm_serving(directory)
+        if serving.exact and serves_rope_as_deepseek_yarn(loaded.model.config.to_dict()):
+            # vLLM's MLA kernels take bfloat16/float16 only; its non-MLA path (VLLM_MLA_DISABLE=1) runs float32 but
+            # differs from transformers by ~2e-2 in log p on plain RoPE already, far above a RoPE check's tolerance
+            raise RopekitError("vLLM runs DeepSeek-V2/V3 attention (MLA) in bfloat16/float16 only, and verify compares "
+                               "float32 log-probabilities", "verify with --engine transformers; `ropekit export DIR "
+                               "--format vllm` prints how vLLM serves it")
         if not serving.exact:
             raise RopekitError(f"vLLM would not serve this export as ropekit computes it: {serving.why}",
                                "verify with --engine transformers, or export a method vLLM computes exactly")

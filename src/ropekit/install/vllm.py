@@ -174,7 +174,7 @@ def vllm_serving(directory: str | Path) -> VLLMServing:
             served[key] = value
         why = next((w for w in whys if w), "")
         served = None if why else served
-    elif _serves_rope_as_deepseek_yarn(config):
+    elif serves_rope_as_deepseek_yarn(config):
         served, why = _deepseek_yarn_overrides(rope, max_len)
     else:
         served, why = _rope_overrides(rope, max_len)
@@ -188,7 +188,7 @@ def vllm_serving(directory: str | Path) -> VLLMServing:
                        command=" ".join(shlex.quote(p) for p in parts))
 
 
-def _serves_rope_as_deepseek_yarn(config: dict[str, Any]) -> bool:
+def serves_rope_as_deepseek_yarn(config: dict[str, Any]) -> bool:
     """Whether vLLM builds this model with its DeepSeek-V2/V3 attention (by ``architectures``, as vLLM picks the
     model class; by ``model_type`` when a config names none)."""
     architectures = config.get("architectures") or []
