@@ -29,7 +29,7 @@ METHODS = {
     "self_extend": {"group_size": 3, "window_size": 8},
     "lm_infinite": {"local_window": 16, "global_tokens": 3},
     "dual_chunk": {"chunk_size": 20, "local_size": 4},
-    "harpe": {},
+    "harpe": {"strategy": "uniform", "b_min": 1e4, "b_max": 4e4},
     "landmark": {"mem_freq": 5, "top_k": 2},
 }
 

@@ -360,7 +360,7 @@ def _refused(run_cli, tmp_path, *args, must: tuple[str, ...]):
     ("lm_infinite", ["--factor", "2"], "which keys a query sees"),
     ("dual_chunk", ["--factor", "2"], "which keys a query sees"),
     ("landmark", ["--factor", "2"], "which keys a query sees"),
-    ("harpe", ["--factor", "2"], "own RoPE base"),
+    ("harpe", ["--param", "strategy=uniform", "--param", "b_min=1e4", "--param", "b_max=4e4"], "own RoPE base"),
     ("entropy_abf", ["--factor", "2"], "query position"),
 ])
 def test_attention_side_methods_are_refused(run_cli, tmp_path, method, params, reason):

@@ -353,3 +353,20 @@ def test_harpe_method_runs_the_paper_search_for_llama2(paper_default):
     params = get_method("harpe").resolve(llama2, {"factor": 32.0})
     assert params["bases"] == sorted(paper_default)
     assert params["bases"][0] == 1e6 and len(params["bases"]) == 32
+
+
+def test_a_search_without_peaks_is_refused_not_answered():
+    """At factor 1 on a Llama-2 shape the waveform of b_min = 1e6 over 4,096 tokens (wavelengths ≥ 4,096 kept) has no
+    peak or valley: Algorithm 1 then has nothing to complement, and used to return a cluster of b_min's neighbours."""
+    from ropekit.errors import InvalidParameterError
+    from ropekit.methods import RopeInfo, get_method
+    from ropekit.methods.harpe_search import attention_waveform, peaks_and_valleys
+
+    wave = attention_waveform(1e6, 128, 4096, min_wavelength=4096.0)
+    assert [len(x) for x in peaks_and_valleys(wave)] == [0, 0]  # the precondition, from the waveform itself
+    llama2 = RopeInfo("llama", "default", 1e4, 128, 128, 1.0, 4096, 32, 32, 32)
+    with pytest.raises(InvalidParameterError, match="no peak or valley within 4096 tokens") as err:
+        get_method("harpe").resolve(llama2, {})
+    assert "--param factor=F" in err.value.fix
+    with pytest.raises(ValueError, match="nothing to complement"):
+        peak_valley_search(1e6, 5e6, 3e4, 4, 128, 4096, min_wavelength=4096.0)

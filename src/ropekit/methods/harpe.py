@@ -22,7 +22,8 @@ class HARPE(Method):
     * ``peak_valley`` — Algorithm 1 over the candidates ``b_min + i·stride`` (Eq. 10), see
       :mod:`ropekit.methods.harpe_search` for the reconstructed attention waveform. The waveform covers
       the target length (window × ``factor``: pass the factor or target length you train for) and keeps
-      wavelengths of at least the pretrained window. The paper's text does not define the waveform
+      wavelengths of at least the pretrained window; a span in which ``b_min``'s waveform has no peak or valley
+      (the default factor 1) is refused, since Algorithm 1 would have nothing to complement. The paper's text does not define the waveform
       exactly; the reconstruction matches 10 of its 32 published bases (docs/harpe.md).
 
     On grouped-query models the keys of a group are shared by its query heads, so a base can only differ
@@ -63,6 +64,11 @@ class HARPE(Method):
         paper's 1e6–5e6 is meant for 4k→128k)."""
         ntk = ntk_base(info.rope_theta, info.rotary_dim, factor) if factor > 1 else info.rope_theta
         return {"strategy": "uniform", "b_min": info.rope_theta, "b_max": two_digits(ntk), "factor": factor}
+
+    def example_params(self, info):
+        """Uniform bases for 2× the window: the peak-valley search's default grid (1e6–5e6, for 4k → 128k) finds no
+        waveform to complement at 2× a small window and is refused there."""
+        return self.demo_params(info, 2.0)
 
     def settings_line(self, info, params, requested=None):
         bases = " / ".join(short_number(b) for b in params.get("bases") or ())
@@ -106,15 +112,23 @@ class HARPE(Method):
                 )
             # The waveform spans the target length and keeps wavelengths ≥ the pretrained window — the
             # paper's setting for Llama-2 (4k → 128k, factor 32); see docs/harpe.md.
-            bases = peak_valley_search(
-                params["b_min"],
-                params["b_max"],
-                params["stride"],
-                n,
-                head_dim=info.rotary_dim,
-                max_distance=int(round(info.window * params["factor"])),
-                min_wavelength=float(info.window),
-            )
+            try:
+                bases = peak_valley_search(
+                    params["b_min"],
+                    params["b_max"],
+                    params["stride"],
+                    n,
+                    head_dim=info.rotary_dim,
+                    max_distance=int(round(info.window * params["factor"])),
+                    min_wavelength=float(info.window),
+                )
+            except ValueError as exc:
+                raise InvalidParameterError(
+                    f"harpe: the peak-valley search over window × factor = {info.window} × {params['factor']:g} "
+                    f"tokens: {exc}",
+                    "pass the factor you train for (--param factor=F; the paper's Llama-2 setting is 32, 4k → "
+                    "128k), or strategy=uniform",
+                ) from None
         # Table 2 assigns the searched bases to heads in ascending order.
         params["bases"] = sorted(float(b) for b in bases)
         return params

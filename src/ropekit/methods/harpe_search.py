@@ -281,6 +281,11 @@ def peak_valley_search(
         valleys.append(distances[v_idx])
 
     set_peaks, set_valleys = peaks[0], valleys[0]
+    if len(set_peaks) == 0 or len(set_valleys) == 0:
+        # Algorithm 1 picks the bases that fill the gaps between b_min's peaks and valleys; without them every
+        # distance is empty and the "search" returns arbitrary neighbours of b_min
+        raise ValueError(f"the attention waveform of b_min = {b_min:g} has no peak or valley within {max_distance} "
+                         "tokens, so the search has nothing to complement")
     p_pad, p_mask = _pad(peaks[1:])
     v_pad, v_mask = _pad(valleys[1:])
     available = np.ones(len(candidates), dtype=bool)
