@@ -2,7 +2,7 @@
 
 * Both layer attentions trace under ``torch.compile(fullgraph=True)`` — a ``.item()``, ``int(tensor)``,
   ``bool(tensor)`` or a branch on tensor values would break the graph and fail the test — and the compiled
-  functions equal naive O(n²) references written out here from the papers' rules (LCEG Eq. 13; LM-Infinite's
+  functions equal naive O(n²) references written out here from the papers' rules (Self-Extend's per-position floors, Jin et al. 2024 §3; LM-Infinite's
   Λ rule), with the RoPE rotations computed from scratch in float64.
 * Grouped-query attention never copies keys/values per query head.
 * One rotation table is shared by every layer, and cached decoding rotates each key to its group position once.

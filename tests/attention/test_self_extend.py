@@ -1,4 +1,5 @@
-"""Self-Extend (Jin et al. 2024; LCEG Eq. 13) against a naive O(n²) reference written out here.
+"""Self-Extend (Jin et al. 2024 §3, per-position floors; LCEG's Eq. 13 writes ⌊(i − j)/G⌋) against a naive O(n²)
+reference written out here.
 
 The reference takes the rotated queries/keys/values each layer's attention receives, undoes the RoPE
 rotation with explicit per-pair angles, and recomputes every logit from the definition
@@ -41,7 +42,7 @@ def _angles(pos: torch.Tensor, theta32: torch.Tensor) -> torch.Tensor:
 
 def naive_self_extend(q, k, v, q_pos, k_pos, allowed, G, W, theta32, scale, floor=True):
     """softmax(mask(scale · (R_a q̃_i)·(R_b k̃_j))) · v with (a, b) = (i, j) if i − j < W else
-    (⌊i/G⌋ + W − ⌊W/G⌋, ⌊j/G⌋) — LCEG Eq. 13. ``floor=False`` is LongLM 4.38's ``/`` for the query.
+    (⌊i/G⌋ + W − ⌊W/G⌋, ⌊j/G⌋) — Jin et al. 2024 §3. ``floor=False`` is LongLM 4.38's ``/`` for the query.
 
     q (B, H, Lq, D), k/v (B, H_kv, Lk, D) rotated at q_pos (B, Lq) / k_pos (B, Lk); allowed (B, Lq, Lk).
     Returns (B, Lq, H, D) in float64.
@@ -382,7 +383,7 @@ def test_position_jumps_take_the_general_path_and_match_naive(monkeypatch):
 @pytest.mark.parametrize("path", ["causal", "banded", "general"])
 def test_each_structural_path_equals_the_rule_over_offsets_windows_and_chunks(path):
     """Every way Self-Extend splits its work — the causal-triangle path (plain causal mask on CPU), the banded path
-    (padding) and the pair-by-pair path — equals LCEG Eq. 13 computed naively, for prefills and for queries after
+    (padding) and the pair-by-pair path — equals Self-Extend's grouped positions computed naively, for prefills and for queries after
     cached keys (``Lk > Lq``), windows from 1 to past the input, and row chunks narrower and wider than ``W``."""
     from ropekit.attention.masks import AttentionMask
     from ropekit.methods.self_extend_attention import SelfExtendAttention

@@ -248,8 +248,8 @@ def offset_table(kind: str, group: int, size: int, inv_freq: torch.Tensor, dtype
     doubling (so a growing input rebuilds it O(log n) times), computed in float32 and stored in the vectors'
     dtype where that is exact enough (:func:`_table_dtype`).
 
-    ``kind`` names the offset rule: ``"group_key"`` is Self-Extend's key move ``⌊p/G⌋ − p`` (LCEG Eq. 13, ``group``
-    = G); ``"unrotate"`` is ``−p`` (LM-Infinite's ``R_{−j}``). Built outside any traced graph, it is a constant
+    ``kind`` names the offset rule: ``"group_key"`` is Self-Extend's key move ``⌊p/G⌋ − p`` (Jin et al. 2024 §3,
+    ``group`` = G); ``"unrotate"`` is ``−p`` (LM-Infinite's ``R_{−j}``). Built outside any traced graph, it is a constant
     to ``torch.compile``.
     """
     store_dtype = _table_dtype(dtype)

@@ -10,7 +10,7 @@ positions (so YaRN's attention factor, folded into cos/sin, is inside), ropekit'
 transforms (Entropy-ABF's logit scale ``max(log_c(i+1), 1)``, HARPE's per-KV-group rotation), and for
 methods that replace the attention itself the rule that attention states pair by pair
 (:class:`~ropekit.attention.interface.PairRule`): Self-Extend's grouped positions past the neighbour
-window (LCEG Eq. 13), LM-Infinite's Λ mask with the distance ceiling for the global tokens, LongLoRA's
+window (Jin et al. 2024 §3), LM-Infinite's Λ mask with the distance ceiling for the global tokens, LongLoRA's
 S²-Attn groups in training mode (full attention in eval mode), Landmark's grouped softmax. A rule may give
 the weights as ``p_ij = exp(s_ij − Z_i)`` with its own normaliser ``Z_i`` (Landmark: a gated block with no
 visible token loses its share, so ``Σ_j p_ij < 1``); then ``H = −Σ_j p_ij ln p_ij`` of those weights. A

@@ -280,7 +280,7 @@ class SelfExtendAttention:
         return entry.keys(upto)
 
     def _attend_decode(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
-        """LCEG Eq. 13 for one new query per sequence (cached decoding), positions consecutive.
+        """Self-Extend's grouped positions (Jin et al. 2024 §3) for one new query per sequence (cached decoding), positions consecutive.
 
         The query (key index ``s = Lk − 1``) sees keys ``[0, s − W]`` in the group part and ``(s − W, s]`` in
         the neighbour part. Grouped-query heads are folded into rows — query head ``h`` uses KV head
@@ -312,7 +312,7 @@ class SelfExtendAttention:
         return out.reshape(batch, heads, 1, dim)
 
     def _attend_banded(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
-        """LCEG Eq. 13 when position distance equals index distance, by structure instead of by pair.
+        """Self-Extend's grouped positions when position distance equals index distance, by structure instead of by pair.
 
         Query row ``r`` has key index ``R = r + off`` (``off = Lk − Lq``); its neighbours are the keys
         ``R − W < t ≤ R`` and its group keys ``t ≤ R − W``. For a chunk of rows ``[a, b)``, ``s = a + off``,
@@ -371,7 +371,7 @@ class SelfExtendAttention:
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
     def _attend_causal(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
-        """LCEG Eq. 13 under the plain causal mask (no padding, position distance = index distance) on CPU, where
+        """Self-Extend's grouped positions under the plain causal mask (no padding, position distance = index distance) on CPU, where
         both parts are mostly causal triangles that the fused kernel computes without a mask.
 
         With ``off = Lk − Lq``, query row ``r`` (key index ``R = r + off``) has group keys ``t ≤ R − W`` and
@@ -442,7 +442,7 @@ class SelfExtendAttention:
         return merge_attention([near, (group_out, group_lse)])[0]
 
     def _attend_traced(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
-        """LCEG Eq. 13 without a host sync or a branch on tensor values (what ``torch.compile(fullgraph=True)``
+        """Self-Extend's grouped positions without a host sync or a branch on tensor values (what ``torch.compile(fullgraph=True)``
         traces): per chunk of query rows, the neighbour part (``i − j < W``) and the group part (``i − j ≥ W``)
         over the keys up to the chunk's last key index — both always computed (an empty part has
         ``lse = −∞`` and merges as nothing). Memory O(chunk × Lk); the mask must be one whose reading needs no
@@ -462,7 +462,7 @@ class SelfExtendAttention:
     def _two_parts_by_chunk(self, query, key, value, q_group, k_group, mask, q_pos, k_pos, scaling) -> torch.Tensor:
         """Per chunk of query rows, the neighbour part (``i − j < W``, true positions) and the group part
         (``i − j ≥ W``, the group-rotated ``q_group``/``k_group``) over every key up to the chunk's last key
-        index, merged by log-sum-exp (LCEG Eq. 13)."""
+        index, merged by log-sum-exp (Jin et al. 2024 §3)."""
         W = self.window_size
         q_len, k_len = query.shape[2], key.shape[2]
         off = k_len - q_len
@@ -526,7 +526,7 @@ class _GroupKeyCache:
 
 def make_self_extend(info: RopeInfo, inv_freq: Callable[[], torch.Tensor], layer_idx: int, *, group_size: int,
                      window_size: int, reach: int | None = None, chunk: int = QUERY_CHUNK) -> SelfExtendAttention:
-    """Layer-attention factory for Self-Extend (LCEG Eq. 13), named by the method's :class:`AttentionSpec`.
+    """Layer-attention factory for Self-Extend (Jin et al. 2024 §3), named by the method's :class:`AttentionSpec`.
 
     Only layer 0 warns when an input runs past ``reach``, so the warning fires once per installed model.
     """
