@@ -7,7 +7,8 @@ supported sizes) and on SmolLM2-135M past its 8,192-token window (there also Dyn
 window); on the tiny Llama also llama3, YaRN with β_fast 4 (a 64-token window has at most 10 rotations per pair, so
 16 would equal the default 32), and Dynamic NTK and CLEX frozen at one length (written as longrope). Dynamic NTK
 itself, which the engines do not compute per input length, is refused with its reason. And one passkey through each
-engine: SmolLM2 with YaRN factor 2 retrieves a key at 12k tokens as ropekit does.
+engine: SmolLM2 with YaRN factor 2 retrieves a key at 12k tokens as ropekit does. A tiny DeepSeek-V3 with YaRN runs in
+vLLM's MLA (bfloat16 only) with the plan's overrides, against a bare-directory control.
 """
 
 from __future__ import annotations
@@ -166,3 +167,45 @@ def test_a_bare_longrope_directory_is_ropekits_model_and_the_keys_are_why(engine
     from ropekit.engines.verify import TOLERANCES
 
     assert diffs["bare"] <= 1e-4 and diffs["stripped"] > max(TOLERANCES[engine], 100 * diffs["bare"]), diffs
+
+
+def _sharp_tiny_deepseek(method: str, **params):
+    """A tiny DeepSeek-V3 that vLLM's CPU MLA accepts (kv_lora_rank 256 + rope 64 = 320, one of its head sizes; the
+    expert bias vLLM loads only with topk_method noaux_tc), attention sharpened ×4 so that the RoPE shows in log p
+    above the bfloat16 noise vLLM's MLA computes in."""
+    model = build_tiny_model("deepseek_v3", hidden_size=256, num_heads=2, window=64)
+    model.config.topk_method = "noaux_tc"
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(4.0)
+            layer.self_attn.kv_a_proj_with_mqa.weight.mul_(4.0)
+    ropekit.extend(model, method, **params)
+    return model
+
+
+@pytest.mark.timeout(900)
+def test_deepseek_yarn_in_vllm_is_ropekits_model_with_the_plans_overrides(tmp_path):
+    """vLLM serves a DeepSeek's YaRN as its own deepseek_yarn, which (in 0.32) never reads attention_factor: with the
+    plan's overrides (an mscale that gives the magnitude) vLLM computes ropekit's model within the bfloat16 floor;
+    the bare directory gets vLLM's own 0.1·ln s + 1 instead of 1.3 and is far off (the control)."""
+    from ropekit.engines.verify import ropekit_logprobs, text_ids
+    from ropekit.install.vllm import vllm_serving
+
+    _engine("vllm")
+    model = _sharp_tiny_deepseek("yarn", factor=2.0, attention_factor=1.3)
+    ropekit.save_pretrained(model, tmp_path / "ds", tokenizer=byte_tokenizer(), rope_format="native")
+    ids = text_ids(None, 256, 120)
+    ours = ropekit_logprobs(model, ids)
+    plan = vllm_serving(tmp_path / "ds")
+    assert plan.exact and plan.hf_overrides
+
+    def past_window(overrides):
+        request = {"model": str(tmp_path / "ds"), "token_ids": [ids], "n_ctx": 128, "threads": 2,
+                   "dtype": "bfloat16", "hf_overrides": overrides}
+        theirs = run_engine(ENGINES["vllm"], request)["logprobs"][0]
+        return max(abs(a - b) for p, (a, b) in enumerate(zip(ours, theirs)) if p >= 64 and a is not None and b is not None)
+
+    served, bare = past_window(plan.hf_overrides), past_window({})
+    print("deepseek yarn in vLLM, max |Δ log p| past the window:", served, "bare:", bare)
+    assert served < 0.06  # measured 0.028 (vLLM 0.32.0, CPU)
+    assert bare > 0.2  # measured 0.39
