@@ -77,7 +77,7 @@ PROMPT_TEMPLATE = (
 )
 #: Greedy answer budget (LCEG), reserved inside each length.
 MAX_NEW_TOKENS = 50
-#: gkamradt's grid: round(linspace(0, 100, 11)) percent.
+#: Eleven depths, 0 to 100 % in steps of 10 (ropekit's choice; gkamradt's harness defaults to 35 depths).
 DEFAULT_DEPTHS = tuple(round(100 * i / 10) / 100 for i in range(11))
 
 

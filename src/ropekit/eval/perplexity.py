@@ -18,9 +18,10 @@ codebases (docs/methods-reference.md §10). Here every parameter is named and re
     every S tokens while they fit in the document (``start + C ≤ n``) and each is scored on *all* its
     predictions, so tokens are scored several times and some with almost no context. (LCEG's
     ``range(0, n − L, 256)`` also drops the window ending exactly at the document's end; here it is kept.)
-  - ``disjoint`` (Landmark Attention's ``eval.py``; the non-overlapping windows of lm-eval's
-    ``loglikelihood_rolling``): windows [0, C), [C, 2C), … to the end, all predictions scored. Without
-    BOS the first token of each window is not scored (it has no context inside the window).
+  - ``disjoint`` (Landmark Attention's ``eval.py``): windows [0, C), [C, 2C), … to the end, all predictions
+    scored. Without BOS the first token of each window is not scored (it has no context inside the window);
+    with BOS every window starts with it. (lm-eval's ``loglikelihood_rolling`` differs: only its first window
+    gets a prefix token, later ones overlap by one token, so every token is scored.)
   - ``truncate`` (YaRN's ``--truncate``): one window per document, its first C tokens, all predictions
     scored; with ``weighting="window"`` the aggregate is YaRN's mean over documents of per-document NLL.
   - ``same_targets`` (how much does more context help, on identical targets): one window per document and
@@ -39,7 +40,10 @@ codebases (docs/methods-reference.md §10). Here every parameter is named and re
 * ``weighting``: ``token`` — exp of the mean NLL over every scored token (Press, PoSE's
   Σ loss·trg_len / Σ trg_len); ``window`` — exp of the unweighted mean over windows of each window's
   mean NLL (YaRN's ``torch.stack(nlls).mean()``, LongLoRA/LCEG's mean of per-window losses).
-* ``add_bos``: prepend the tokenizer's BOS to every window; default: when the tokenizer has one.
+* ``add_bos``: prepend the tokenizer's BOS to every window; default: when the tokenizer defines one, whether or
+  not its own encoding adds it (SmolLM2's BOS is ``<|im_start|>``, which its tokenizer never adds: ppl then reads
+  every window after that token, about 1.6 % above the no-BOS value on 512 prose tokens). The choice is recorded
+  with every result and is part of the study's perplexity protocol, so methods are compared under one convention.
 
 Documents: the corpus of ``--data`` (see :mod:`ropekit.data.corpora`; default the built-in one),
 tokenised without special tokens. Only documents with at least C tokens at the *longest* length

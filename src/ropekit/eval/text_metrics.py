@@ -2,8 +2,8 @@
 
 Each metric is ``metric(prediction, ground_truth, *, all_classes=None) -> float`` in [0, 1], scoring one
 prediction against one gold answer. :func:`best_score` applies LongBench's per-item rule: the few-shot
-datasets (trec, triviaqa, samsum, lsht) first cut the prediction to its first non-empty line
-(:func:`first_line`), then the item scores the maximum over its gold answers (starting from 0).
+datasets (trec, triviaqa, samsum, lsht) first cut the prediction to its first line after leading newlines
+(:func:`first_line`: ``lstrip("\n").split("\n")[0]``, which may be spaces only), then the item scores the maximum over its gold answers (starting from 0).
 
 Reproduced behaviour of the originals, kept on purpose so that scores match published numbers:
 
