@@ -25,6 +25,9 @@ Deliberate differences from RULER, each to keep a sample well defined:
 * **Sentence splitting** of the essay haystack uses :func:`ropekit.data.prose.split_sentences` (a rule-based
   splitter) instead of NLTK punkt, and the essay is the Python documentation prose
   (:data:`~ropekit.data.prose.PROSE_SOURCE`) standing in for Paul Graham's essays.
+* **CWE's one-shot example in chat mode** is a user turn and an assistant turn (the answer prefix's leading space
+  dropped), where RULER pastes the fully chat-wrapped example, its answer left open, as raw text before the real
+  prompt (``ropekit.eval.ruler.fit``). Base-model prompts are RULER's byte for byte.
 """
 
 from __future__ import annotations
