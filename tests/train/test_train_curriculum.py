@@ -83,6 +83,54 @@ def test_resume_across_a_stage_boundary(make_config, text_dataset):
     assert [x for _, x in resumed.losses] == pytest.approx([x for _, x in full.losses[2:]], rel=1e-6, abs=1e-7)
 
 
+@pytest.mark.parametrize("first,second", [
+    ({"name": "pi", "params": {"factor": 2}}, {"name": "clex", "params": {"max_factor": 4}}),   # CLEX's ODE appears
+    ({"name": "clex", "params": {"max_factor": 4}}, {"name": "clex", "params": {"max_factor": 8}}),  # rebuilt afresh
+])
+def test_a_stage_that_brings_new_trainable_weights_is_refused(make_config, text_dataset, first, second):
+    """The optimizer is built over the first stage's parameters: weights a later stage's method creates would stay at
+    their initial values (CLEX's ODE at its zero init) and be exported untrained. Refused at the switch, in one line;
+    a switch between methods without weights (the ABF curriculum above) goes on."""
+    from ropekit.errors import RopekitError
+
+    cfg = make_config(f"{first['name']}-{second['name']}", stages=[
+        {"name": "a", "steps": 1, "method": first}, {"name": "b", "steps": 1, "method": second}])
+    steps = []
+    with pytest.raises(RopekitError, match="stage b: method clex .* replaces trainable weights") as err:
+        train(cfg, dataset=per_stage(text_dataset), callbacks=[lambda info: steps.append(info.stage)], progress=False)
+    assert "\n" not in str(err.value)
+    assert steps == ["a"]  # stage a trained; nothing of stage b
+
+
+def test_a_later_stage_on_the_same_pose_data_draws_new_examples(make_config, monkeypatch, tmp_path):
+    """Each PoSE example is drawn from (seed, epoch, index) and every stage starts at epoch 0: with the run's seed in
+    every stage, stage b replayed stage a's examples verbatim (tokens and positions). The trainer now gives each later
+    stage its own data seed; the first stage keeps the run's seed (runs and resumes of one stage are unchanged)."""
+    import ropekit.train.trainer as trainer_module
+    from ropekit.data.training_data import build_training_data
+    from ropekit.models.byte_tokenizer import byte_tokenizer
+
+    seeds = []
+    real = trainer_module.build_dataset
+    monkeypatch.setattr(trainer_module, "build_dataset",
+                        lambda spec, tok, seq_len, seed, *a, **k: seeds.append(seed) or real(spec, tok, seq_len, seed, *a, **k))
+    data = {"pose": {"target_length": 256}}
+    cfg = make_config("pose-stages", data=data, stages=[{"name": "a", "steps": 1}, {"name": "b", "steps": 1}])
+    train(cfg, progress=False)
+    assert len(seeds) == 2 and seeds[0] == cfg.train.seed and seeds[1] != seeds[0]
+
+    spec = {"sources": [{"path": "builtin", "max_documents": 20}], **data}
+
+    def examples(seed):
+        dataset = build_training_data(spec, byte_tokenizer(), 64, seed, str(tmp_path / "cache"))
+        dataset.set_epoch(0)
+        return {(tuple(x["input_ids"].tolist()), tuple(x["position_ids"].tolist())) for x in (dataset[i] for i in range(len(dataset)))}
+
+    first, second = examples(seeds[0]), examples(seeds[1])
+    assert len(first) > 5 and not first & second  # no example of stage a comes back in stage b
+    assert examples(seeds[0]) == first  # the control: the same seed replays them all
+
+
 @pytest.mark.parametrize("method, params", [("yarn", {"factor": 4}), ("entropy_abf", {"rope_theta": 5e4}),
                                             ("longlora", {"factor": 2})])
 def test_uninstall_restores_the_base_model(method, params, make_ids):

@@ -83,6 +83,15 @@ def lr_at(train: TrainSection, stage: StageConfig, n: int) -> float:
     return peak * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * p)))
 
 
+def stage_seed(seed: int, index: int) -> int:
+    """The data seed of stage ``index``: the run's own for the first stage, a derived one for each later stage, so a
+    later stage on the same data draws new PoSE/RandPos positions and document orders instead of replaying the first
+    stage's examples (each example is drawn from ``(seed, epoch, index)`` and every stage starts at epoch 0)."""
+    from ..data.training_data import hash_seed
+
+    return int(seed) if index == 0 else hash_seed(seed, "stage", index)
+
+
 # ---- methods -------------------------------------------------------------------------------------------
 def check_method(model, method: MethodConfig) -> None:
     """Validate ``method`` against ``model`` (model-dependent parameter checks) without changing it."""
@@ -98,7 +107,8 @@ def install(model, method: MethodConfig) -> None:
 
 def switch(model, old: MethodConfig | None, new: MethodConfig) -> bool:
     """Make ``model`` carry ``new`` instead of ``old`` (:func:`ropekit.install.uninstall`, then :func:`install`);
-    returns whether anything changed. Weights are untouched, so a stage can change a method's parameters."""
+    returns whether anything changed. The model's own weights are untouched, so a stage can change a method's
+    parameters; a method with trainable weights of its own builds them afresh (the trainer refuses such a switch)."""
     if old is not None and old.name == new.name and old.params == new.params:
         return False
     uninstall(model)

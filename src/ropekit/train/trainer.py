@@ -47,7 +47,7 @@ from ..runtime.devices import free_memory
 from ..runtime.atomic import atomic_file
 from . import checkpoint as ckpt
 from .config import TrainConfig
-from .curriculum import StagePlan, check_method, install, locate, lr_at, plan, switch
+from .curriculum import StagePlan, check_method, install, locate, lr_at, plan, stage_seed, switch
 from .data import SampleOrder, build_dataset, make_loader
 from .ema import EMA
 from .export import FINAL_DIR, FINAL_EMA_DIR, TRAIN_INFO, export_model
@@ -293,8 +293,9 @@ class Trainer:
             if cache is None:
                 cache = str(cache_root() / "train-data")
             with self.acc.main_process_first():  # the others then read the tokenisation cache it wrote
-                dataset = build_dataset(stage.config.data.spec, self.tokenizer, stage.config.seq_len, self.cfg.train.seed,
-                                        cache, shuffle=stage.config.data.shuffle)
+                dataset = build_dataset(stage.config.data.spec, self.tokenizer, stage.config.seq_len,
+                                        stage_seed(self.cfg.train.seed, stage.index), cache,
+                                        shuffle=stage.config.data.shuffle)
             summary = getattr(dataset, "summary", None)
             if self.is_main and summary is not None:
                 self.out.mkdir(parents=True, exist_ok=True)
@@ -321,6 +322,21 @@ class Trainer:
                            f"the model declares (method {stage.config.method.name or 'none'}); if this is not a "
                            f"control on purpose, extend with factor ≥ {target / window:g} (or target_length: {target})")
 
+    def _refuse_new_trainable_weights(self, stage, before: dict[str, torch.nn.Parameter]) -> None:
+        """A stage whose method brings trainable weights of its own (CLEX's ODE, built afresh when its parameters
+        change; Landmark's) would train nothing of them: the optimizer and the EMA were built over the first stage's
+        parameters. Refused in one line rather than exporting untrained weights."""
+        after = {n: p for n, p in self.unwrapped.named_parameters() if p.requires_grad}
+        changed = sorted(set(before) ^ set(after)) + sorted(n for n in set(before) & set(after) if before[n] is not after[n])
+        if changed:
+            shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+            raise RopekitError(
+                f"stage {stage.name}: method {stage.config.method.name or 'none'} "
+                f"{json.dumps(stage.config.method.params)} replaces trainable weights ({shown}) that the optimizer, "
+                "built for the first stage, does not hold, so they would not train",
+                "train this stage as its own run from the previous stage's output, or give the method the same "
+                "parameters in every stage")
+
     def _begin_stage(self, step: int) -> None:
         """When step ``step`` opens a stage: its method switched in, the optimizer reset if it asks, its batches."""
         stage_index, done = locate(self.plan, step - 1)
@@ -328,7 +344,9 @@ class Trainer:
             return
         stage = self.plan[stage_index]
         new_method = stage.config.method
+        trained = {n: p for n, p in self.unwrapped.named_parameters() if p.requires_grad}
         if switch(base_model(self.unwrapped), self.installed, new_method):
+            self._refuse_new_trainable_weights(stage, trained)
             self._note(f"stage {stage.name}: method {new_method.name or 'none'} {json.dumps(new_method.params)}")
             self.strategy.rotary_rebuilt(base_model(self.unwrapped))
         self.installed = new_method
