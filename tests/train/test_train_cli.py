@@ -61,6 +61,16 @@ def test_dry_run_prints_the_plan(run_cli, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_max_steps_inside_the_warmup_is_said(run_cli, tmp_path):
+    """tiny-pose warms up over 10 steps (linear schedule): --max-steps 3 would train at lr 1e-4…3e-4 of its 1e-3 peak."""
+    path = tmp_path / "pose.yaml"
+    path.write_text(example_yaml("tiny-pose"))
+    code, _, err = run_cli("train", str(path), "--dry-run", "--max-steps", "3")
+    assert code == 0 and "note: --max-steps 3 ends before the 10-step warm-up" in " ".join(err.split())
+    code, _, err = run_cli("train", str(path), "--dry-run", "--max-steps", "40")
+    assert code == 0 and "warm-up" not in err
+
+
 def test_tiny_full_runs_a_few_steps_and_loads_with_its_method(run_cli, monkeypatch, tmp_path):
     monkeypatch.setenv("ROPEKIT_CACHE", str(tmp_path / "cache"))
     raw = yaml.safe_load(example_yaml("tiny-full"))

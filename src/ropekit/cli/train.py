@@ -204,6 +204,11 @@ def train_cmd(
     from ..train import load_config, train
 
     cfg = load_config(config).with_overrides(out_dir=out_dir, max_steps=max_steps)
+    warmup = cfg.train.warmup_steps
+    if max_steps is not None and cfg.train.schedule != "constant" and warmup >= min(s.steps for s in cfg.stages):
+        # a config with these numbers is refused; a shortened run (a smoke test) is allowed, but not silently
+        err.print(f"note: --max-steps {max_steps} ends before the {warmup}-step warm-up does: the learning rate stays "
+                  f"below its peak {cfg.train.lr:g} for the whole run")
     if dry_run:
         rows = _plan_rows(cfg)
         if json_out:
