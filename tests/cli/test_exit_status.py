@@ -95,7 +95,7 @@ def test_ctrl_c_in_a_study_exits_130_and_leaves_nothing_running(run_cli, monkeyp
 
 @pytest.mark.parametrize("command, where", [
     (["extend", "tiny", "-m", "yarn", "-f", "2", "--out", "m"], "ropekit.install.export._without_rotary_weights"),
-    (["train", "CONFIG", "--out", "run", "--max-steps", "2"], "ropekit.train.trainer.Trainer._loop"),
+    (["train", "CONFIG", "--out", "run", "--max-steps", "20"], "ropekit.train.trainer.Trainer._loop"),  # past warm-up
     (["eval", "ppl", "tiny", "--lengths", "64", "--out", "r.jsonl"], "ropekit.models.loading.load_model"),
 ])
 def test_ctrl_c_in_a_long_command_exits_130_in_one_line(run_cli, monkeypatch, tmp_path, command, where):

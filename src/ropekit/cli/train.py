@@ -208,7 +208,7 @@ def train_cmd(
     if max_steps is not None and cfg.train.schedule != "constant" and warmup >= min(s.steps for s in cfg.stages):
         # a config with these numbers is refused; a shortened run (a smoke test) is allowed, but not silently
         err.print(f"note: --max-steps {max_steps} ends before the {warmup}-step warm-up does: the learning rate stays "
-                  f"below its peak {cfg.train.lr:g} for the whole run")
+                  f"below its peak {cfg.train.lr:g} for the whole run", highlight=False, soft_wrap=True)
     if dry_run:
         rows = _plan_rows(cfg)
         if json_out:
