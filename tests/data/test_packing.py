@@ -178,6 +178,30 @@ def test_prepare_attention_mask_formats():
     assert prepare_attention_mask(two_d, "eager") is two_d
 
 
+def test_flash_refuses_restarting_positions_under_a_2d_mask():
+    """transformers' flash path reads restarting positions as separate documents, but only for one unpadded row."""
+    from transformers.modeling_flash_attention_utils import _is_packed_sequence, prepare_fa_kwargs_from_position_ids
+
+    docs = _docs(5, 3, lo=4, hi=6)
+    L = sum(len(d) + 1 for d in docs)
+    row = PackedStream(docs, L, eos_id=EOS).row(0, reset_positions=True, document_mask=False)
+    mask, positions = row["attention_mask"].unsqueeze(0), row["position_ids"].unsqueeze(0)
+    assert mask.dim() == 2 and bool(mask.all())
+    # transformers' own reading: one unpadded row -> three varlen blocks; two rows -> plain causal
+    (cu, _), _ = prepare_fa_kwargs_from_position_ids(positions)
+    assert _is_packed_sequence(positions, 1) and cu.numel() - 1 == 3
+    assert not _is_packed_sequence(positions.repeat(2, 1), 2)
+    with pytest.raises(RopekitError, match="document_mask"):
+        prepare_attention_mask(mask, "flash_attention_2", position_ids=positions)
+    assert prepare_attention_mask(mask, "sdpa", position_ids=positions) is mask
+    # PoSE-style skipped positions only go up: flash reads them as one sequence, and they pass
+    skipped = torch.cat([torch.arange(5), torch.arange(5) + 40]).unsqueeze(0)
+    (cu, _), _ = prepare_fa_kwargs_from_position_ids(skipped)
+    assert cu.tolist() == [0, 10]
+    ones = torch.ones(1, 10, dtype=torch.long)
+    assert prepare_attention_mask(ones, "flash_attention_2", position_ids=skipped) is ones
+
+
 def test_upsample_repeat_long_exact_counts():
     lengths = [5, 50, 7, 100, 49, 3]
     chosen = upsample_long(lengths, UpsampleConfig(threshold=50, factor=3, mode="repeat_long"), seed=0)

@@ -253,21 +253,35 @@ class PackedPieces:
 
 
 # ---- handing the mask to a model ---------------------------------------------------------------------
+def restarts_positions(position_ids: torch.Tensor) -> bool:
+    """Whether some row's position ids go down (a new document restarting them); PoSE's skips only go up."""
+    return bool((position_ids.diff(dim=-1) < 0).any())
+
+
 def prepare_attention_mask(attention_mask: torch.Tensor, attn_implementation: str, dtype: torch.dtype = torch.float32,
                            position_ids: torch.Tensor | None = None) -> torch.Tensor | None:
     """The ``attention_mask`` to pass to a transformers model whose attention is ``attn_implementation``.
 
-    A 2-D (padding) mask is returned as is. A boolean 4-D document mask ``[B, 1, L, L]`` becomes: boolean
+    A 2-D (padding) mask is returned as is; under ``flash_attention_*`` its row's positions must not restart
+    (``reset_positions`` without ``document_mask`` is refused: flash would read each restart as a new document
+    in a one-row unpadded batch only). A boolean 4-D document mask ``[B, 1, L, L]`` becomes: boolean
     for ``sdpa``; additive float in ``dtype`` (0 where allowed, ``finfo(dtype).min`` elsewhere) for
     ``eager`` and any other kernel that adds the mask to its scores; ``None`` for ``flash_attention_*``,
     whose varlen path then derives document boundaries from ``position_ids`` restarting at 0 — which
     must be the case (``packing.reset_positions: true``), checked here from the mask itself.
     """
+    impl = str(attn_implementation or "eager")
     if attention_mask.dim() != 4:
+        if impl.startswith("flash_attention") and position_ids is not None and restarts_positions(position_ids):
+            # transformers' flash path reads position ids that restart as packed documents (varlen, one block
+            # per restart) when the batch is one unpadded row, and as one causal sequence otherwise: the
+            # attention pattern would hang on batch size and padding, unlike sdpa/eager's causal row.
+            raise RopekitError("position ids that restart inside a row (packing.reset_positions) without "
+                               "packing.document_mask are read as separate documents by flash attention",
+                               "set data.packing.document_mask: true, or use attn_implementation sdpa/eager")
         return attention_mask
     if attention_mask.dtype != torch.bool:
         raise RopekitError("the 4-D attention mask is not boolean", "pass the mask the training dataset produced")
-    impl = str(attn_implementation or "eager")
     if impl == "sdpa":
         return attention_mask
     if impl.startswith("flash_attention"):

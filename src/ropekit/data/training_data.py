@@ -11,7 +11,7 @@
           upsample_long: null        # or {threshold: 4096, factor: 10, mode: downsample_short|repeat_long}
           min_tokens: 0              # sft only: drop shorter conversations (Entropy-ABF (Zhang et al. 2024) §4.1: 10,000 at 16k)
       packing:
-        reset_positions: false       # position ids restart at each document
+        reset_positions: false       # position ids restart at each document (flash kernels: with document_mask only)
         document_mask: false         # attention only within a document (4-D mask, see ropekit.data.packing)
         pack_sft: true               # several whole conversations per row (false: one per row, padded)
         drop_last: true              # drop the last partial row of a text stream (false: pad it)

@@ -195,9 +195,8 @@ def validate_spec(spec: dict[str, Any], seq_len: int, shuffle: bool = True) -> N
 
 def model_attention_mask(mask: torch.Tensor, model, dtype: torch.dtype, position_ids: torch.Tensor) -> torch.Tensor | None:
     """A batch's attention mask in the form the model's attention kernel takes (4-D document masks differ
-    per kernel: :func:`ropekit.data.packing.prepare_attention_mask`); 2-D masks pass unchanged."""
-    if mask.dim() != 4:
-        return mask
+    per kernel: :func:`ropekit.data.packing.prepare_attention_mask`); 2-D masks pass unchanged (flash kernels
+    refuse positions that restart under one)."""
     from ..adapters.transformers import attn_implementation
     from ..attention.interface import kernel_of
     from ..data.packing import prepare_attention_mask
