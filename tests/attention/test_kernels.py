@@ -8,7 +8,7 @@ from unittest import mock
 import pytest
 import torch
 
-from ropekit.attention.kernels import attention_with_lse, merge_attention, rotate_by
+from ropekit.attention.kernels import attention_with_lse, merge_attention, rotate_to
 
 
 def naive(q, k, v, allowed, scale):
@@ -48,8 +48,8 @@ def test_merge_of_disjoint_parts_equals_attention_over_their_union():
     assert torch.allclose(lse.double(), want_lse, atol=1e-5)
 
 
-def test_rotate_by_composes_rope_rotations():
-    """Rotating position-i vectors by (p − i) equals rotating the raw vectors at p (explicit 2×2 rotations)."""
+def test_rotate_to_composes_rope_rotations():
+    """Moving position-i vectors to p equals rotating the raw vectors at p (explicit 2×2 rotations)."""
     gen = torch.Generator().manual_seed(2)
     d, rot = 12, 8  # partial rotary: 4 frequency pairs, 4 channels pass through
     inv_freq = 1.0 / (100.0 ** (torch.arange(0, rot, 2).float() / rot))
@@ -68,9 +68,42 @@ def test_rotate_by_composes_rope_rotations():
         return out
 
     rotated = explicit(x, pos)
-    got = rotate_by(rotated, target - pos, inv_freq)
+    got = rotate_to(rotated, pos, target, inv_freq)
     assert torch.allclose(got, explicit(x, target), atol=1e-5)
     assert torch.equal(got[..., rot:], x[..., rot:])
+
+
+def test_rotate_to_cancels_the_models_float32_angle_rounding_at_long_positions():
+    """Keys the model rotated in float32 at ~99k (transformers' float32 product p·θ), moved to ⌊p/8⌋: within 2e-6
+    of the raw keys rotated at ⌊p/8⌋ in float64 (math.cos/sin). A float32 move by (t − p)·θ keeps the rounding of
+    fl(p·θ) (about 6e-3 rad at θ = 1) and fails the bound; so does a fresh float32 rotation at t (8e-4 here)."""
+    gen = torch.Generator().manual_seed(5)
+    d = 64
+    inv_freq = (1.0 / (1e5 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))).float()
+    pos = torch.arange(99_000, 99_064)[None]
+    target = pos // 8
+    x = torch.randn(1, 1, pos.shape[1], d, generator=gen, dtype=torch.float64)
+
+    def rotate_float32(x, p):  # the model's rotary embedding: float32 angle, float32 cos/sin
+        a = (p[..., None].float() * inv_freq)[:, None]
+        a = torch.cat((a, a), dim=-1)
+        half = x.shape[-1] // 2
+        return x * a.cos() + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * a.sin()
+
+    want = torch.empty_like(x)
+    for t in range(pos.shape[1]):
+        for i in range(d // 2):
+            a = float(target[0, t]) * float(inv_freq[i])
+            x1, x2 = x[0, 0, t, i].item(), x[0, 0, t, i + d // 2].item()
+            want[0, 0, t, i] = x1 * math.cos(a) - x2 * math.sin(a)
+            want[0, 0, t, i + d // 2] = x2 * math.cos(a) + x1 * math.sin(a)
+    by_model = rotate_float32(x.float(), pos)
+    got = rotate_to(by_model, pos, target, inv_freq)
+    bound = 2e-6 * float(x.abs().max())
+    assert float((got.double() - want).abs().max()) < bound
+    float32_move = rotate_float32(by_model, target - pos)
+    assert float((float32_move.double() - want).abs().max()) > 100 * bound
+    assert float((rotate_float32(x.float(), target).double() - want).abs().max()) > 100 * bound
 
 
 def _block(seed=3):

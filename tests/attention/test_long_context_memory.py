@@ -199,15 +199,15 @@ def test_decoding_rotates_each_key_to_its_group_once(monkeypatch):
     G, W, n = 3, 8, 30
     attend = SelfExtendAttention(lambda: INV_FREQ.float(), G, W)
     rotated = []
-    real_rotate_by = kernels.rotate_by
+    real_rotate_to = kernels.rotate_to
 
-    def counting(x, offsets, inv_freq):
+    def counting(x, positions, targets, inv_freq):
         rotated.append((x.shape[1], x.shape[2]))
-        return real_rotate_by(x, offsets, inv_freq)
+        return real_rotate_to(x, positions, targets, inv_freq)
 
     import ropekit.methods.self_extend_attention as se
 
-    monkeypatch.setattr(se, "rotate_by", counting)
+    monkeypatch.setattr(se, "rotate_to", counting)
     for seed in (0, 1):
         q, k, v = _inputs(batch=1, q_len=n, k_len=n, seed=seed)
         k_rot = _rot(k[0], torch.arange(n))[None].float()

@@ -448,7 +448,7 @@ def test_single_token_decoding_takes_the_folded_decode_path(monkeypatch):
     """Cached decoding (one query) runs ``_attend_decode`` — GQA heads folded, key rotations from the
     per-layer table — and its tokens equal the uncached loop (checked above); here: it is really used,
     and the table gives the same rotations as computing them afresh."""
-    from ropekit.attention.kernels import rotate_by
+    from ropekit.attention.kernels import rotate_to
     from ropekit.methods.self_extend_attention import SelfExtendAttention, group_key_position
 
     calls = []
@@ -466,7 +466,7 @@ def test_single_token_decoding_takes_the_folded_decode_path(monkeypatch):
     attend = SelfExtendAttention(lambda: torch.tensor([1.0, 0.3, 0.01]), group_size=3, window_size=5)
     key = torch.randn(2, 2, 40, 6, generator=torch.Generator().manual_seed(0))
     pos = torch.arange(40)[None]
-    want = rotate_by(key, group_key_position(pos, 3) - pos, torch.tensor([1.0, 0.3, 0.01]))
+    want = rotate_to(key, pos, group_key_position(pos, 3), torch.tensor([1.0, 0.3, 0.01]))
     assert torch.allclose(attend._rotate_keys_to_groups(key, pos, torch.tensor([1.0, 0.3, 0.01])), want, atol=1e-6)
 
 

@@ -243,13 +243,13 @@ def _table_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def offset_table(kind: str, group: int, size: int, inv_freq: torch.Tensor, dtype: torch.dtype):
-    """``(cos, sin)`` of the extra rotation by ``offset(p)`` for every position ``p < size`` — one table per
-    (offset rule, device, dtype, frequencies) shared by every layer and every layer-attention instance, grown by
-    doubling (so a growing input rebuilds it O(log n) times), computed in float32 and stored in the vectors'
-    dtype where that is exact enough (:func:`_table_dtype`).
+    """``(cos, sin)`` of the move of a vector rotated at ``p`` to ``target(p)`` (:func:`move_angles`) for every
+    position ``p < size`` — one table per (move rule, device, dtype, frequencies) shared by every layer and every
+    layer-attention instance, grown by doubling (so a growing input rebuilds it O(log n) times), its angles computed
+    in float64 and stored in the vectors' dtype where that is exact enough (:func:`_table_dtype`).
 
-    ``kind`` names the offset rule: ``"group_key"`` is Self-Extend's key move ``⌊p/G⌋ − p`` (Jin et al. 2024 §3,
-    ``group`` = G); ``"unrotate"`` is ``−p`` (LM-Infinite's ``R_{−j}``). Built outside any traced graph, it is a constant
+    ``kind`` names the move: ``"group_key"`` is Self-Extend's key move to ``⌊p/G⌋`` (Jin et al. 2024 §3,
+    ``group`` = G); ``"unrotate"`` is the move to 0 (LM-Infinite's ``R_{−j}``). Built outside any traced graph, it is a constant
     to ``torch.compile``.
     """
     store_dtype = _table_dtype(dtype)
@@ -262,13 +262,13 @@ def offset_table(kind: str, group: int, size: int, inv_freq: torch.Tensor, dtype
         grown *= 2
     pos = torch.arange(grown, device=inv_freq.device)
     if kind == "group_key":
-        offsets = torch.div(pos, group, rounding_mode="floor") - pos
+        targets = torch.div(pos, group, rounding_mode="floor")
     elif kind == "unrotate":
-        offsets = -pos
+        targets = torch.zeros_like(pos)
     else:
         raise ValueError(f"unknown offset table {kind!r}")
-    freqs = offsets[:, None].to(torch.float32) * inv_freq.to(torch.float32)[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
+    angles = move_angles(pos, targets, inv_freq)
+    emb = torch.cat((angles, angles), dim=-1)
     table = (emb.cos().to(store_dtype), emb.sin().to(store_dtype))
     _TABLES.pop(tag, None)
     while len(_TABLES) >= _TABLES_KEPT:
@@ -283,15 +283,39 @@ def rotate_from_table(x: torch.Tensor, positions: torch.Tensor, table) -> torch.
     return rotate(x, cos[positions][:, None].to(x.dtype), sin[positions][:, None].to(x.dtype))
 
 
-def rotate_by(x: torch.Tensor, offsets: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, H, L, D) vectors by a further ``offsets`` positions (B or 1, L), half-split layout.
+def _angle_dtype(device: torch.device) -> torch.dtype:
+    """float64 for the angle arithmetic of a move, float32 where the device has no float64 (MPS)."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
-    RoPE rotations compose, so a query rotated at its true position ``i`` and rotated again by
-    ``p − i`` is the query at position ``p`` — without knowing the unrotated query, and without touching
-    the attention factor already folded into it. Only the first ``2·len(inv_freq)`` channels rotate.
+
+def move_angles(positions: torch.Tensor, targets, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Angles ``(…, rot/2)`` of the rotation that takes a vector the model rotated at ``positions`` to ``targets``.
+
+    The model's rotary embedding (transformers: ``inv_freq.float() @ positions.float()``) rotated by the
+    float32 product ``fl(p·θ)``, whose rounding grows with ``p`` (about ``p·θ·2⁻²⁴`` rad: 6e-3 at 100k for
+    θ = 1). A move by ``(t − p)·θ`` in float32 would keep that error and add its own; this one is
+    ``t·θ − fl(p·θ)`` in float64, so the moved vector sits at the exact angle ``t·θ`` up to the rounding of
+    cos/sin — closer than a fresh float32 rotation to ``t`` would be. ``targets``: a tensor broadcastable
+    with ``positions``, or an int.
     """
-    freqs = offsets[:, None, :, None].to(torch.float32) * inv_freq.to(device=x.device, dtype=torch.float32)
-    emb = torch.cat((freqs, freqs), dim=-1)
+    theta = inv_freq.to(device=positions.device, dtype=torch.float32)
+    applied = positions[..., None].to(torch.float32) * theta  # what the model's rotation used
+    wide = _angle_dtype(positions.device)
+    if not torch.is_tensor(targets):
+        targets = torch.tensor(targets, device=positions.device)
+    return targets[..., None].to(wide) * theta.to(wide) - applied.to(wide)
+
+
+def rotate_to(x: torch.Tensor, positions: torch.Tensor, targets, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Move (B, H, L, D) vectors rotated at ``positions`` (B or 1, L) to ``targets`` (same shape, or an int).
+
+    RoPE rotations compose, so a query rotated at its true position ``i`` and rotated again is the query at
+    the target — without knowing the unrotated query, and without touching the attention factor already
+    folded into it. The angle is :func:`move_angles` (exact target angle). Only the first
+    ``2·len(inv_freq)`` channels rotate (half-split layout).
+    """
+    angles = move_angles(positions, targets, inv_freq)[:, None]
+    emb = torch.cat((angles, angles), dim=-1)
     return rotate(x, emb.cos().to(x.dtype), emb.sin().to(x.dtype))
 
 

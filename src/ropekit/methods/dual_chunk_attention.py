@@ -20,7 +20,7 @@ never sees a distance it was not trained on; the default ``chunk_size = c`` (wha
 set) reaches distance ``c``, one past the longest trained one, at the first key of each chunk.
 
 Queries and keys arrive rotated at their true positions (keys include the KV cache); RoPE rotations compose, so
-each part only rotates them further by ``p − i`` (:func:`~ropekit.attention.kernels.rotate_by`). The three parts
+each part only rotates them further to ``p`` (:func:`~ropekit.attention.kernels.rotate_to`). The three parts
 are restricted softmaxes over disjoint keys, merged exactly by log-sum-exp; queries go in chunks of
 :data:`QUERY_CHUNK` rows, so memory is O(chunk × keys) and no n × n matrix is built. Positions, padding and
 every mask format come from :mod:`ropekit.attention.masks`, as for Self-Extend. Inference only.
@@ -40,7 +40,7 @@ from ..attention.kernels import (
     memoized,
     merge_attention,
     pair_scores,
-    rotate_by,
+    rotate_to,
     runs_cpu_flash,
 )
 from ..attention.masks import AttentionMask, query_key_positions
@@ -83,9 +83,9 @@ class DualChunkAttention:
         """``(q_succ, q_inter, k_chunk)``: queries at their successive- and inter-chunk positions, keys at ``j mod L``."""
         L, S = self.chunk_len, self.chunk_size
         inv_freq = self.inv_freq().to(query.device)
-        q_succ = rotate_by(query, successive_query_position(q_pos, L, S) - q_pos, inv_freq)
-        q_inter = rotate_by(query, S - q_pos, inv_freq)
-        k_chunk = rotate_by(key, chunk_key_position(k_pos, L) - k_pos, inv_freq)
+        q_succ = rotate_to(query, q_pos, successive_query_position(q_pos, L, S), inv_freq)
+        q_inter = rotate_to(query, q_pos, S, inv_freq)
+        k_chunk = rotate_to(key, k_pos, chunk_key_position(k_pos, L), inv_freq)
         return q_succ, q_inter, k_chunk
 
     def _relation(self, q_pos, k_pos):

@@ -36,7 +36,7 @@ produces: key ``j`` is a landmark exactly when ``j % (mem_freq + 1) == mem_freq`
 
 The queries and keys arrive rotated at their true positions; moving a block is one more rotation of the
 query (``q·R(δ)k = (R(−δ)q)·k``), and scoring at a fixed position rotates the landmark keys back to 0
-(:func:`~ropekit.attention.kernels.rotate_by`). Queries go in chunks, so memory is O(chunk × keys). Which
+(:func:`_raw_landmarks`). Queries go in chunks, so memory is O(chunk × keys). Which
 pairs exist (causality, padding) comes from :class:`~ropekit.attention.masks.AttentionMask`, in any mask
 format transformers passes.
 

@@ -11,7 +11,7 @@ For a query at position ``i`` and a key at position ``j ≤ i`` (``G`` global to
 
 The queries and keys arrive already rotated (``R_i q``, ``R_j k``; cached keys too), so the clamped logit
 is formed with extra rotations: ``R_{L−i}(R_i q) = R_L q`` and ``R_{−j}(R_j k) = k``
-(:func:`~ropekit.attention.kernels.rotate_by`). The KV cache keeps the ordinary rotated keys, so cached
+(:func:`~ropekit.attention.kernels.rotate_to`). The KV cache keeps the ordinary rotated keys, so cached
 decoding and chunked prefill need no special cache.
 
 Cost: queries are processed in chunks. Each chunk attends to (a) the keys of its local band and (b) the
@@ -44,7 +44,7 @@ from ..attention.kernels import (
     memoized,
     merge_attention,
     pair_scores,
-    rotate_by,
+    rotate_to,
 )
 from ..attention.masks import AttentionMask, key_positions
 
@@ -161,7 +161,7 @@ class LambdaAttention:
         band = (dist < L)[:, None]
         far_global = ((dist >= L) & (k_pos[:, None, :] < G))[:, None]
         scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-        ceiling = pair_scores(rotate_by(q, L - qp, inv_freq), rotate_by(key, -k_pos, inv_freq))
+        ceiling = pair_scores(rotate_to(q, qp, L, inv_freq), rotate_to(key, k_pos, 0, inv_freq))
         logits = torch.where(band, pair_scores(q, key), ceiling) * scale
         return PairLogits(logits, mask.rows(rows) & (band | far_global))
 
@@ -176,13 +176,13 @@ class LambdaAttention:
             return 0, None, None, None
         if traced:
             n = min(key.shape[2], self.global_tokens) if causal else key.shape[2]
-            return n, rotate_by(key[:, :, :n], -k_pos[:, :n], inv_freq), value[:, :, :n], k_pos[:, :n]
+            return n, rotate_to(key[:, :, :n], k_pos[:, :n], 0, inv_freq), value[:, :, :n], k_pos[:, :n]
         if n is None:  # (one host read; __call__ passes the forward's shared count instead)
             hits = (k_pos < self.global_tokens).any(dim=0).nonzero()
             n = int(hits.max()) + 1 if hits.numel() else 0
         if n == 0:
             return 0, None, None, None
-        return n, rotate_by(key[:, :, :n], -k_pos[:, :n], inv_freq), value[:, :, :n], k_pos[:, :n]
+        return n, rotate_to(key[:, :, :n], k_pos[:, :n], 0, inv_freq), value[:, :, :n], k_pos[:, :n]
 
     def _global_part(self, q, qp, key_g, value_g, k_pos_g, mask_block, scale, inv_freq):
         """Attention of a query chunk to the global candidates at the clamped distance: ⟨R_L q, k⟩."""
@@ -190,7 +190,7 @@ class LambdaAttention:
         allowed = ((qp[:, None, :, None] - k_pos_g[:, None, None, :]) >= L) & (k_pos_g[:, None, None, :] < self.global_tokens)
         if mask_block is not None:  # None: the mask-free path, whose global pairs are all causal
             allowed = allowed & mask_block
-        return attention_with_lse(rotate_by(q, L - qp, inv_freq), key_g, value_g, allowed, scale)
+        return attention_with_lse(rotate_to(q, qp, L, inv_freq), key_g, value_g, allowed, scale)
 
     def _attend_decode(self, query, key, value, q_pos, k_len, scale):
         """The Λ rule for one new query per row (cached decoding, nothing padded): keys at consecutive positions
@@ -203,7 +203,7 @@ class LambdaAttention:
         if n_global > 0:
             inv_freq = self.inv_freq()
             k_pos = key_positions(q_pos, k_len)[:, :n_global]
-            key_g = rotate_by(key[:, :, :n_global], -k_pos, inv_freq)
+            key_g = rotate_to(key[:, :, :n_global], k_pos, 0, inv_freq)
             parts.append(self._global_part(query, q_pos, key_g, value[:, :, :n_global], k_pos, None, scale, inv_freq))
         out = parts[0][0] if len(parts) == 1 else merge_attention(parts)[0]
         return out.to(query.dtype)

@@ -11,8 +11,9 @@ query position with ``/`` (``self_extend_patch/Llama.py``, fixed in ``Llama_4_40
 differs when ``G ∤ W``.
 
 Queries and keys arrive already rotated at their true positions (keys include the KV cache). RoPE
-rotations compose, so the group part only rotates them further by ``p_group − p_true`` (``rotate_by``);
-the unrotated vectors are never needed. Both parts run through :func:`attention_with_lse` and are merged
+rotations compose, so the group part only rotates them further to ``p_group`` (``rotate_to``, whose angle
+``p_group·θ − fl(p_true·θ)`` cancels the float32 rounding of the model's own rotation, so a key at 100k is not
+off by the 6e-3 rad that rounding reaches there); the unrotated vectors are never needed. Both parts run through :func:`attention_with_lse` and are merged
 exactly with :func:`merge_attention`; no n × n matrix is built. Queries are processed in chunks of
 :data:`QUERY_CHUNK` rows, so memory is O(chunk × keys). When position distance equals index distance
 (no padding, left/right padding, KV cache, chunked prefill) the split is structural and only O(n · chunk)
@@ -44,8 +45,8 @@ from ..attention.kernels import (
     merge_attention,
     offset_table,
     pair_scores,
-    rotate_by,
     rotate_from_table,
+    rotate_to,
     runs_cpu_flash,
 )
 from ..attention.masks import AttentionMask, query_key_positions
@@ -217,8 +218,8 @@ class SelfExtendAttention:
         inv_freq = self.inv_freq().to(query.device)
         qp = q_pos[:, rows]
         q = query[:, :, rows]
-        q_group = rotate_by(q, group_query_position(qp, G, W) - qp, inv_freq)
-        k_group = rotate_by(key, group_key_position(k_pos, G) - k_pos, inv_freq)
+        q_group = rotate_to(q, qp, group_query_position(qp, G, W), inv_freq)
+        k_group = rotate_to(key, k_pos, group_key_position(k_pos, G), inv_freq)
         near = (qp[:, :, None] - k_pos[:, None, :] < W)[:, None]
         scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
         logits = torch.where(near, pair_scores(q, key), pair_scores(q_group, k_group)) * scale
@@ -229,7 +230,7 @@ class SelfExtendAttention:
         ``p_group − p_true``. Keys and values keep their KV heads (the kernels fold grouped query heads)."""
         G, W = self.group_size, self.window_size
         inv_freq = self.inv_freq().to(query.device)
-        q_group = rotate_by(query, group_query_position(q_pos, G, W) - q_pos, inv_freq)
+        q_group = rotate_to(query, q_pos, group_query_position(q_pos, G, W), inv_freq)
         k_group = self._rotate_keys_to_groups(key, k_pos, inv_freq, self._call_memo)
         return q_group, key, k_group, value
 
@@ -240,18 +241,18 @@ class SelfExtendAttention:
         return int(lo), int(hi)
 
     def _rotate_keys_to_groups(self, key, k_pos, inv_freq, memo: dict | None = None):
-        """Keys rotated from ``j`` to ``⌊j/G⌋``: the same as ``rotate_by(key, ⌊j/G⌋ − j, inv_freq)``.
+        """Keys rotated from ``j`` to ``⌊j/G⌋``: the same as ``rotate_to(key, j, ⌊j/G⌋, inv_freq)``.
 
         The rotation of a key depends only on its position, so its cos/sin come from one table shared by all
         layers (:func:`~ropekit.attention.kernels.offset_table`, grown by doubling) instead of being recomputed
         per layer.
         """
         if k_pos.numel() == 0 or torch.compiler.is_compiling():
-            return rotate_by(key, group_key_position(k_pos, self.group_size) - k_pos, inv_freq)
+            return rotate_to(key, k_pos, group_key_position(k_pos, self.group_size), inv_freq)
         lo, hi = self._position_range(k_pos) if memo is None else memoized(memo, "key_range",
                                                                             lambda: self._position_range(k_pos))
         if lo < 0:
-            return rotate_by(key, group_key_position(k_pos, self.group_size) - k_pos, inv_freq)
+            return rotate_to(key, k_pos, group_key_position(k_pos, self.group_size), inv_freq)
         table = offset_table("group_key", self.group_size, hi + 1, inv_freq, key.dtype)
         return rotate_from_table(key, k_pos, table)
 
@@ -274,8 +275,8 @@ class SelfExtendAttention:
         if entry is None:
             entry = self._group_keys = _GroupKeyCache(key, upto)
         if upto > start:
-            new = rotate_by(key[:, :, start:upto], group_key_position(k_pos[:, start:upto], self.group_size)
-                            - k_pos[:, start:upto], inv_freq)
+            new = rotate_to(key[:, :, start:upto], k_pos[:, start:upto],
+                            group_key_position(k_pos[:, start:upto], self.group_size), inv_freq)
             entry.append(new, key, k_pos, upto)
         return entry.keys(upto)
 
@@ -300,7 +301,7 @@ class SelfExtendAttention:
 
         parts = [attention_with_lse(fold(query), key[:, :, lo:], value[:, :, lo:], visible(lo, k_len), scale=scaling)]
         if lo > 0:
-            q_group = rotate_by(query, group_query_position(q_pos, self.group_size, W) - q_pos, inv_freq)
+            q_group = rotate_to(query, q_pos, group_query_position(q_pos, self.group_size, W), inv_freq)
             k_group = self._cached_group_keys(key, k_pos, lo, inv_freq)
             parts.append(attention_with_lse(fold(q_group), k_group, value[:, :, :lo], visible(0, lo), scale=scaling))
         if len(parts) == 1:
@@ -448,8 +449,8 @@ class SelfExtendAttention:
         ``lse = −∞`` and merges as nothing). Memory O(chunk × Lk); the mask must be one whose reading needs no
         sync (none, or transformers' 4-D boolean mask)."""
         inv_freq = self.inv_freq().to(query.device)
-        q_group = rotate_by(query, group_query_position(q_pos, self.group_size, self.window_size) - q_pos, inv_freq)
-        k_group = rotate_by(key, group_key_position(k_pos, self.group_size) - k_pos, inv_freq)
+        q_group = rotate_to(query, q_pos, group_query_position(q_pos, self.group_size, self.window_size), inv_freq)
+        k_group = rotate_to(key, k_pos, group_key_position(k_pos, self.group_size), inv_freq)
         return self._two_parts_by_chunk(query, key, value, q_group, k_group, mask, q_pos, k_pos, scaling)
 
     def _attend_general(self, query, key, value, mask, q_pos, k_pos, scaling) -> torch.Tensor:
