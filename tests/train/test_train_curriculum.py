@@ -89,8 +89,9 @@ def test_resume_across_a_stage_boundary(make_config, text_dataset):
 ])
 def test_a_stage_that_brings_new_trainable_weights_is_refused(make_config, text_dataset, first, second):
     """The optimizer is built over the first stage's parameters: weights a later stage's method creates would stay at
-    their initial values (CLEX's ODE at its zero init) and be exported untrained. Refused at the switch, in one line;
-    a switch between methods without weights (the ABF curriculum above) goes on."""
+    their initial values (CLEX's ODE at its zero init) and be exported untrained. Refused in one line before the first
+    step (stage a's training would otherwise be lost with the run); a switch between methods without weights (the ABF
+    curriculum above) goes on."""
     from ropekit.errors import RopekitError
 
     cfg = make_config(f"{first['name']}-{second['name']}", stages=[
@@ -99,7 +100,25 @@ def test_a_stage_that_brings_new_trainable_weights_is_refused(make_config, text_
     with pytest.raises(RopekitError, match="stage b: method clex .* replaces trainable weights") as err:
         train(cfg, dataset=per_stage(text_dataset), callbacks=[lambda info: steps.append(info.stage)], progress=False)
     assert "\n" not in str(err.value)
-    assert steps == ["a"]  # stage a trained; nothing of stage b
+    assert steps == []  # refused before stage a trained
+    assert not (cfg.require_output() / "metrics.jsonl").exists()
+
+
+def test_the_start_of_run_walk_through_the_stages_leaves_the_run_unchanged(make_config, text_dataset):
+    """A curriculum whose switches replace no weights: walking through the stages before training (the refusal's
+    check) leaves every parameter, the random state and so every loss as they are when the walk is skipped."""
+    import ropekit.train.trainer as trainer_module
+
+    stages = [{"name": "a", "steps": 2, "method": {"name": "pi", "params": {"factor": 2}}},
+              {"name": "b", "steps": 2, "method": {"name": "ntk", "params": {"factor": 2}}}]
+    walked = train(make_config("walked", stages=stages), dataset=per_stage(text_dataset), progress=False)
+    skip = pytest.MonkeyPatch()
+    skip.setattr(trainer_module, "switch_changes", lambda old, new: False)
+    try:
+        plain = train(make_config("plain", stages=stages), dataset=per_stage(text_dataset), progress=False)
+    finally:
+        skip.undo()
+    assert [x for _, x in walked.losses] == [x for _, x in plain.losses]
 
 
 def test_a_later_stage_on_the_same_pose_data_draws_new_examples(make_config, monkeypatch, tmp_path):

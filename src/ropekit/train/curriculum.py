@@ -105,11 +105,16 @@ def install(model, method: MethodConfig) -> None:
         extend(model, method.name, **method.params)
 
 
+def switch_changes(old: MethodConfig | None, new: MethodConfig) -> bool:
+    """Whether going from ``old`` to ``new`` re-installs the method (:func:`switch` does something)."""
+    return old is None or old.name != new.name or old.params != new.params
+
+
 def switch(model, old: MethodConfig | None, new: MethodConfig) -> bool:
     """Make ``model`` carry ``new`` instead of ``old`` (:func:`ropekit.install.uninstall`, then :func:`install`);
     returns whether anything changed. The model's own weights are untouched, so a stage can change a method's
     parameters; a method with trainable weights of its own builds them afresh (the trainer refuses such a switch)."""
-    if old is not None and old.name == new.name and old.params == new.params:
+    if not switch_changes(old, new):
         return False
     uninstall(model)
     install(model, new)

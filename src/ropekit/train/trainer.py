@@ -47,7 +47,7 @@ from ..runtime.devices import free_memory
 from ..runtime.atomic import atomic_file
 from . import checkpoint as ckpt
 from .config import TrainConfig
-from .curriculum import StagePlan, check_method, install, locate, lr_at, plan, stage_seed, switch
+from .curriculum import StagePlan, check_method, install, locate, lr_at, plan, stage_seed, switch, switch_changes
 from .data import SampleOrder, build_dataset, make_loader
 from .ema import EMA
 from .export import FINAL_DIR, FINAL_EMA_DIR, TRAIN_INFO, export_model
@@ -210,6 +210,7 @@ class Trainer:
             check_method(model, stage.config.method)
         self.installed = self.plan[stage_index].config.method
         install(model, self.installed)
+        self._walk_stage_switches(model, stage_index)
         strategy.check_context_parallel(model, [stage.config.method for stage in self.plan])
         if cfg.train.lora is not None:
             model = apply_lora(model, cfg.train.lora, seed=cfg.train.seed)
@@ -322,11 +323,28 @@ class Trainer:
                            f"the model declares (method {stage.config.method.name or 'none'}); if this is not a "
                            f"control on purpose, extend with factor ≥ {target / window:g} (or target_length: {target})")
 
-    def _refuse_new_trainable_weights(self, stage, before: dict[str, torch.nn.Parameter]) -> None:
+    def _walk_stage_switches(self, model, stage_index: int) -> None:
+        """Switch ``model`` through the later stages' methods and back, before anything trains, so that a stage whose
+        switch would replace weights is refused now rather than after the stages before it have trained (their work
+        would be lost with the run). A walk that replaces nothing leaves every parameter the same object; the random
+        state is kept, so the run is the one it would have been."""
+        methods = [stage.config.method for stage in self.plan[stage_index:]]
+        if not any(switch_changes(a, b) for a, b in zip(methods, methods[1:])):
+            return
+        before = dict(model.named_parameters())
+        with torch.random.fork_rng(devices=[]):
+            for old, stage in zip(methods, self.plan[stage_index + 1:]):
+                if switch(model, old, stage.config.method):
+                    self._refuse_new_trainable_weights(stage, before, model)
+            switch(model, methods[-1], methods[0])
+
+    def _refuse_new_trainable_weights(self, stage, before: dict[str, torch.nn.Parameter], model=None) -> None:
         """A stage whose method brings trainable weights of its own (CLEX's ODE, built afresh when its parameters
-        change; Landmark's) would train nothing of them: the optimizer and the EMA were built over the first stage's
-        parameters. Refused in one line rather than exporting untrained weights."""
-        after = {n: p for n, p in self.unwrapped.named_parameters() if p.requires_grad}
+        change; Landmark's new embedding row) would train nothing of them: the optimizer and the EMA were built over
+        the first stage's parameters. Refused in one line rather than exporting untrained weights — at the start of
+        the run (:meth:`_walk_stage_switches`, ``model`` given: every parameter compared) and again at the switch
+        itself (the trainable ones)."""
+        after = {n: p for n, p in (model or self.unwrapped).named_parameters() if model is not None or p.requires_grad}
         changed = sorted(set(before) ^ set(after)) + sorted(n for n in set(before) & set(after) if before[n] is not after[n])
         if changed:
             shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
