@@ -6,7 +6,10 @@ shows the standard rope type the file carries."""
 from __future__ import annotations
 
 import json
+import math
 import re
+
+import pytest
 
 import gguf
 from huggingface_hub import ModelCard
@@ -64,6 +67,56 @@ def test_llamacpp_flags_are_what_the_gguf_writer_writes(tmp_path):
 
     assert value("llama.rope.scaling.type") == "yarn" and value("llama.rope.scaling.factor") == 2.0
     assert value("llama.rope.scaling.original_context_length") == 64 and value("llama.context_length") == 128
+
+
+def test_flags_keep_every_digit_and_a_changed_base(tmp_path):
+    """A factor from a target length (77 / 64 = 1.203125) reads back exactly from the flag, and a method given its own
+    RoPE base gets --rope-freq-base (the original GGUF keeps its own), the one the GGUF writer writes; LLaMA-Factory's
+    linear option, which cannot change the base, is then not offered."""
+    model = build_tiny_model("llama")
+    ropekit.extend(model, "pi", factor=2.0, rope_theta=20000.0)
+    out = tmp_path / "pi-base"
+    ropekit.save_pretrained(model, out, tokenizer=byte_tokenizer())
+    text = (out / "README.md").read_text()
+    flags = _block(text, "**llama.cpp**", "bash").split()
+    assert flags[flags.index("--rope-scale") + 1] == "2" and float(flags[flags.index("--rope-freq-base") + 1]) == 20000.0
+    write_gguf(model, byte_tokenizer(), tmp_path / "m.gguf", outtype="f32")
+    field = gguf.GGUFReader(tmp_path / "m.gguf").fields["llama.rope.freq_base"]
+    assert float(field.parts[field.data[0]][0]) == 20000.0
+    assert "rope_scaling: linear" not in text
+
+    model = build_tiny_model("llama")
+    ropekit.extend(model, "pi", target_length=77)
+    out = tmp_path / "pi-77"
+    ropekit.save_pretrained(model, out, tokenizer=byte_tokenizer())
+    config = json.loads((out / "config.json").read_text())
+    flags = _block((out / "README.md").read_text(), "**llama.cpp**", "bash").split()
+    assert float(flags[flags.index("--rope-scale") + 1]) == config["rope_parameters"]["factor"] == 77 / 64
+    assert "--rope-freq-base" not in flags
+
+
+def test_the_cards_vllm_line_for_the_original_deepseek_is_the_serving_plan(tmp_path):
+    """vLLM's DeepSeek attention reads no attention_factor (it takes the magnitude from mscale): the original model's
+    overrides carry the plan's mscale, not the file's attention_factor."""
+    model = build_tiny_model("deepseek_v3")
+    ropekit.extend(model, "yarn", factor=2.0, attention_factor=1.3)
+    out = tmp_path / "ds"
+    ropekit.save_pretrained(model, out, tokenizer=byte_tokenizer())
+    text = (out / "README.md").read_text()
+    overrides = json.loads(re.search(r"--hf-overrides '(.*)'", _block(text, "the original model with the same RoPE",
+                                                                      "bash")).group(1))
+    rope = overrides["rope_parameters"]
+    assert "attention_factor" not in rope and "mscale" in rope
+    # vLLM's magnitude, mscale(s, m)/mscale(s, m_all) with mscale(s, m) = 0.1·m·ln s + 1, is the export's 1.3
+    def mscale(m):
+        return 0.1 * m * math.log(2.0) + 1.0
+
+    assert mscale(rope["mscale"]) / mscale(rope.get("mscale_all_dim") or 0.0) == pytest.approx(1.3, rel=1e-12)
+    # plain yarn with its own magnitude: releases before 0.32 read it as attn_factor × (0.1·ln s + 1)
+    _, out = _export(tmp_path, "yarn", factor=2.0, attention_factor=1.3)
+    overrides = json.loads(re.search(r"--hf-overrides '(.*)'", _block((out / "README.md").read_text(),
+                                     "the original model with the same RoPE", "bash")).group(1))
+    assert overrides["rope_parameters"]["attn_factor"] * mscale(1.0) == pytest.approx(1.3, rel=1e-12)
 
 
 def test_what_a_stack_cannot_compute_is_named_with_the_alternative(tmp_path):

@@ -29,6 +29,18 @@ from typing import Any
 from .vllm import vllm_serving
 
 
+def _number(x) -> str:
+    """A flag's value as the shortest text that reads back as the same float (``:g`` keeps 6 digits: a factor of
+    1.46484375 would be served as 1.46484, 0.02 rad off at 12k tokens on the fastest pair)."""
+    return repr(float(x)).removesuffix(".0")
+
+
+def _base_changed(rope: dict[str, Any], base_rope: dict[str, Any]) -> bool:
+    """Whether the export's RoPE base differs from the original model's (a method given ``rope_theta`` too)."""
+    theta, base = rope.get("rope_theta"), base_rope.get("rope_theta")
+    return theta is not None and base is not None and float(theta) != float(base)
+
+
 def _llamacpp_flags(rope: dict[str, Any], window: int, base_rope: dict[str, Any]) -> tuple[str | None, str]:
     """``(llama.cpp flags for the original GGUF, "")`` or ``(None, why none)``."""
     if any(isinstance(v, dict) for v in (*rope.values(), *base_rope.values())):
@@ -36,20 +48,22 @@ def _llamacpp_flags(rope: dict[str, Any], window: int, base_rope: dict[str, Any]
     if base_rope.get("rope_type", "default") != "default":
         return None, "the original model's RoPE is already scaled; flags would replace it"
     kind = rope.get("rope_type", "default")
+    # the GGUF keeps the original base unless told otherwise
+    base = f"--rope-freq-base {_number(rope['rope_theta'])} " if _base_changed(rope, base_rope) else ""
     if kind == "linear":
-        return f"--rope-scaling linear --rope-scale {rope['factor']:g} -c {window}", ""
+        return f"--rope-scaling linear --rope-scale {_number(rope['factor'])} {base}-c {window}", ""
     if kind == "default":
         if rope.get("partial_rotary_factor") not in (None, 1.0):
             return None, "llama.cpp takes the rotary width from the GGUF"
-        return f"--rope-freq-base {rope['rope_theta']:g} -c {window}", ""
+        return f"--rope-freq-base {_number(rope['rope_theta'])} -c {window}", ""
     if kind == "yarn":
         factor = float(rope["factor"])
         default_attention = 0.1 * math.log(factor) + 1.0
         if (float(rope.get("beta_fast") or 32) == 32 and float(rope.get("beta_slow") or 1) == 1
                 and rope.get("truncate", True) and not rope.get("mscale") and not rope.get("mscale_all_dim")
                 and abs(float(rope.get("attention_factor") or default_attention) - default_attention) < 1e-9):
-            return (f"--rope-scaling yarn --rope-scale {factor:g} --yarn-orig-ctx "
-                    f"{rope['original_max_position_embeddings']} -c {window}"), ""
+            return (f"--rope-scaling yarn --rope-scale {_number(factor)} --yarn-orig-ctx "
+                    f"{rope['original_max_position_embeddings']} {base}-c {window}"), ""
         return None, "llama.cpp's YaRN flags set only the default ramp and attention factor"
     return None, f"llama.cpp has no flag computing rope type '{kind}' (it needs per-pair frequencies in the file)"
 
@@ -102,7 +116,9 @@ def card_body(out: Path, saved: dict[str, Any], *, method: str, params: dict[str
     if plan.exact:
         lines += ["**vLLM** — this directory as it is:", "", "```bash", plan.command.replace(str(out), "DIR"), "```", ""]
         if not plan.env:
-            overrides = json.dumps({"rope_parameters": rope, "max_position_embeddings": window}, separators=(",", ":"))
+            # the plan's rope dict where vLLM must read another one (DeepSeek's mscale, yarn's attn_factor)
+            served = plan.hf_overrides.get("rope_parameters", rope)
+            overrides = json.dumps({"rope_parameters": served, "max_position_embeddings": window}, separators=(",", ":"))
             lines += ["the original model with the same RoPE (the weights are the original's):", "", "```bash",
                       f"vllm serve {base_model or 'ORIGINAL_MODEL_ID'} --max-model-len {window} "
                       f"--hf-overrides '{overrides}'", "```", ""]
@@ -125,8 +141,8 @@ def card_body(out: Path, saved: dict[str, Any], *, method: str, params: dict[str
     lines += ["**LLaMA-Factory** — train from this directory with its `rope_scaling` option left unset (the "
               "config carries the scaling; the option would rescale it again):", "", "```yaml",
               _yaml({"model_name_or_path": "DIR", "cutoff_len": window}), "```", ""]
-    if rope.get("rope_type") == "linear" and float(rope["factor"]).is_integer() and base_rope.get("rope_type",
-                                                                                                   "default") == "default":
+    if (rope.get("rope_type") == "linear" and float(rope["factor"]).is_integer() and not _base_changed(rope, base_rope)
+            and base_rope.get("rope_type", "default") == "default"):
         lines += ["or from the original model with its own option (a whole linear factor, which it computes as "
                   "model_max_length / max_position_embeddings):", "", "```yaml",
                   _yaml({"model_name_or_path": base_model or "ORIGINAL_MODEL_ID", "rope_scaling": "linear",
