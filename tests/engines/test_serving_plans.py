@@ -125,6 +125,18 @@ def test_verify_against_plain_transformers(tmp_path, run_cli):
     assert len([line for line in err.splitlines() if line.strip()]) == 1
 
 
+def test_verify_compares_a_dynamic_export_past_its_original_window(tmp_path, run_cli):
+    """A native `dynamic` export declares the original window (transformers' rule reads it as C): the default length
+    is still 1.5 × the original, so positions where Dynamic NTK acts are compared, and plain transformers agrees."""
+    directory = _export(tmp_path, "dynamic_ntk", factor=2.0)
+    assert json.loads((directory / "config.json").read_text())["max_position_embeddings"] == 64
+    code, out, err = run_cli("verify", str(directory), "--engine", "transformers", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["tokens"] == 96 and report["details"]["positions_past_window"] == 32
+    assert report["passed"] and report["max_abs_diff"] <= 1e-5
+
+
 def test_vllm_refusal_names_the_reason(tmp_path, run_cli):
     directory = _export(tmp_path, "dynamic_ntk", factor=2.0)
     code, _, err = run_cli("export", str(directory), "--format", "vllm")
@@ -287,8 +299,11 @@ def test_verify_refuses_a_head_size_vllms_cpu_build_has_no_kernel_for(tmp_path, 
     from ropekit.engines.verify import engine_cannot_run
     from ropekit.study.recommend_output import run_verify
 
+    import importlib
+
+    verify_module = importlib.import_module("ropekit.engines.verify")  # the package exports a function of that name
     asked = []
-    monkeypatch.setattr("ropekit.engines.verify.python_sees_cuda", lambda python: asked.append(python) or False)
+    monkeypatch.setattr(verify_module, "python_sees_cuda", lambda python: asked.append(python) or False)
     model = build_tiny_model("llama")
     ropekit.extend(model, "yarn", factor=2.0)
     report = ropekit.save_pretrained(model, tmp_path / "tiny")
@@ -299,7 +314,7 @@ def test_verify_refuses_a_head_size_vllms_cpu_build_has_no_kernel_for(tmp_path, 
     checked = run_verify("vllm", tmp_path / "tiny", report, model)
     assert checked == {"ran": False, "why": checked["why"]} and "this model's is 16" in checked["why"]
     assert set(asked) == {sys.executable}
-    monkeypatch.setattr("ropekit.engines.verify.python_sees_cuda", lambda python: True)
+    monkeypatch.setattr(verify_module, "python_sees_cuda", lambda python: True)
     assert engine_cannot_run("vllm", model, sys.executable) == ""
 
 

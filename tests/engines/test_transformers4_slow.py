@@ -38,6 +38,9 @@ SAME = {
     "clex frozen (longrope)": ("llama", "clex", {"factor": 4.0}, {}, {"freeze_length": 120}),
     "yarn on llama3 (longrope)": ("llama3", "yarn", {"factor": 2.0}, {}, {}),
     "pi, partial rotary (gpt_neox)": ("gpt_neox", "pi", {"factor": 2.0}, {}, {}),
+    "ntk, rotary_emb_base (gpt_neox)": ("gpt_neox", "ntk", {"factor": 4.0}, {}, {}),
+    "pi, type and factor (olmo2)": ("olmo2", "pi", {"factor": 2.0}, {}, {}),
+    "dynamic_ntk, type and factor (olmo2)": ("olmo2", "dynamic_ntk", {"factor": 2.0}, {}, {}),
     "yarn, full layers (gemma3)": ("gemma3_text", "yarn", {"factor": 2.0}, {}, {}),
     "ntk_by_parts (qwen3)": ("qwen3", "ntk_by_parts", {"factor": 2.0}, {}, {}),
 }
@@ -64,9 +67,9 @@ def test_transformers4_reads_the_bare_export_as_ropekits_model(case, tmp_path):
     _installed()
     directory, report = _export(tmp_path, case, *SAME[case])
     assert report["transformers4"] is True
-    # 1.5× the original window, so the extended positions are compared (dynamic declares the original window as
-    # max_position_embeddings, which would cap that: 120 tokens)
-    result = verify(directory, "transformers4", length=120 if SAME[case][1] == "dynamic_ntk" else None)
+    # the default length, 1.5× the original window, compares the extended positions (also for dynamic, whose file
+    # declares the original window as max_position_embeddings)
+    result = verify(directory, "transformers4")
     print("transformers4 report:", case, json.dumps(result.as_dict()))  # the engine table's numbers (pytest -s)
     assert result.engine_version.startswith("transformers 4.57")
     assert result.passed and result.max_abs_diff <= 1e-5, result.as_dict()
@@ -77,6 +80,7 @@ def test_transformers4_reads_the_bare_export_as_ropekits_model(case, tmp_path):
 @pytest.mark.parametrize("model,method,params,words", [
     ("llama", "self_extend", {"group_size": 4, "window_size": 16}, "ropekit_self_extend"),  # no 4.x type: KeyError
     ("phi3", "yarn", {"factor": 2.0}, "three fields"),  # Phi-3's 4.x config takes no attention_factor: ValueError
+    ("olmo2", "yarn", {"factor": 2.0}, "two fields"),  # OLMo 2's takes a linear/dynamic type and factor only
 ])
 def test_transformers4_refuses_what_it_cannot_compute(model, method, params, words, tmp_path):
     _installed()

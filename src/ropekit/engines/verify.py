@@ -8,6 +8,8 @@ text are compared: max and mean ``|Δ log p|`` against a stated tolerance.
 
 from __future__ import annotations
 
+import json
+import math
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -99,6 +101,15 @@ def engine_cannot_run(engine: str, model, python: str | Path | None = None) -> s
     return ""
 
 
+def _written_rope(directory: Path) -> dict[str, Any]:
+    """The ``rope_parameters`` of the directory's config.json (``{}`` for a file that is not a directory)."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        return {}
+    rope = json.loads(path.read_text()).get("rope_parameters") or {}
+    return rope if isinstance(rope, dict) else {}
+
+
 def _engine_request(engine, directory: Path, loaded, ids: list[int], threads: int, workdir: Path,
                     freeze_length: int | None = None, python: str | None = None) -> tuple[dict, dict]:
     """The runner request for ``engine`` and what the report should say about how the model was given to it."""
@@ -149,6 +160,9 @@ def verify(directory: str | Path, engine: str, *, length: int | None = None, tol
         freeze_length = saved_freeze_length(directory)
     original = record["base"]["max_position_embeddings"] if record else rope_info(model).original_window
     extended = int(model.config.max_position_embeddings)
+    written = _written_rope(directory)
+    if written.get("rope_type") == "dynamic":  # the file's window is the original C of the rule; it scales to s·C
+        extended = max(extended, math.ceil(float(written.get("factor") or 1.0) * original))
     # vLLM refuses a prompt that leaves no room for the one token it must generate within the declared window
     served = extended - 1 if chosen.name == "vllm" else None
     if length is None:

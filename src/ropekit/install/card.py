@@ -108,7 +108,7 @@ def card_body(out: Path, saved: dict[str, Any], *, method: str, params: dict[str
         lines += [f"**transformers 4.x** — not the same model: {legacy_why}.", ""]
     else:
         legacy = {k: saved[k] for k in ("rope_scaling", "rope_theta", "rope_local_base_freq", "partial_rotary_factor",
-                                         "rotary_pct", "original_max_position_embeddings") if k in saved}
+                                         "rotary_pct", "rotary_emb_base", "original_max_position_embeddings") if k in saved}
         lines += ["**transformers 4.x** (and the stacks pinned to it) — config.json also carries 4.x's names, the "
                   "same numbers; `from_pretrained(DIR)` needs no flags:", "",
                   "```json", json.dumps(legacy, indent=1), "```", ""]

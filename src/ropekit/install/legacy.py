@@ -4,11 +4,13 @@ An export must be the same model for whoever opens the directory alone — a tra
 axolotl and vLLM releases pinned to it) or vLLM without flags:
 
 * **transformers 4.x** does not know ``rope_parameters``: it reads ``rope_theta``, ``rope_scaling`` (the scaling
-  without the base), ``partial_rotary_factor`` (GPT-NeoX: ``rotary_pct``), Gemma 3's ``rope_local_base_freq``,
+  without the base), ``partial_rotary_factor`` (GPT-NeoX: ``rotary_pct``, and ``rotary_emb_base``, which its 4.x config
+  copies over ``rope_theta``), Gemma 3's ``rope_local_base_freq``,
   and for ``longrope`` the switch length ``original_max_position_embeddings`` from the *top level* of the config
   (``_compute_longrope_parameters`` and ``longrope_frequency_update`` in 4.x's ``modeling_rope_utils.py``); Phi-3's
   4.x config accepts a ``rope_scaling`` of exactly ``type``, ``short_factor`` and ``long_factor`` and refuses any
-  other (``_rope_scaling_validation``). Its rope types are ``default``, ``linear``,
+  other (``_rope_scaling_validation``), and OLMo's, OLMo 2's (and a few others') exactly ``type`` and ``factor``,
+  linear or dynamic. Its rope types are ``default``, ``linear``,
   ``dynamic``, ``yarn`` (with ``truncate`` since 4.56), ``longrope`` and ``llama3``.
 * **transformers 5.x** reads ``rope_scaling`` *instead of* ``rope_parameters`` when a file has both
   (``convert_rope_params_to_dict``; Gemma 3 merges it into the ``full_attention`` entry), so the 4.x keys are
@@ -36,6 +38,10 @@ LEGACY_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 #: and ``rope_local_base_freq`` (sliding layers, never scaled).
 _GEMMA3 = ("gemma3", "gemma3_text")
 
+#: Families whose 4.57 config accepts a ``rope_scaling`` of exactly ``type`` and ``factor``, type ``linear`` or
+#: ``dynamic``, and raises ValueError on any other (their ``_rope_scaling_validation``).
+_TWO_FIELDS = ("olmo", "olmo2", "chameleon", "fuyu", "hunyuan_v1_dense", "hunyuan_v1_moe")
+
 #: Keys 5.x keeps inside ``rope_parameters`` that 4.x reads from the top level.
 _TOP_LEVEL = ("rope_theta", "partial_rotary_factor")
 
@@ -58,11 +64,16 @@ def _scaling(rope: dict[str, Any], model_type: str) -> dict[str, Any] | None:
     return {k: copy.deepcopy(v) for k, v in rope.items() if k not in _TOP_LEVEL}
 
 
-def _partial(rope: dict[str, Any], model_type: str) -> dict[str, Any]:
-    if "partial_rotary_factor" not in rope:
-        return {}
-    key = "rotary_pct" if model_type == "gpt_neox" else "partial_rotary_factor"
-    return {key: rope["partial_rotary_factor"]}
+def _family_names(rope: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """The family's own 4.x names: GPT-NeoX's 4.x config sets ``rope_theta = rotary_emb_base`` (default 10000) after
+    reading the file, so a top-level ``rope_theta`` alone is overwritten (``GPTNeoXConfig.__init__`` in 4.57), and
+    its rotary width is ``rotary_pct``; other families read ``partial_rotary_factor``."""
+    names: dict[str, Any] = {}
+    if model_type == "gpt_neox" and rope.get("rope_theta") is not None:
+        names["rotary_emb_base"] = rope["rope_theta"]
+    if "partial_rotary_factor" in rope:
+        names["rotary_pct" if model_type == "gpt_neox" else "partial_rotary_factor"] = rope["partial_rotary_factor"]
+    return names
 
 
 def _yarn_factor_read_otherwise(rope: dict[str, Any], max_position_embeddings: int | None) -> str:
@@ -92,13 +103,20 @@ def legacy_keys(model_type: str, rope: dict[str, Any], max_position_embeddings: 
         return keys, why
     kind = rope.get("rope_type", "default")
     keys: dict[str, Any] = {"rope_theta": rope.get("rope_theta"), "rope_scaling": _scaling(rope, model_type),
-                            **_partial(rope, model_type)}
+                            **_family_names(rope, model_type)}
     if kind == "longrope":
         # 4.x reads the short/long switch length from the top level (else max_position_embeddings)
         keys["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
         if model_type == "phi3":
             return keys, ("Phi-3's transformers 4.x config takes only type, short_factor and long_factor (no "
                           "attention_factor): it refuses this directory (ValueError); load it with transformers 5")
+    if model_type in _TWO_FIELDS and kind != "default":
+        if kind in ("linear", "dynamic") and float(rope.get("factor") or 1.0) > 1.0:
+            keys["rope_scaling"] = {"type": kind, "factor": float(rope["factor"])}
+            return keys, ""
+        return keys, (f"the transformers 4.x config of {model_type} takes only a linear or dynamic rope_scaling of "
+                      f"type and factor > 1: it refuses this '{kind}' directory (ValueError); load it with "
+                      "transformers 5")
     if kind in LEGACY_TYPES:
         return keys, _yarn_factor_read_otherwise(rope, max_position_embeddings)
     return keys, (f"transformers 4.x has no rope type '{kind}': it refuses the directory (KeyError '{kind}'); "
