@@ -69,6 +69,10 @@ def test_max_steps_inside_the_warmup_is_said(run_cli, tmp_path):
     assert code == 0 and "note: --max-steps 3 ends before the 10-step warm-up" in err.splitlines()[0]
     code, _, err = run_cli("train", str(path), "--dry-run", "--max-steps", "40")
     assert code == 0 and "warm-up" not in err
+    # a run refused before it starts says only the refusal: the note waits for the run's own checks
+    (tmp_path / "afile").write_text("x")
+    code, out, err = run_cli("train", str(path), "--max-steps", "3", "--out", str(tmp_path / "afile"))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "warm-up" not in err
 
 
 def test_tiny_full_runs_a_few_steps_and_loads_with_its_method(run_cli, monkeypatch, tmp_path):

@@ -205,11 +205,14 @@ def train_cmd(
 
     cfg = load_config(config).with_overrides(out_dir=out_dir, max_steps=max_steps)
     warmup = cfg.train.warmup_steps
+    notes = []
     if max_steps is not None and cfg.train.schedule != "constant" and warmup >= min(s.steps for s in cfg.stages):
         # a config with these numbers is refused; a shortened run (a smoke test) is allowed, but not silently
-        err.print(f"note: --max-steps {max_steps} ends before the {warmup}-step warm-up does: the learning rate stays "
-                  f"below its peak {cfg.train.lr:g} for the whole run", highlight=False, soft_wrap=True)
+        notes.append(f"note: --max-steps {max_steps} ends before the {warmup}-step warm-up does: the learning rate "
+                     f"stays below its peak {cfg.train.lr:g} for the whole run")
     if dry_run:
+        for note in notes:
+            err.print(note, highlight=False, soft_wrap=True)
         rows = _plan_rows(cfg)
         if json_out:
             print_json({"config": cfg.to_dict(), "plan": rows})
@@ -220,7 +223,7 @@ def train_cmd(
 
     check_target(cfg.require_output(), what="output.dir", kind="dir")  # a file, a read-only place: one line
     _require_local_sources(cfg)
-    result = train(cfg, resume=resume, console=err)
+    result = train(cfg, resume=resume, console=err, notes=notes)  # said after the run's own checks
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return  # under a multi-process launch only rank 0 reports
     last = result.losses[-1][1] if result.losses else None

@@ -128,8 +128,10 @@ class Trainer:
     """One training run from a recipe; use :func:`train`."""
 
     def __init__(self, cfg: TrainConfig, accelerator, *, resume: bool, dataset=None, model=None, tokenizer=None,
-                 callbacks: Iterable[Callable[[StepInfo], None]] = (), progress: bool = True, console=None):
+                 callbacks: Iterable[Callable[[StepInfo], None]] = (), progress: bool = True, console=None,
+                 notes: Iterable[str] = ()):
         self.cfg = cfg
+        self.notes = list(notes)
         self.acc = accelerator
         self.strategy = AccelerateStrategy(accelerator, cfg.train.context_parallel)
         self.resume = resume
@@ -501,6 +503,8 @@ class Trainer:
             self._trackers, self._closers = start_trackers(cfg.output, self.out, self.step, cfg.to_dict())
         self.acc.wait_for_everyone()
         result = TrainResult(out_dir=self.out, step=self.step, resumed_from=resumed_from, device=str(self.acc.device))
+        for note in self.notes:  # said once the run is set up: a refusal before it stays the one line on stderr
+            self._note(note)
         try:
             self._loop(result)
             self._close()
@@ -555,14 +559,16 @@ class Trainer:
 
 
 def train(cfg: TrainConfig, *, resume: bool = False, dataset=None, model=None, tokenizer=None,
-          callbacks: Iterable[Callable[[StepInfo], None]] = (), progress: bool = True, console=None) -> TrainResult:
+          callbacks: Iterable[Callable[[StepInfo], None]] = (), progress: bool = True, console=None,
+          notes: Iterable[str] = ()) -> TrainResult:
     """Run the training described by ``cfg``.
 
     ``dataset``: a map-style dataset of training items (see :mod:`ropekit.train.data`), or a callable
     ``(stage_config, tokenizer) -> dataset``; by default each stage's ``data:`` section is built with
     ``build_training_data``. ``model``/``tokenizer`` replace loading ``cfg.model.name``. ``callbacks`` are
     called after every optimizer step with a :class:`StepInfo`. ``resume`` continues from the newest
-    checkpoint in ``output.dir`` (or starts at step 0 when there is none).
+    checkpoint in ``output.dir`` (or starts at step 0 when there is none). ``notes`` are lines said on the console
+    once the run is set up (its checks passed), before the first step.
     """
     # a process group this call sets up is torn down by it (below); one the caller set up is the caller's
     group_was_up = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -575,7 +581,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, dataset=None, model=None, t
         with runtime.deterministic(threads, algorithms=cfg.train.deterministic), torch.random.fork_rng(devices=device_ids()):
             torch.manual_seed(cfg.train.seed)
             trainer = Trainer(cfg, accelerator, resume=resume, dataset=dataset, model=model, tokenizer=tokenizer,
-                              callbacks=callbacks, progress=progress, console=console)
+                              callbacks=callbacks, progress=progress, console=console, notes=notes)
             result = trainer.run()
         if accelerator.num_processes > 1:
             accelerator.wait_for_everyone()  # no rank tears the group down while another still uses it
