@@ -119,6 +119,10 @@ def test_verify_against_plain_transformers(tmp_path, run_cli):
     assert code == 0, err
     report = json.loads(out)
     assert report["passed"] and report["max_abs_diff"] <= 1e-6 and report["tokens"] == 96
+    # past the export's window the method's claim ends: refused before either model runs
+    code, out, err = run_cli("verify", str(native), "--engine", "transformers", "--length", "100000")
+    assert code == 2 and out == "" and "past this export's 256-token window" in err
+    assert len(err.strip().splitlines()) == 1
     only = _export(tmp_path, "self_extend", group_size=4, window_size=16)
     code, _, err = run_cli("verify", str(only), "--engine", "transformers")
     assert code == 2 and "transformers failed" in err and "ropekit_self_extend" in err

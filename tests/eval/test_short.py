@@ -175,3 +175,15 @@ def test_cli_runs_a_local_task_directory(run_cli, tmp_path):
     assert code == 2 and "unknown lm-eval task nope" in err
     code, _, err = run_cli("eval", "short", "tiny", "--chat", "--samples", "1")
     assert code == 2 and "has no chat template" in err
+
+
+def test_an_answer_longer_than_the_window_is_one_line_naming_it(run_cli, tmp_path):
+    """The built-in cloze task's answers are whole half-sentences: in bytes, some exceed the tiny model's 64-token
+    window, where lm-eval's HFLM stops on a bare assertion. Said as ropekit's one error line, no records written."""
+    pytest.importorskip("lm_eval", exc_type=ImportError)
+    out = tmp_path / "short.jsonl"
+    code, stdout, err = run_cli("eval", "short", "tiny", "--samples", "1", "--out", str(out))
+    assert code == 2 and stdout == ""
+    # (lm-eval's own progress bars may precede it on stderr)
+    assert err.count("error: ") == 1 and "longer than the model's 64-token window" in err and "Traceback" not in err
+    assert not out.exists() or not out.read_text().strip()

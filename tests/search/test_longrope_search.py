@@ -19,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import ropekit
+from ropekit.errors import RopekitError
 from ropekit.eval.perplexity import score_windows
 from ropekit.models.loading import load_model
 from ropekit.search import SearchSettings, run_search
@@ -112,6 +113,17 @@ def test_other_settings_in_the_same_directory_are_refused(tiny, searched):
     out, _ = searched
     with pytest.raises(Exception, match="other settings"):
         run_search(tiny.model, tiny.tokenizer, SearchSettings(**{**SETTINGS, "seed": 4}), out, progress=False)
+
+
+def test_a_damaged_search_database_is_refused_in_one_line_and_kept(tiny, searched, tmp_path):
+    out, _ = searched
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    raw = (out / "search.sqlite").read_bytes()[:3000]
+    (damaged / "search.sqlite").write_bytes(raw)
+    with pytest.raises(RopekitError, match="not a ropekit search database") as err:
+        run_search(tiny.model, tiny.tokenizer, SearchSettings(**SETTINGS), damaged, progress=False)
+    assert "\n" not in str(err.value) and (damaged / "search.sqlite").read_bytes() == raw
 
 
 def test_bad_input_is_one_line_and_writes_nothing(run_cli, tmp_path):

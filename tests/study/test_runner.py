@@ -107,6 +107,7 @@ def test_plan_orders_pieces_by_variant_with_prerequisites():
     ({"variants": [{"label": "bad label"}]}, "label must be"),
     ({"evals": {"pplx": {"lengths": [64]}}}, "not an evaluation task"),
     ({"evals": {"ppl": {"samples": 2}}}, "evals.ppl.lengths is missing"),
+    ({"evals": {"ppl": {"lengths": [1, 64]}}}, "evals.ppl.lengths[0] must be a whole number of tokens from 2"),
     ({"evals": {"ppl": {"lengths": [64], "depths": [0.5]}}}, "evals.ppl.depths is not an option"),
     ({"recipe": {"model": {"name": "tiny"}}}, "recipe.model.name is set by the study"),
     ({"recipe": {"output": {"dir": "x"}}}, "recipe.output.dir is set by the study"),

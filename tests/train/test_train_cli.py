@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -99,6 +100,15 @@ def test_tiny_full_runs_a_few_steps_and_loads_with_its_method(run_cli, monkeypat
     assert code == 2 and "--resume" in err
     code, _, err = run_cli("train", str(config), "--out", str(out_dir), "--max-steps", "2", "--resume")
     assert code == 0 and "nothing to do" in err
+    # a damaged checkpoint (a truncated optimizer file): one line naming it, the files left as they are
+    shutil.rmtree(out_dir / "final")
+    shutil.rmtree(out_dir / "final-ema", ignore_errors=True)
+    damaged = out_dir / "checkpoints" / "step-2"
+    optimizer = next(damaged.glob("optimizer*.bin"))
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    code, _, err = run_cli("train", str(config), "--out", str(out_dir), "--max-steps", "2", "--resume")
+    assert code == 2 and f"checkpoint {damaged} cannot be read back" in err and len(err.strip().splitlines()) == 1
+    assert optimizer.stat().st_size == 100
 
 
 def test_a_missing_data_path_or_an_unwritable_output_is_one_line_before_the_run_directory(run_cli, tmp_path):

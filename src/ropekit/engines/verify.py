@@ -110,6 +110,15 @@ def _written_rope(directory: Path) -> dict[str, Any]:
     return rope if isinstance(rope, dict) else {}
 
 
+def _scaled_window(rope: dict[str, Any]) -> int:
+    """factor × ``original_max_position_embeddings`` where the rope dict (or one per layer type) has both: the length
+    a shipped scaled config (Qwen2.5's yarn keeps ``max_position_embeddings`` at the original) is meant for; else 0."""
+    if any(isinstance(v, dict) for v in rope.values()):
+        return max((_scaled_window(v) for v in rope.values() if isinstance(v, dict)), default=0)
+    factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
+    return math.ceil(float(factor) * int(original)) if factor and original else 0
+
+
 def _engine_request(engine, directory: Path, loaded, ids: list[int], threads: int, workdir: Path,
                     freeze_length: int | None = None, python: str | None = None) -> tuple[dict, dict]:
     """The runner request for ``engine`` and what the report should say about how the model was given to it."""
@@ -170,6 +179,10 @@ def verify(directory: str | Path, engine: str, *, length: int | None = None, tol
     elif served is not None and length > served:
         raise RopekitError(f"vLLM serves this export up to {extended} tokens, one of them generated: --length {length} "
                            "does not fit", f"pass --length ≤ {served}")
+    elif length > max(extended, int(freeze_length or 0), _scaled_window(written)):
+        # past its window the export is not the model the method claims (a static method's frequencies end there)
+        limit = max(extended, int(freeze_length or 0), _scaled_window(written))
+        raise RopekitError(f"--length {length} is past this export's {limit}-token window", f"pass --length ≤ {limit}")
     if length < 2:
         raise RopekitError(f"--length {length} leaves nothing to compare", "pass --length of at least 2 tokens")
     ids = text_ids(loaded.tokenizer, model.config.vocab_size, length)

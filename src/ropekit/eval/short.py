@@ -47,6 +47,7 @@ import logging
 import math
 import random
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -216,6 +217,20 @@ def _seeded_and_quiet(seed: int) -> Iterator[None]:
             lg.setLevel(level)
 
 
+@contextlib.contextmanager
+def _window_assertion(task: str, max_length: int) -> Iterator[None]:
+    """lm-eval's HFLM asserts that an answer (a continuation) fits the model's window; that bare assertion becomes
+    one line naming the task and the window. Any other assertion passes through."""
+    try:
+        yield
+    except AssertionError as err:
+        frames = traceback.extract_tb(err.__traceback__)
+        if not frames or "max_length" not in (frames[-1].line or ""):
+            raise
+        raise RopekitError(f"lm-eval task {task}: an answer is longer than the model's {max_length}-token window",
+                           "evaluate a model with a longer window, or extend it with --method") from None
+
+
 def _jsonable(value):
     try:
         import numpy as np
@@ -317,7 +332,7 @@ def run(
             todo = [d for d in docs if not ctx.done(ctx.key(0, subtask=name, sample=d))]
             for start in range(0, len(todo), CALL_DOCS):
                 chunk = todo[start:start + CALL_DOCS]
-                with timer() as elapsed, _seeded_and_quiet(ctx.seed):
+                with timer() as elapsed, _seeded_and_quiet(ctx.seed), _window_assertion(name, max_length):
                     result = lm_eval.simple_evaluate(
                         model=lm, tasks=[name], task_manager=manager, samples={name: chunk}, log_samples=True,
                         apply_chat_template=bool(chat), bootstrap_iters=0, random_seed=None, numpy_random_seed=None,

@@ -192,14 +192,20 @@ class SearchStore:
 
     def __init__(self, path: Path, settings: SearchSettings, dtype: str = "float32"):
         self.conn = sqlite3.connect(path, timeout=30)
-        self.conn.execute("PRAGMA journal_mode = WAL")
-        self.conn.execute("PRAGMA synchronous = FULL")
-        with self.conn:
-            self.conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-            self.conn.execute("CREATE TABLE IF NOT EXISTS candidates (factors TEXT PRIMARY KEY, objective REAL NOT NULL, "
-                              "generation INTEGER NOT NULL, seconds REAL NOT NULL, evaluated_at TEXT NOT NULL)")
+        try:
+            self.conn.execute("PRAGMA journal_mode = WAL")
+            self.conn.execute("PRAGMA synchronous = FULL")
+            with self.conn:
+                self.conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+                self.conn.execute("CREATE TABLE IF NOT EXISTS candidates (factors TEXT PRIMARY KEY, objective REAL "
+                                  "NOT NULL, generation INTEGER NOT NULL, seconds REAL NOT NULL, evaluated_at TEXT "
+                                  "NOT NULL)")
+            row = self.conn.execute("SELECT value FROM meta WHERE key = 'settings'").fetchone()
+        except sqlite3.DatabaseError as e:  # a damaged or foreign file: nothing in it is touched
+            self.conn.close()
+            raise RopekitError(f"'{path}' is not a ropekit search database ({e})",
+                               "pass another --out directory, or move the damaged file away") from None
         wanted = json.dumps(settings.record(), sort_keys=True)
-        row = self.conn.execute("SELECT value FROM meta WHERE key = 'settings'").fetchone()
         if row is None:
             with self.conn:
                 self.conn.execute("INSERT INTO meta VALUES ('settings', ?)", (wanted,))

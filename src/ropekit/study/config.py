@@ -512,9 +512,10 @@ class _Study(StrictModel):
                 raise _problem(f"must be a list of token counts, got {lengths!r}", "write e.g. `lengths: [256, 512]`",
                                key=f"{name}.lengths")
             for j, length in enumerate(lengths):
-                if not _is_token_count(length):
-                    raise _problem(f"must be a positive whole number, got {length!r}", "write a number of tokens, e.g. 1024",
-                                   key=f"{name}.lengths[{j}]")
+                # one token predicts nothing and holds no prompt: every task needs at least two
+                if not _is_token_count(length) or length < 2:
+                    raise _problem(f"must be a whole number of tokens from 2 to {MAX_POSITIONS:,}, got {length!r}",
+                                   "write a number of tokens, e.g. 1024", key=f"{name}.lengths[{j}]")
             for option in COUNT_OPTIONS:
                 value = options.get(option)
                 if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):

@@ -20,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+from ..errors import RopekitError
 from ..runtime.atomic import exchange
 
 CHECKPOINTS = "checkpoints"
@@ -163,10 +165,17 @@ def prune(out_dir: Path, keep_last: int | None, keep: Path | None = None) -> Non
 
 
 def load(accelerator, path: Path, ema=None) -> dict[str, Any]:
-    """Restore model, optimizer, RNG states (and the EMA) from checkpoint ``path``; return its trainer state."""
-    accelerator.load_state(str(path))
-    if ema is not None:
-        ema.load(path, accelerator.process_index)
+    """Restore model, optimizer, RNG states (and the EMA) from checkpoint ``path``; return its trainer state. A
+    damaged file (torch cannot read it back) is one line naming the checkpoint."""
+    try:
+        accelerator.load_state(str(path))
+        if ema is not None:
+            ema.load(path, accelerator.process_index)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RopekitError(f"checkpoint {path} cannot be read back ({first})",
+                           f"delete {path} to resume from the checkpoint before it, or train without --resume "
+                           "into a new output.dir") from err
     return read_state(path)
 
 
