@@ -256,6 +256,17 @@ def test_pretrain_base_returns_the_shipped_model_without_training(tmp_path):
     assert builtin_base.base_model_path(0, tmp_path, shipped=False).parent == tmp_path
 
 
+def test_an_unusable_cache_is_refused_before_any_training(tmp_path, run_cli, monkeypatch):
+    """A cache that is a file: one line, exit 2, before the first pre-training step (it came after them)."""
+    (tmp_path / "afile").write_text("keep")
+    monkeypatch.setenv("ROPEKIT_CACHE", str(tmp_path / "afile"))
+    steps = []
+    monkeypatch.setattr(builtin_base, "pretrain", lambda *a, **k: steps.append(1) or pytest.fail("trained"))
+    code, out, err = run_cli("pretrain-base", "--steps", "3", "--force")
+    assert code == 2 and out == "" and "model cache" in err and len(err.strip().splitlines()) == 1
+    assert steps == [] and (tmp_path / "afile").read_text() == "keep"
+
+
 def test_shipped_model_loads_offline_and_is_small(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")

@@ -49,6 +49,7 @@ from ..models.loading import load_model
 from ..models.tiny import build_tiny_model
 from ..runtime import (
     cache_root,
+    check_target,
     default_threads,
     deterministic,
     save_model_atomically,
@@ -346,6 +347,8 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
     path = cache_root(cache_dir) / f"base-llama-{settings_key(settings)}"
     if use_cache and is_cached(path):
         return path
+    # an unusable cache (a file, a read-only place) is said before the minutes of training, not after them
+    check_target(path, what="the model cache (ROPEKIT_CACHE)", kind="dir")
     window, total = settings["window"], settings["steps"]
     tokenizer, curriculum = training_data(settings, texts, seed)
     eos = tokenizer.eos_token_id
