@@ -119,6 +119,21 @@ def test_a_figure_target_must_be_a_writable_png_file_and_nothing_is_touched(tmp_
         check_figure_target(notes / "fig.PNG", what="plot path")
     assert check_figure_target(tmp_path / "new" / "fig.PNG") == tmp_path / "new" / "fig.PNG"
     assert not (tmp_path / "new").exists()  # a check, not a write
+    # a .png name holding something else is kept; an earlier figure (a real PNG, written by matplotlib) is replaced
+    text = tmp_path / "exist.png"
+    text.write_text("not a png")
+    with pytest.raises(RopekitError, match="exists and is not a PNG image"):
+        check_figure_target(text)
+    assert text.read_text() == "not a png"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(1, 1))
+    fig.savefig(tmp_path / "earlier.png")
+    plt.close(fig)
+    assert check_figure_target(tmp_path / "earlier.png") == tmp_path / "earlier.png"
 
 
 def test_a_read_only_filesystem_is_refused(tmp_path, monkeypatch):

@@ -241,12 +241,21 @@ def atomic_dir(target: str | os.PathLike, *, replace: bool = False, what: str = 
         raise
 
 
+#: The first bytes of every PNG file (the PNG specification, §5.2).
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
 def check_figure_target(path: str | os.PathLike, *, what: str = "--plot") -> Path:
     """Refuse, in one line and before any work, a figure path that is not a writable ``.png`` file (an existing
     file of another kind is never replaced by a PNG); return it (made absolute)."""
     if Path(path).suffix.lower() != ".png":
         raise RopekitError(f"{what} '{_shown(path)}' is not a .png path", "pass a file name ending in .png")
-    return check_target(path, what=what, kind="file")
+    target = check_target(path, what=what, kind="file")
+    if target.is_file() and target.stat().st_size:
+        with open(target, "rb") as f:
+            if f.read(len(PNG_SIGNATURE)) != PNG_SIGNATURE:  # an earlier figure is replaced; other content is not
+                raise RopekitError(f"{what} '{_shown(path)}' exists and is not a PNG image", "pass a new file name")
+    return target
 
 
 def save_figure(fig, path: str | os.PathLike, **savefig_kwargs) -> Path:
