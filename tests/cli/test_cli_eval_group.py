@@ -77,6 +77,11 @@ def test_another_tasks_flag_is_one_line_exit_2(run_cli, args, owners):
     assert f"{flag} does not apply to the '{args[0]}' evaluation (only to {owners})" in line, line
 
 
+def test_speed_refuses_method_and_methods_together(run_cli):
+    assert "--method and --methods both given" in _one_line_error(run_cli, "eval", "speed", "tiny", "--lengths", "64",
+                                                                  "-m", "yarn", "--methods", "pi")
+
+
 def test_clicks_own_messages_stay_for_other_mistakes(run_cli):
     assert "No such option: --strid" in _one_line_error(run_cli, "eval", "ppl", "tiny", "--strid", "4")
     assert "'--lengths' requires an argument" in _one_line_error(run_cli, "eval", "ppl", "tiny", "--lengths")

@@ -147,6 +147,10 @@ def test_vllm_refusal_names_the_reason(tmp_path, run_cli):
     assert code == 2 and "dynamic" in err and "frozen at factor × window" in err and "--freeze-length" in err
     code, _, err = run_cli("verify", str(directory), "--engine", "vllm", "--python", "/nonexistent/python")
     assert code == 2 and "\n" not in err.strip()
+    # GGUF-only flags are not silently dropped: vLLM's plan writes nothing
+    code, out, err = run_cli("export", str(directory), "--format", "vllm", "--out", str(tmp_path / "x.gguf"))
+    assert code == 2 and out == "" and "--out applies to --format gguf" in err and "\n" not in err.strip()
+    assert not (tmp_path / "x.gguf").exists()
 
 
 

@@ -414,6 +414,8 @@ def speed_cmd(
     if lengths is None:
         raise RopekitError("the 'speed' evaluation needs --lengths", "pass e.g. --lengths 4k,16k")
     lengths_list = parse_lengths(lengths)
+    if method and methods:  # one would be dropped
+        raise RopekitError("--method and --methods both given", f"pass --methods {methods},{method} (or --method alone)")
     method_list = (methods or method or "plain").split(",")
     parse_method_specs(method_list, params)  # validate names before loading anything
     loaded = load_model(model, device, dtype, attn, device_map)

@@ -28,6 +28,12 @@ def export_cmd(
     if fmt not in FORMATS:
         raise RopekitError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", "pass --format gguf or --format vllm")
     if fmt == "vllm":
+        given = [flag for flag, value in (("--out", out_path), ("--freeze-length", freeze_length),
+                                          ("--overwrite", overwrite)) if value]
+        if given:  # vLLM serves the directory itself: nothing is written
+            raise RopekitError(f"{', '.join(given)} applies to --format gguf; --format vllm writes no file",
+                               "drop it, or pass --format gguf (a frozen length for vLLM is set when the directory is "
+                               "written: `ropekit extend … --freeze-length N`)")
         from ..install.vllm import vllm_serving
 
         serving = vllm_serving(directory)
