@@ -436,6 +436,9 @@ def test_missing_qa_data_is_skipped_with_a_reason(byte_tok, tmp_path):
     rows = ruler.summarize(list(ctx.writer.records()))
     assert [r["subtask"] for r in rows] == ["niah_single_1", "qa_1", "qa_2", "average"]
     assert rows[1]["skipped"].startswith("dev-v2.0.json") and rows[-1]["tasks"] == 1
+    # only qa tasks and no data: nothing would run, so the run is refused rather than empty
+    with pytest.raises(RopekitError, match="RULER task qa_1 cannot run: dev-v2.0.json"):
+        ruler.prepare(byte_tok, lengths=[512], tasks=["qa_1"], data=str(tmp_path))
 
 
 def test_records_carry_the_budget_given(byte_tok, tmp_path):

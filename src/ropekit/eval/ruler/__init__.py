@@ -118,6 +118,9 @@ def prepare(ctx_tokenizer, *, lengths: list[int], tasks: list[str] | None = None
             raise RopekitError(f"--samples {samples} exceeds the {len(found.items)} answerable questions in {found.path}",
                                f"pass --samples {len(found.items)} or fewer")
         qa_sets[name] = found
+    if len(skipped) == len(names):  # nothing would run: a run of only these tasks is refused, not empty
+        name, reason = next(iter(skipped.items()))
+        raise RopekitError(f"RULER task {name} cannot run: {reason}", "pass --data with its file, or other --tasks")
     plans = []
     for length in lengths:
         for name in names:
