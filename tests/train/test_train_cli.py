@@ -111,6 +111,26 @@ def test_tiny_full_runs_a_few_steps_and_loads_with_its_method(run_cli, monkeypat
     assert optimizer.stat().st_size == 100
 
 
+def test_resume_of_a_finished_run_without_checkpoints_keeps_its_model(run_cli, monkeypatch, tmp_path):
+    """No checkpoint (save_every 0) and a finished model: --resume with the same length has nothing to do; with another
+    length it would have trained from step 0 and replaced the model, so it is refused in one line."""
+    monkeypatch.setenv("ROPEKIT_CACHE", str(tmp_path / "cache"))
+    raw = yaml.safe_load(example_yaml("tiny-full"))
+    raw["train"]["threads"] = 1
+    raw["output"]["save_every"] = 0
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    out_dir = tmp_path / "run"
+    code, _, err = run_cli("train", str(config), "--out", str(out_dir), "--max-steps", "1")
+    assert code == 0, err
+    weights = (out_dir / "final" / "model.safetensors").read_bytes()
+    code, _, err = run_cli("train", str(config), "--out", str(out_dir), "--max-steps", "1", "--resume")
+    assert code == 0 and "nothing to do" in err
+    code, out, err = run_cli("train", str(config), "--out", str(out_dir), "--max-steps", "2", "--resume")
+    assert code == 2 and out == "" and "no checkpoint to continue from" in err and len(err.strip().splitlines()) == 1
+    assert (out_dir / "final" / "model.safetensors").read_bytes() == weights
+
+
 def test_a_missing_data_path_or_an_unwritable_output_is_one_line_before_the_run_directory(run_cli, tmp_path):
     """A data source that does not exist (it failed after writing config.yaml and metrics.jsonl into the run
     directory), and an output directory that is a file: one line, exit 2, nothing written."""

@@ -176,6 +176,10 @@ class Trainer:
                                    "pass --resume to continue it, or choose a new --out")
             return None
         if found is None:
+            if (out / FINAL_DIR).exists() and not self._finished_already():
+                # a run that kept no checkpoint: "resuming" it would train from step 0 and replace its model
+                raise RopekitError(f"--resume: output.dir '{out}' holds a finished run with another config or length "
+                                   "and no checkpoint to continue from", "choose a new --out")
             return None
         state = ckpt.read_state(found[1])
         diff = ckpt.config_diff(state.get("config", {}), json_safe(self.cfg.to_dict()))
