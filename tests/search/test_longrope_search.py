@@ -131,7 +131,8 @@ def test_bad_input_is_one_line_and_writes_nothing(run_cli, tmp_path):
                         (["--data", "builtin-tests"], "builtin-tests is a held-out evaluation corpus"),
                         (["--target-length", "32"], "not beyond"),
                         (["--fixed-pairs", "8"], "fixes every one"),
-                        (["--target-length", "99999999999"], "past 16,777,216 tokens")):
+                        (["--target-length", "99999999999"], "past 16,777,216 tokens"),
+                        (["--data", str(tmp_path / "nope")], "does not exist")):
         argv = ["search", "tiny", "--target-length", "256", "--out", str(tmp_path / "s"), *args]
         code, _, err = run_cli(*argv)
         assert code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -98,7 +98,7 @@ def corpus_label(path: str | Path | None) -> str:
     """The label a corpus at ``path`` is recorded under (format and absolute path, or a built-in corpus's label)."""
     if is_builtin(path):
         return BUILTIN_CORPORA[builtin_name(path)]
-    p = _existing(path)
+    p = existing_corpus(path)
     if p.is_dir():
         if _is_saved_dataset(p):
             return f"datasets:{p}"
@@ -115,7 +115,7 @@ def iter_named_texts(path: str | Path | None) -> Iterator[tuple[str, str]]:
     if is_builtin(path):
         yield from _builtin_texts() if builtin_name(path) == "builtin" else _builtin_test_texts()
         return
-    p = _existing(path)
+    p = existing_corpus(path)
     if p.is_dir():
         if _is_saved_dataset(p):
             yield from _dataset_texts(p)
@@ -188,7 +188,8 @@ def ids_digest(ids: list[int]) -> str:
 
 
 # ---- formats ---------------------------------------------------------------------------------------
-def _existing(path: str | Path) -> Path:
+def existing_corpus(path: str | Path) -> Path:
+    """``path`` resolved, or a one-line error when nothing is there (checked before any work that reads it)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise RopekitError(f"corpus path '{path}' does not exist", _FORMATS_HINT)

@@ -36,7 +36,7 @@ import torch
 
 from .. import runtime
 from ..runtime.devices import computed_on
-from ..data.corpora import is_builtin, iter_documents
+from ..data.corpora import existing_corpus, is_builtin, iter_documents
 from ..data.local_text import stdlib_documents
 from ..data.packing import PackedStream
 from ..core.schema import MAX_POSITIONS
@@ -118,6 +118,8 @@ def check_settings(s: SearchSettings, window: int, pairs: int) -> None:
         raise InvalidParameterError(f"--data {str(s.data).strip() or 'builtin'} is a held-out evaluation corpus",
                                     "search on other text (a file, folder or dataset), or leave --data out for the "
                                     "built-in training split")
+    if s.data is not None:
+        existing_corpus(s.data)  # before the search says it starts
 
 
 def search_documents(tokenizer, settings: SearchSettings) -> list[list[int]]:
