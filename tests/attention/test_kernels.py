@@ -48,6 +48,20 @@ def test_merge_of_disjoint_parts_equals_attention_over_their_union():
     assert torch.allclose(lse.double(), want_lse, atol=1e-5)
 
 
+def _explicit_rotation(x, positions, inv_freq):
+    """``x`` (1, 1, L, D) rotated at ``positions`` (1, L) with explicit 2×2 rotations in float64 (math.cos/sin), the
+    first ``2·len(inv_freq)`` channels in the half-split layout."""
+    half = len(inv_freq)
+    out = x.clone()
+    for t in range(x.shape[2]):
+        for i in range(half):
+            a = float(positions[0, t]) * float(inv_freq[i])
+            x1, x2 = x[0, 0, t, i].item(), x[0, 0, t, i + half].item()
+            out[0, 0, t, i] = x1 * math.cos(a) - x2 * math.sin(a)
+            out[0, 0, t, i + half] = x2 * math.cos(a) + x1 * math.sin(a)
+    return out
+
+
 def test_rotate_to_composes_rope_rotations():
     """Moving position-i vectors to p equals rotating the raw vectors at p (explicit 2×2 rotations)."""
     gen = torch.Generator().manual_seed(2)
@@ -57,19 +71,9 @@ def test_rotate_to_composes_rope_rotations():
     pos = torch.tensor([[0, 3, 7, 20, 21]])
     target = torch.tensor([[5, 1, 7, 0, 40]])
 
-    def explicit(x, p):
-        out = x.clone()
-        for t in range(x.shape[2]):
-            for i in range(rot // 2):
-                a = float(p[0, t]) * float(inv_freq[i])
-                x1, x2 = x[0, 0, t, i].item(), x[0, 0, t, i + rot // 2].item()
-                out[0, 0, t, i] = x1 * math.cos(a) - x2 * math.sin(a)
-                out[0, 0, t, i + rot // 2] = x2 * math.cos(a) + x1 * math.sin(a)
-        return out
-
-    rotated = explicit(x, pos)
+    rotated = _explicit_rotation(x, pos, inv_freq)
     got = rotate_to(rotated, pos, target, inv_freq)
-    assert torch.allclose(got, explicit(x, target), atol=1e-5)
+    assert torch.allclose(got, _explicit_rotation(x, target, inv_freq), atol=1e-5)
     assert torch.equal(got[..., rot:], x[..., rot:])
 
 
@@ -90,13 +94,7 @@ def test_rotate_to_cancels_the_models_float32_angle_rounding_at_long_positions()
         half = x.shape[-1] // 2
         return x * a.cos() + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * a.sin()
 
-    want = torch.empty_like(x)
-    for t in range(pos.shape[1]):
-        for i in range(d // 2):
-            a = float(target[0, t]) * float(inv_freq[i])
-            x1, x2 = x[0, 0, t, i].item(), x[0, 0, t, i + d // 2].item()
-            want[0, 0, t, i] = x1 * math.cos(a) - x2 * math.sin(a)
-            want[0, 0, t, i + d // 2] = x2 * math.cos(a) + x1 * math.sin(a)
+    want = _explicit_rotation(x, target, inv_freq)
     by_model = rotate_float32(x.float(), pos)
     got = rotate_to(by_model, pos, target, inv_freq)
     bound = 2e-6 * float(x.abs().max())

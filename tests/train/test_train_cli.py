@@ -76,13 +76,19 @@ def test_max_steps_inside_the_warmup_is_said(run_cli, tmp_path):
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "warm-up" not in err
 
 
-def test_tiny_full_runs_a_few_steps_and_loads_with_its_method(run_cli, monkeypatch, tmp_path):
+def _tiny_full(tmp_path, monkeypatch, save_every: int):
+    """The tiny-full example on one thread, checkpointing every ``save_every`` steps; its config path."""
     monkeypatch.setenv("ROPEKIT_CACHE", str(tmp_path / "cache"))
     raw = yaml.safe_load(example_yaml("tiny-full"))
     raw["train"]["threads"] = 1
-    raw["output"]["save_every"] = 1
+    raw["output"]["save_every"] = save_every
     config = tmp_path / "tiny-full.yaml"
     config.write_text(yaml.safe_dump(raw))
+    return config
+
+
+def test_tiny_full_runs_a_few_steps_and_loads_with_its_method(run_cli, monkeypatch, tmp_path):
+    config = _tiny_full(tmp_path, monkeypatch, save_every=1)
     out_dir = tmp_path / "run"
     code, out, err = run_cli("train", str(config), "--out", str(out_dir), "--max-steps", "2", "--json")
     assert code == 0, err
@@ -114,12 +120,7 @@ def test_tiny_full_runs_a_few_steps_and_loads_with_its_method(run_cli, monkeypat
 def test_resume_of_a_finished_run_without_checkpoints_keeps_its_model(run_cli, monkeypatch, tmp_path):
     """No checkpoint (save_every 0) and a finished model: --resume with the same length has nothing to do; with another
     length it would have trained from step 0 and replaced the model, so it is refused in one line."""
-    monkeypatch.setenv("ROPEKIT_CACHE", str(tmp_path / "cache"))
-    raw = yaml.safe_load(example_yaml("tiny-full"))
-    raw["train"]["threads"] = 1
-    raw["output"]["save_every"] = 0
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(raw))
+    config = _tiny_full(tmp_path, monkeypatch, save_every=0)
     out_dir = tmp_path / "run"
     code, _, err = run_cli("train", str(config), "--out", str(out_dir), "--max-steps", "1")
     assert code == 0, err
