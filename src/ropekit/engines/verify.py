@@ -179,9 +179,8 @@ def verify(directory: str | Path, engine: str, *, length: int | None = None, tol
     elif served is not None and length > served:
         raise RopekitError(f"vLLM serves this export up to {extended} tokens, one of them generated: --length {length} "
                            "does not fit", f"pass --length ≤ {served}")
-    elif length > max(extended, int(freeze_length or 0), _scaled_window(written)):
+    elif length > (limit := max(extended, int(freeze_length or 0), _scaled_window(written))):
         # past its window the export is not the model the method claims (a static method's frequencies end there)
-        limit = max(extended, int(freeze_length or 0), _scaled_window(written))
         raise RopekitError(f"--length {length} is past this export's {limit}-token window", f"pass --length ≤ {limit}")
     if length < 2:
         raise RopekitError(f"--length {length} leaves nothing to compare", "pass --length of at least 2 tokens")

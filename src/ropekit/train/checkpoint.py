@@ -174,8 +174,8 @@ def load(accelerator, path: Path, ema=None) -> dict[str, Any]:
     except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise RopekitError(f"checkpoint {path} cannot be read back ({first})",
-                           f"delete {path} to resume from the checkpoint before it, or train without --resume "
-                           "into a new output.dir") from err
+                           f"if its files are damaged, move {path} away to resume from the checkpoint before it, or "
+                           "train without --resume into a new output.dir") from err
     return read_state(path)
 
 
