@@ -128,6 +128,7 @@ BAD_INPUTS = {
     "malformed --param": (lambda tmp: ["extend", "tiny", "--method", "yarn", "--factor", "2", "--param", "beta_fast"], "key=value"),
     "missing path": (lambda tmp: ["inspect", str(tmp / "does-not-exist")], "does-not-exist"),
     "missing gguf": (lambda tmp: ["extend", str(tmp / "model.gguf"), "--method", "pi", "--factor", "2"], "model.gguf"),
+    "GGUF weight type for a model directory": (lambda tmp: ["extend", "tiny", "--method", "pi", "--factor", "2", "--outtype", "q8_0"], "applies only to --format gguf"),
     "harpe bases count": (lambda tmp: ["extend", "tiny", "--method", "harpe", "--param", "bases=1e4,2e4,3e4"], "bases given"),
 }
 

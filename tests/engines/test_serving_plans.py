@@ -123,6 +123,10 @@ def test_verify_against_plain_transformers(tmp_path, run_cli):
     code, out, err = run_cli("verify", str(native), "--engine", "transformers", "--length", "100000")
     assert code == 2 and out == "" and "past this export's 256-token window" in err
     assert len(err.strip().splitlines()) == 1
+    # a freeze length only shapes the GGUF llama.cpp verify writes: another engine would ignore it
+    code, out, err = run_cli("verify", str(native), "--engine", "transformers", "--freeze-length", "200")
+    assert code == 2 and out == "" and "--freeze-length applies only to --engine llamacpp" in err
+    assert len(err.strip().splitlines()) == 1
     only = _export(tmp_path, "self_extend", group_size=4, window_size=16)
     code, _, err = run_cli("verify", str(only), "--engine", "transformers")
     assert code == 2 and "transformers failed" in err and "ropekit_self_extend" in err

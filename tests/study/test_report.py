@@ -240,8 +240,8 @@ def test_report_command_warns_about_figures_with_overlapping_text(tmp_path, run_
     build_study(tmp_path, methods=METHODS, lengths=LENGTHS)
     real = ropekit.study.write_report
 
-    def with_an_overlap(study_dir):
-        paths = real(study_dir)
+    def with_an_overlap(study_dir, out_dir=None):
+        paths = real(study_dir, out_dir)
         assert paths["figure_overlaps"] == {}  # the synthetic study's figures are clean
         return {**paths, "figure_overlaps": {"ppl_vs_length": [("yarn", "plain")]}}
 

@@ -353,3 +353,49 @@ def test_a_study_may_add_or_drop_variants_but_not_redefine_one(store):
         store.initialize("s", {**base, "variants": [v("a", 3)]})  # a redefined
     with pytest.raises(RopekitError, match="another configuration"):
         store.initialize("s", {**base, "evals": {"ppl": {"lengths": [128]}}})  # another protocol
+
+
+def _read_only(monkeypatch, directory):
+    """Make ``directory`` read-only: by its mode, which binds a normal user, and (root ignores modes) by what
+    ``os.access`` tells the store, which is how the store learns it on a read-only filesystem."""
+    directory.chmod(0o555)
+    real = os.access
+    monkeypatch.setattr("ropekit.study.store.os.access",
+                        lambda path, mode, **kw: False if os.path.samefile(path, directory) and mode & os.W_OK
+                        else real(path, mode, **kw))
+
+
+def test_a_study_in_a_read_only_place_is_read_without_writing_there(tmp_path, monkeypatch, run_cli):
+    """`study status` and `report --out` read a published study where SQLite could create no -wal/-shm file
+    (before: "not a ropekit study database (unable to open database file)"); a log still holding committed
+    pages is refused, since reading without it would show an older study."""
+    directory = tmp_path / "published"
+    with StudyStore(directory) as st:
+        st.initialize("demo", {"methods": ["yarn"]}, window=64, target_length=256)
+        st.begin_piece("eval:passkey:yarn")
+        st.finish_piece("eval:passkey:yarn", [passkey_record("yarn", trial=t) for t in range(3)])
+    before = sorted(p.name for p in directory.iterdir())
+    assert before == ["study.sqlite"]  # the last close merged the log
+    _read_only(monkeypatch, directory)
+    try:
+        with StudyStore(directory, create=False) as st:
+            assert st.read_only and st.is_done("eval:passkey:yarn") and len(st.samples()) == 3
+            with pytest.raises(sqlite3.OperationalError, match="readonly"):
+                st.set_manifest(note="x")
+        code, out, err = run_cli("study", "status", str(directory), "--json")
+        assert code == 0, err
+        assert json.loads(out)["by_status"]["done"] == 1
+        code, _, err = run_cli("report", str(directory), "--out", str(tmp_path / "report"))
+        assert code == 0, err
+        assert (tmp_path / "report" / "index.html").is_file()
+        assert sorted(p.name for p in directory.iterdir()) == before  # nothing written beside the database
+        directory.chmod(0o755)  # a writer elsewhere (say, before the copy was published) left its log
+        writer = sqlite3.connect(directory / "study.sqlite")
+        writer.execute("PRAGMA wal_autocheckpoint = 0")
+        writer.execute("INSERT INTO manifest (key, value) VALUES ('late', '1')")
+        writer.commit()  # committed, but only in the log while this connection stays open
+        with pytest.raises(RopekitError, match="writes still in its log"):
+            StudyStore(directory, create=False)
+        writer.close()
+    finally:
+        directory.chmod(0o755)

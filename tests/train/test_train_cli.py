@@ -29,13 +29,22 @@ def test_example_list_and_print(run_cli):
         (["train"], "no training config given"),
         (["train", "missing.yaml"], "not found"),
         (["train", "--example", "tiny-full", "--resume"], "--example prints a config"),
+        # the planner's flags would size nothing in a training run; a training run's flags nothing in a plan
+        (["train", "run.yaml", "--gpus", "8"], "--gpus does not apply to a training run"),
+        (["train", "run.yaml", "--strategy", "zero3"], "--strategy does not apply to a training run"),
+        (["train", "run.yaml", "--gpu-memory", "40", "--dry-run"], "--gpu-memory does not apply to a training run"),
+        (["train", "bench", "--context-parallel", "2"], "--context-parallel does not apply to a training run"),
+        (["train", "plan", "run.yaml", "--out", "elsewhere"], "--out does not apply to `ropekit train plan`"),
+        (["train", "plan", "run.yaml", "--max-steps", "5"], "--max-steps does not apply to `ropekit train plan`"),
     ],
 )
 def test_bad_invocations_are_one_line(run_cli, monkeypatch, tmp_path, args, needle):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text(example_yaml("tiny-full"))
     code, out, err = run_cli(*args)
     assert code == 2 and out == ""
     assert needle in err and err.strip().count("\n") == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]  # nothing written
 
 
 def test_bad_config_values_are_one_line(run_cli, tmp_path):

@@ -78,7 +78,8 @@ def extend_cmd(
                                               "full-attention layers)."),
     fmt: str = typer.Option("transformers", "--format", help="transformers (a model directory) or gguf (one file "
                             "for llama.cpp; Llama, Mistral, Qwen2 and Qwen3 models)."),
-    outtype: str = typer.Option("f16", "--outtype", help="GGUF weight type: f32, f16, bf16 or q8_0 (--format gguf)."),
+    outtype: Optional[str] = typer.Option(None, "--outtype", help="GGUF weight type: f32, f16 (default), bf16 or q8_0 "
+                                          "(--format gguf)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Allow writing into a non-empty --out directory."),
     json_out: bool = typer.Option(False, "--json", help="Print the export report as JSON."),
     device: DeviceOpt = "auto",
@@ -103,9 +104,12 @@ def extend_cmd(
     if fmt not in FORMATS:
         raise RopekitError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", "pass --format transformers or gguf")
     if fmt == "gguf":
-        _extend_to_gguf(model, method, out_dir, factor, target_length, params, types, freeze_length, outtype, overwrite,
-                        json_out, device, dtype, attn, device_map)
+        _extend_to_gguf(model, method, out_dir, factor, target_length, params, types, freeze_length, outtype or "f16",
+                        overwrite, json_out, device, dtype, attn, device_map)
         return
+    if outtype is not None:  # a model directory's weights would silently keep another type
+        raise RopekitError("--outtype is the GGUF weight type and applies only to --format gguf",
+                           "for a transformers directory pass --dtype float16 (or bfloat16, float32)")
     _check_out_dir(out_dir, overwrite)
     loaded = load_model(model, device, dtype, attn, device_map)
     # extend is all or nothing and save_pretrained refuses a format before writing: a mistake leaves no --out

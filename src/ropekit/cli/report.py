@@ -18,12 +18,15 @@ def warn_figure_overlaps(paths: dict) -> None:
 
 def report_cmd(
     study_dir: Path = typer.Argument(..., help="A study directory (holding study.sqlite)."),
+    out_dir: Path = typer.Option(None, "--out", "-o", help="Where to write the report (default DIR/report); a "
+                                 "study on a read-only filesystem is read in place."),
     json_out: bool = typer.Option(False, "--json", help="Print the written paths as JSON."),
 ):
-    """Write DIR/report/index.html (self-contained), summary.json, summary.md and figures from a study."""
+    """Write DIR/report/index.html (self-contained), summary.json, summary.md and figures from a study (--out:
+    elsewhere)."""
     from ..study import write_report
 
-    paths = write_report(study_dir)
+    paths = write_report(study_dir, out_dir)
     warn_figure_overlaps(paths)
     if json_out:
         print_json(paths)

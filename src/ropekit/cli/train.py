@@ -86,12 +86,18 @@ def _print_plan(config: Path, cfg, rows: list[dict[str, Any]]) -> None:
     out.print(table)
 
 
+def _refuse_unused(subcommand: Optional[str], flags: dict, hint: str = "drop it") -> None:
+    """One line for the first flag given (not None) that ``subcommand`` (None: a training run) would ignore."""
+    where = f"`ropekit train {subcommand}`" if subcommand else "a training run"
+    for flag, value in flags.items():
+        if value is not None:
+            raise RopekitError(f"{flag} does not apply to {where}", hint)
+
+
 def _bench(model: Optional[str], multiples: Optional[str], steps: Optional[int], json_out: bool, others: dict) -> None:
     from ..train.bench import pose_vs_full
 
-    for flag, value in others.items():
-        if value is not None:
-            raise RopekitError(f"{flag} does not apply to `ropekit train bench`", "drop it")
+    _refuse_unused("bench", others)
     mult = int_list(multiples, "--multiples") if multiples is not None else [2, 4, 8]
     with err.status("timing PoSE and full-length training steps…"):
         rows = pose_vs_full(model or "tiny", mult, steps=3 if steps is None else steps)
@@ -165,9 +171,9 @@ def train_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the plan / result (or --example list) as JSON."),
     bench_model: Optional[str] = typer.Option(None, "--model", help="bench: the model (default tiny)."),
     multiples: Optional[str] = typer.Option(None, "--multiples", help="bench: targets as multiples of the window (default 2,4,8)."),
-    gpus: int = typer.Option(1, "--gpus", min=1, help="plan: number of GPUs."),
-    gpu_memory: float = typer.Option(80.0, "--gpu-memory", min=1.0, help="plan: memory per GPU in GiB."),
-    strategy: str = typer.Option("fsdp", "--strategy", help="plan: ddp, fsdp, zero1, zero2 or zero3."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="plan: number of GPUs (default 1)."),
+    gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory", min=1.0, help="plan: memory per GPU in GiB (default 80)."),
+    strategy: Optional[str] = typer.Option(None, "--strategy", help="plan: ddp, fsdp (default), zero1, zero2 or zero3."),
     context_parallel: Optional[int] = typer.Option(None, "--context-parallel", min=1,
                                                    help="plan: GPUs one sequence is split across (default: the recipe's train.context_parallel)."),
 ):
@@ -181,9 +187,18 @@ def train_cmd(
     2×, 4×, 8× the window (--model, --multiples, --max-steps = timed steps). `ropekit train plan CONFIG --gpus N
     --gpu-memory GiB` prints the bytes per GPU (weights, gradients, optimizer, activations, logits in the forward and backward
     passes, the peak) and whether they fit."""
+    planning = {"--gpus": gpus, "--gpu-memory": gpu_memory, "--strategy": strategy, "--context-parallel": context_parallel}
     if config is not None and str(config) == "plan":
-        _plan(plan_config, gpus, gpu_memory, strategy, context_parallel, json_out)
+        _refuse_unused("plan", {"--out": out_dir, "--max-steps": max_steps, "--resume": resume or None,
+                                "--example": example, "--dry-run": dry_run or None, "--model": bench_model,
+                                "--multiples": multiples})
+        _plan(plan_config, gpus or 1, gpu_memory or 80.0, strategy or "fsdp", context_parallel, json_out)
         return
+    # the planner's flags change nothing in a training run, so a user who reads them as "train on 8 GPUs"
+    # must be told, not left with a one-process run
+    _refuse_unused(None, planning, hint="those flags size `ropekit train plan CONFIG`; to train on N GPUs, run "
+                   "`accelerate launch --num_processes N -m ropekit.cli train CONFIG` (FSDP or ZeRO: "
+                   "--config_file configs/train/accelerate-{fsdp2,zero2,zero3}.yaml)")
     if plan_config is not None:
         raise RopekitError(f"unexpected argument '{plan_config}'", "pass one training config")
     if config is not None and str(config) == "bench":

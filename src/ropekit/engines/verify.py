@@ -157,6 +157,10 @@ def verify(directory: str | Path, engine: str, *, length: int | None = None, tol
     that file exactly on an input of that length.
     """
     chosen = get_engine(engine)
+    if freeze_length is not None and chosen.name != "llamacpp":
+        # only the GGUF verify writes takes a freeze length; the other engines read the directory as it is
+        raise RopekitError(f"--freeze-length applies only to --engine llamacpp (the GGUF verify writes), not {chosen.name}",
+                           "for the other engines freeze the export itself: `ropekit extend ... --freeze-length N`")
     engine_python(chosen, python)  # a missing engine is refused before the model loads
     directory = Path(directory).expanduser()
     if directory.exists():  # the engine runs in another working directory: a relative path would miss there

@@ -421,14 +421,23 @@ class StudyStore:
             if not create:
                 raise RopekitError(f"no study database at '{self.path}'", "run `ropekit study` first, or pass the study's directory")
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None)
+        #: Opened for reading only: a study published on a read-only filesystem or directory (``status``,
+        #: ``report --out elsewhere``), where SQLite cannot create the WAL's ``-shm`` and ``-wal`` files.
+        self.read_only = not create and not os.access(self.path.parent, os.W_OK)
+        if self.read_only:
+            self._conn = self._connect_read_only(timeout)
+        else:
+            self._conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
         try:
             self._conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-            # switching a new file to WAL takes an exclusive lock without waiting on the busy handler, so
-            # workers that open a fresh study together retry it (and the schema set-up) for a while
-            mode = _retry_locked(lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0], timeout)
-            self._conn.execute("PRAGMA synchronous = FULL")
+            if self.read_only:
+                mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
+            else:
+                # switching a new file to WAL takes an exclusive lock without waiting on the busy handler, so
+                # workers that open a fresh study together retry it (and the schema set-up) for a while
+                mode = _retry_locked(lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0], timeout)
+                self._conn.execute("PRAGMA synchronous = FULL")
             self._conn.execute("PRAGMA foreign_keys = ON")
             _retry_locked(lambda: self._init_schema(create), timeout)
         except sqlite3.DatabaseError as e:
@@ -442,6 +451,17 @@ class StudyStore:
         self._one_machine = str(mode).lower() == "wal"
 
     # ---- plumbing ---------------------------------------------------------------------------------------
+    def _connect_read_only(self, timeout: float) -> sqlite3.Connection:
+        """A connection that never writes: ``immutable=1`` (https://sqlite.org/uri.html) reads the file without
+        the locks and shared-memory index a read-only place cannot hold. It ignores a write-ahead log, so a
+        database whose log still holds committed pages is refused rather than read without them."""
+        log = self.path.with_name(self.path.name + "-wal")
+        if log.exists() and log.stat().st_size > 0:
+            raise RopekitError(f"'{self.path}' sits in a read-only place with writes still in its log '{log.name}'",
+                               "copy the study directory somewhere writable and pass that copy")
+        return sqlite3.connect(f"{self.path.resolve().as_uri()}?immutable=1", uri=True, timeout=timeout,
+                               isolation_level=None)
+
     def close(self) -> None:
         self._conn.close()
 
@@ -453,8 +473,9 @@ class StudyStore:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction holding the database's write lock from its first statement."""
-        self._conn.execute("BEGIN IMMEDIATE")
+        """One write transaction holding the database's write lock from its first statement (read only: one
+        read transaction; a write in it fails as SQLite's "attempt to write a readonly database")."""
+        self._conn.execute("BEGIN" if self.read_only else "BEGIN IMMEDIATE")
         try:
             yield self._conn
         except BaseException:
