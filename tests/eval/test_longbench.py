@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -167,6 +168,15 @@ def test_missing_or_empty_data_dir_says_how_to_get_the_files(tmp_path):
     (nested / "qasper.jsonl").write_text('{"input": "q", "context": "c", "_id": "1"}\n')
     with pytest.raises(RopekitError, match="line 1 lacks answers"):
         lb.load_items(nested / "qasper.jsonl")
+    # fields of the wrong type are refused when the file is read, before any generation (once: a scorer's error)
+    for bad, says in (({"answers": [42]}, "'answers' that is not a non-empty list of strings"),
+                      ({"answers": []}, "'answers' that is not a non-empty list of strings"),
+                      ({"length": "5000"}, "'length' '5000' that is not a number"),
+                      ({"context": None}, "'context' that is not a string"),
+                      ({"all_classes": "A B"}, "'all_classes' that is not a list of strings")):
+        write_jsonl(nested / "trec.jsonl", [item(0), {**item(1), **bad}])
+        with pytest.raises(RopekitError, match="line 2 has " + re.escape(says)):
+            lb.load_items(nested / "trec.jsonl")
 
 
 # ---- end to end -----------------------------------------------------------------------------------------

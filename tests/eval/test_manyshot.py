@@ -97,10 +97,14 @@ def test_batched_label_logprobs_equal_naive_per_label_sums(model, monkeypatch):
     assert rows_seen == [[()]]  # single-token labels: one forward of the prompt alone
 
 
-def test_ranking_by_sum_and_per_byte():
-    best, best_norm = ms.rank_labels({"A": -3.0, "Bbbbbb": -4.0, "C": -3.0}, {"A": 2, "Bbbbbb": 7, "C": 2})
+def test_ranking_by_sum_and_per_character_as_lm_eval():
+    best, best_norm = ms.rank_labels({"A": -3.0, "Bbbbbb": -4.0, "C": -3.0})
     assert best == "A"  # tie with C goes to the first label
-    assert best_norm == "Bbbbbb"  # -4/7 > -3/2
+    assert best_norm == "Bbbbbb"  # -4/6 > -3/1
+    # lm-eval's acc_norm: argmax(lls / [len(choice) for choice in choices]), the choice without its " " delimiter
+    # (lm_eval/api/task.py). Counting the space as well would pick Human here: -5.5/6 > -8.6/9, but -5.5/5 < -8.6/8.
+    lls = {"Human": -5.5, "Location": -8.6}
+    assert ms.rank_labels(lls)[1] == max(lls, key=lambda c: lls[c] / len(c)) == "Location"
 
 
 # ---- runs -----------------------------------------------------------------------------------------------

@@ -257,6 +257,50 @@ def test_manyshot_weighs_each_shot_count_alike():
     assert row["value"] == pytest.approx(0.5) and row["n"] == 12
 
 
+def test_manyshot_and_needle_intervals_resample_clusters_not_prompts():
+    """Many-shot asks each query at every shot count, and a needle trial keeps its haystack at every depth: their
+    scores move together, so the interval resamples queries (trials), each drawn one with all its shot counts
+    (depths). Reference: a naive loop over the resamples' drawn queries. Resampling (shots, query) pairs one by one
+    gives an interval about half as wide when a query's score is the same at every shot count."""
+    right = [1.0 if i % 2 else 0.0 for i in range(20)]  # query i: right at every shot count, or wrong at every one
+    shots = (0, 4, 16, 64)
+    recs = [{"task": "manyshot", "method": "pi", "params": {}, "length": 256, "shots": k, "sample": i,
+             "score": right[i]} for k in shots for i in range(20)]
+    (row,) = stats.aggregate(recs)
+    (idx,) = draws([20])  # the 20 queries, drawn once per resample for every shot count
+    reps = [sum(sum(right[i] for i in row_) / 20 for _ in shots) / len(shots) for row_ in idx]
+    want = [naive_percentile(reps, 2.5), naive_percentile(reps, 97.5)]
+    assert row["value"] == 0.5 and row["ci95"] == pytest.approx(want, abs=1e-12)
+    per_pair = draws([20] * len(shots))  # the old contract: each shot count's queries drawn on their own
+    old = [sum(sum(right[i] for i in rows[b]) / 20 for rows in per_pair) / len(shots) for b in range(B)]
+    assert want[1] - want[0] > 1.6 * (naive_percentile(old, 97.5) - naive_percentile(old, 2.5))
+    # a needle trial's 5 depths share its haystack: trials are the clusters
+    found = {t: [1.0, 1.0, 0.0, 1.0, 0.0] if t % 3 else [0.0] * 5 for t in range(9)}
+    recs = [{"task": "niah", "method": "pi", "params": {}, "length": 256, "depth": d / 4, "trial": t,
+             "score": found[t][d]} for t in range(9) for d in range(5)]
+    (row,) = stats.aggregate(recs)
+    (idx,) = draws([9])
+    reps = [sum(sum(found[t]) for t in row_) / 45 for row_ in idx]
+    assert row["ci95"] == pytest.approx([naive_percentile(reps, 2.5), naive_percentile(reps, 97.5)], abs=1e-12)
+    # paired comparisons draw the same clusters on both sides
+    other = [{**r, "method": "yarn", "score": 1.0} for r in recs]
+    c = stats.Analysis(recs + other).compare("yarn", "pi", "niah", 256, "accuracy")
+    diffs = [sum(5 - sum(found[t]) for t in row_) / 45 for row_ in idx]
+    assert c["ci95"] == pytest.approx([naive_percentile(diffs, 2.5), naive_percentile(diffs, 97.5)], abs=1e-12)
+    assert c["n"] == 9  # trials, not the 45 prompts
+    # one haystack at 11 depths is one draw: no interval (every resample would repeat it), nothing significant, and a
+    # cell whose every prompt passed gets Wilson's interval over its haystacks, not over its prompts
+    one = [{"task": "niah", "method": m, "params": {}, "length": 256, "depth": d / 10, "trial": 0,
+            "score": float(m == "yarn" or d % 2)} for m in ("pi", "yarn") for d in range(11)]
+    analysis = stats.Analysis(one)
+    assert analysis.table.row("pi", "niah", 256, "accuracy")["ci95"] is None
+    c = analysis.compare("yarn", "pi", "niah", 256, "accuracy")
+    assert c["n"] == 1 and not c["significant"]
+    three = [{**r, "trial": t} for r in one if r["method"] == "yarn" for t in range(3)]
+    z2 = 1.959963984540054 ** 2
+    assert stats.Analysis(three).table.row("yarn", "niah", 256, "accuracy")["ci95"] == pytest.approx([3 / (3 + z2), 1.0])
+
+
 def test_macro_average_resamples_within_subtasks():
     scores = {"a": [1.0, 0.0, 1.0], "b": [0.0, 0.0, 1.0, 0.5, 1.0]}
     recs = [{"task": "ruler", "method": "yarn", "params": {}, "length": 64, "subtask": sub, "sample": i, "score": s}

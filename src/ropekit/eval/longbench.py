@@ -267,15 +267,36 @@ def available(folder: Path) -> list[str]:
     return [n for n in ALL_NAMES if (folder / f"{n}.jsonl").is_file()]
 
 
+def _malformed(item: Any) -> str | None:
+    """What is wrong with one line of a LongBench file for the fields this task reads, or None."""
+    if not isinstance(item, dict):
+        return "is not a JSON object"
+    missing = [f for f in _REQUIRED if f not in item]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    answers = item["answers"]
+    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
+        return "has 'answers' that is not a non-empty list of strings"
+    for field_ in ("input", "context"):
+        if not isinstance(item[field_], str):
+            return f"has '{field_}' that is not a string"
+    length = item.get("length")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, (int, float))):
+        return f"has 'length' {length!r} that is not a number"
+    classes = item.get("all_classes")
+    if classes is not None and (not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)):
+        return "has 'all_classes' that is not a list of strings"
+    return None
+
+
 def load_items(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     """The items of one official JSONL file (the first ``limit`` ones), each checked for the fields used."""
     items: list[dict[str, Any]] = []
     if limit is not None and limit <= 0:
         return items
     for number, item in jsonl_rows(path, "re-extract the file from data.zip"):
-        missing = [f for f in _REQUIRED if f not in item] if isinstance(item, dict) else list(_REQUIRED)
-        if missing or not isinstance(item.get("answers"), list):
-            what = f"lacks {', '.join(missing)}" if missing else "has 'answers' that is not a list"
+        what = _malformed(item)
+        if what:  # said before any item is generated, not as a scorer's TypeError after hours of them
             raise RopekitError(f"'{path}' line {number} {what}", "use the official LongBench JSONL files from data.zip")
         items.append(item)
         if limit is not None and len(items) >= limit:

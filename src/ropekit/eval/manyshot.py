@@ -14,7 +14,8 @@ Prediction: *label-likelihood ranking*, not generation. Each label ``y`` is scor
 ``log p(" " + y | prompt)``, the sum of its tokens' log-probabilities, with the continuation's tokens taken as
 lm-evaluation-harness does (``encode(prompt + " " + y)[len(encode(prompt)):]``). The prediction is the
 highest-scoring label (``score``: 1 if it is the gold label); ``prediction_norm`` / ``score_norm`` rank by
-log-probability per UTF-8 byte of the continuation (lm-eval's ``acc_norm``). Ranking is deterministic and
+log-probability per character of the label, the joining space not counted (lm-eval's ``acc_norm``, which divides by
+``len(choice)`` of the choice string, ``lm_eval/api/task.py``). Ranking is deterministic and
 cannot fail on formatting, unlike parsing a generation. It is batched: continuations that share all their
 tokens but the last read their log-probabilities from the same row, so single-token labels cost one forward of
 the prompt, and the remaining rows go through the model together (right-filled to one width; causal attention
@@ -360,11 +361,12 @@ def label_logprobs(model, prompt_ids: list[int], continuations: Sequence[Sequenc
     return out
 
 
-def rank_labels(logprobs: dict[str, float], byte_lengths: dict[str, int]) -> tuple[str, str]:
-    """``(by sum, by per-byte mean)``: the labels with the highest log-probability; ties go to the first label."""
+def rank_labels(logprobs: dict[str, float]) -> tuple[str, str]:
+    """``(by sum, by sum per character of the label)``: the labels with the highest log-probability; ties go to the
+    first label. The label's characters without the joining space, as lm-eval's ``acc_norm`` divides by ``len(choice)``."""
     labels = list(logprobs)
     best = max(labels, key=lambda y: (logprobs[y], -labels.index(y)))
-    best_norm = max(labels, key=lambda y: (logprobs[y] / byte_lengths[y], -labels.index(y)))
+    best_norm = max(labels, key=lambda y: (logprobs[y] / max(len(y), 1), -labels.index(y)))
     return best, best_norm
 
 
@@ -437,7 +439,6 @@ def run(
         warnings.warn(f"ropekit manyshot: {notes}; skipped", stacklevel=2)
     ctx.set_total(len(plan) * len(queries))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    byte_lengths = {y: len((" " + y).encode("utf-8")) for y in labels}
     for k in counts:
         lengths_k = [b for b in budgets if (b, k) in plan]
         if not lengths_k:
@@ -453,7 +454,7 @@ def run(
                 ids = encode(tokenizer, prompt, add_special_tokens=True)
                 conts = [continuation_ids(tokenizer, prompt, y, ids) for y in labels]
                 scores = dict(zip(labels, label_logprobs(ctx.model, ids, conts, pad_id=pad_id)))
-                best, best_norm = rank_labels(scores, byte_lengths)
+                best, best_norm = rank_labels(scores)
                 seconds = elapsed()
             # the prompt is the same at every length where it fits, so one scoring serves them all
             for key in todo:
@@ -465,7 +466,7 @@ def run(
 
 
 def summarize(records: list[dict]) -> list[dict]:
-    """Rows per (length, shots): ``accuracy`` (sum log-probability ranking), ``accuracy_norm`` (per byte), ``n``."""
+    """Rows per (length, shots): ``accuracy`` (sum log-probability ranking), ``accuracy_norm`` (per character), ``n``."""
     rows = accuracy_by(records, "length", "shots")
     for row in rows:
         same = [r for r in records if r["length"] == row["length"] and r["shots"] == row["shots"]]

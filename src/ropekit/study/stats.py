@@ -36,7 +36,12 @@ of one method: perplexity documents are the same at every length) are *paired*. 
 (:func:`resample_indices`): ``rng = numpy.random.default_rng(BOOTSTRAP_SEED)``; for each stratum in
 ascending order, with ``n_s`` units, ``rng.integers(0, n_s, size=(B, n_s))`` draws resample ``b``'s units
 of that stratum. The strata are the subtasks (datasets, shot counts) for the macro-averaged tasks (RULER,
-LongBench, many-shot: each keeps its size, as the published averages weigh subtasks equally), else one stratum. Each
+LongBench, many-shot: each keeps its size, as the published averages weigh subtasks equally), else one stratum.
+Where the units of a task are not independent draws — many-shot asks the same queries (``sample``) at every shot
+count, a needle trial (``trial``) puts the same haystack under every depth (:data:`CLUSTER_FIELDS`) — the
+*clusters* are resampled instead (a cluster bootstrap, Davison & Hinkley 1997 §3.8): with ``n_c`` distinct
+values of the field, ``rng.integers(0, n_c, size=(B, n_c))`` draws resample ``b``'s clusters and every unit
+counts as often as its cluster was drawn, so each shot count (depth) sees the same drawn queries (haystacks). Each
 resample recomputes the statistic from the drawn units — perplexity ``exp(Σ nll / Σ tokens)`` over the
 drawn documents (a document drawn twice counts twice), accuracy the mean (macro mean) of the drawn
 prompts' scores, speed the median of the drawn repeats — and the 95 % interval is the 2.5th and 97.5th
@@ -51,7 +56,8 @@ two methods share only some of the task's units, the resamples are drawn by the 
 shared units alone (over several lengths: the units shared at any of them), so that every resample has
 as many units as the comparison. A difference
 is *significant* when its 95 % interval excludes 0 (ratio 1) and at least :data:`MIN_PAIRED` units are
-shared — below that the percentile bootstrap cannot tell noise from effect, so no difference is called.
+shared (clusters, where clusters are drawn; the comparison's ``n`` counts them) — below that the percentile
+bootstrap cannot tell noise from effect, so no difference is called.
 The same rule decides ties in the ranking (:func:`rank_methods`) and the best values of the report's tables.
 
 Kendall τ (:func:`kendall_tau`) is τ-b (ties in either list corrected for) with its two-sided p-value, from
@@ -85,6 +91,10 @@ ACCURACY_TASKS = ("passkey", "niah", "ruler", "longbench", "manyshot", "short")
 #: Many-shot's prompt with k examples is scored at every length it fits, so a length's micro-average would weigh
 #: each shot count by how many of them fit; the macro average gives every shot count that fits the same weight.
 MACRO_FIELDS = {"ruler": "subtask", "longbench": "dataset", "manyshot": "shots"}
+#: Tasks whose units share their draw through this field, resampled as clusters (module docstring): one many-shot
+#: query is asked at every shot count, and one needle trial's haystack serves every depth, so the scores of a cluster
+#: move together and resampling its units one by one would give intervals too narrow.
+CLUSTER_FIELDS = {"manyshot": "sample", "niah": "trial"}
 #: Fields that fix a perplexity protocol; records summed into one value must agree on them.
 PPL_PROTOCOL = ("corpus", "score_mode", "stride", "weighting", "add_bos")
 SPEED_METRICS = ("prefill_s", "decode_s_per_token", "peak_mem_bytes")
@@ -213,6 +223,19 @@ def resample_indices(strata: Sequence[int], resamples: int = BOOTSTRAP_RESAMPLES
     return out
 
 
+def resample_cluster_counts(clusters: Sequence[int], resamples: int = BOOTSTRAP_RESAMPLES,
+                            seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """``(resamples, N)``: how often each unit is drawn when its cluster is (module docstring's contract).
+
+    ``clusters[j]`` is unit ``j``'s cluster, numbered ``0 … n_c − 1`` in ascending order of the field."""
+    clusters = np.asarray(clusters, dtype=np.int64)
+    n_clusters = int(clusters.max()) + 1 if clusters.size else 0
+    draws = np.random.default_rng(seed).integers(0, max(n_clusters, 1), size=(resamples, n_clusters))
+    flat = (draws + (np.arange(resamples) * n_clusters)[:, None]).ravel()
+    drawn = np.bincount(flat, minlength=resamples * n_clusters).reshape(resamples, n_clusters).astype(float)
+    return drawn[:, clusters]
+
+
 def resample_counts(indices: np.ndarray, n_units: int) -> np.ndarray:
     """How often each unit is drawn in each resample, ``(resamples, n_units)``, from :func:`resample_indices`."""
     b = indices.shape[0]
@@ -243,16 +266,16 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _all_alike_interval(metric: _Metric, observed: np.ndarray) -> tuple[float, float] | None:
+def _all_alike_interval(metric: _Metric, observed: np.ndarray, draws: int) -> tuple[float, float] | None:
     """Where every prompt of a cell scored 0 (or every one 1), every bootstrap resample is that score again and the
     percentile interval is a point, which reads as certainty: "0 of 20" is then given Wilson's score interval,
-    [0, 16 %] for 20 prompts. Only for pass/fail scores, one per prompt and seed."""
+    [0, 16 %] for 20 prompts — over ``draws`` independent ones, the clusters where prompts come in clusters (each
+    cluster then scored all 0 or all 1). Only for pass/fail scores, one per prompt and seed."""
     den = metric.den[:, observed]
     scores = metric.num[:, observed] / np.where(den > 0, den, 1)
     if not np.all(den == 1) or not np.all((scores == 0) | (scores == 1)) or len(set(scores.ravel().tolist())) != 1:
         return None
-    n = int(observed.sum())
-    return wilson_interval(int(scores[0, 0]) * n, n)
+    return wilson_interval(int(scores[0, 0]) * draws, draws)
 
 
 @dataclass
@@ -261,13 +284,21 @@ class _Units:
 
     keys: list[tuple]
     strata: np.ndarray
-    indices: np.ndarray
+    indices: np.ndarray | None  # the drawn positions; None where clusters are drawn (only counts then)
     counts: np.ndarray
+    clusters: np.ndarray | None = None  # each unit's cluster, where clusters are what is drawn
     position: dict[tuple, int] = field(default_factory=dict)
 
     def __post_init__(self):
         self.position = {k: i for i, k in enumerate(self.keys)}
         self.columns = [np.flatnonzero(self.strata == s) for s in sorted(set(self.strata.tolist()))]
+
+    def independent(self, mask: np.ndarray) -> int:
+        """How many independent draws the units in ``mask`` are: the units, or where clusters are drawn the
+        clusters they belong to (11 depths of one haystack are one draw: nothing to resample, no interval)."""
+        if self.clusters is None:
+            return int(np.count_nonzero(mask))
+        return len(set(self.clusters[mask].tolist()))
 
 
 @dataclass
@@ -434,6 +465,16 @@ class Analysis:
             strata = np.array([rank[dict(k).get(field_)] for k in keys], dtype=int)
         else:
             strata = np.zeros(len(keys), dtype=int)
+        return self._resampled(task, keys, strata)
+
+    def _resampled(self, task: str, keys: list[tuple], strata: np.ndarray) -> _Units:
+        """``keys`` with their resamples: by clusters where the task's units share a draw, else by stratum."""
+        field_ = CLUSTER_FIELDS.get(task)
+        values = [dict(k).get(field_) for k in keys] if field_ else []
+        if values and all(v is not None for v in values):
+            rank = {v: i for i, v in enumerate(sorted(set(values), key=_sort_value))}
+            clusters = np.array([rank[v] for v in values], dtype=np.int64)
+            return _Units(keys, strata, None, resample_cluster_counts(clusters, self.resamples, self.seed), clusters)
         indices = resample_indices(strata, self.resamples, self.seed)
         return _Units(keys, strata, indices, resample_counts(indices, len(keys)))
 
@@ -504,10 +545,11 @@ class Analysis:
         if ci is not None and metric.log:
             ci = (_exp(ci[0]), _exp(ci[1]))
         observed = metric.den.sum(axis=0) > 0  # units (documents, prompts) this cell has
-        if int(observed.sum()) < 2:
-            ci = None  # one unit: the bootstrap has nothing to resample, and a point is no interval
+        draws = units.independent(observed)
+        if draws < 2:
+            ci = None  # one unit (one cluster): the bootstrap has nothing to resample, and a point is no interval
         elif ci is not None and ci[0] == ci[1] and row.get("metric") == "accuracy":
-            ci = _all_alike_interval(metric, observed) or ci
+            ci = _all_alike_interval(metric, observed, draws) or ci
         row["ci95"] = list(ci) if ci is not None else None
         row.update(seed_fields)
         return row
@@ -575,10 +617,8 @@ class Analysis:
         cached = self._cache.get(key)
         if cached is None:
             units = self.units[task]
-            strata = units.strata[keep]
-            indices = resample_indices(strata, self.resamples, self.seed)
             kept = [units.keys[i] for i in np.flatnonzero(keep)]
-            self._cache[key] = cached = _Units(kept, strata, indices, resample_counts(indices, len(kept)))
+            self._cache[key] = cached = self._resampled(task, kept, units.strata[keep])
         return cached
 
     def _point(self, metric: _Metric, units: _Units, mask: np.ndarray | None = None) -> float:
@@ -637,7 +677,7 @@ class Analysis:
             pts_a.append(self._point(ma, units, mask))
             pts_b.append(self._point(mb, units, mask))
         log = pairs[0][0].log
-        ns = [int(m.sum()) for m in masks]
+        ns = [units.independent(m) for m in masks]  # clusters, where prompts come in clusters
         diff = np.mean(reps_a, axis=0) - np.mean(reps_b, axis=0)
         point = float(np.mean(pts_a) - np.mean(pts_b))
         ci = percentile_interval(diff)
@@ -663,14 +703,18 @@ class Analysis:
     def _all_alike_over(self, method: str, task: str, lengths: Sequence[Any]) -> tuple[float, float] | None:
         """Wilson's interval over the prompts of several lengths when every one of them passed (or failed): the
         pooled counterpart of :func:`_all_alike_interval`."""
-        n, values = 0, set()
+        units = self.units[task]
+        n, values, seen = 0, set(), np.zeros(len(units.keys), dtype=bool)
         for length in lengths:
             m = self._metric(method, task, length, "accuracy")
             observed = None if m is None else m.den.sum(axis=0) > 0
-            if m is None or _all_alike_interval(m, observed) is None:
+            if m is None or _all_alike_interval(m, observed, units.independent(observed)) is None:
                 return None
             values.add(float(m.num[:, observed][0, 0]))
             n += int(observed.sum())
+            seen |= observed
+        if units.clusters is not None:  # a cluster (one haystack, one query) at several lengths is still one draw
+            n = units.independent(seen)
         return wilson_interval(int(values.pop()) * n, n) if len(values) == 1 and n >= 2 else None
 
     def curve_intervals(self, method: str, length: Any) -> tuple[list, list] | None:
