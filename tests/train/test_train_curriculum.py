@@ -83,6 +83,50 @@ def test_resume_across_a_stage_boundary(make_config, text_dataset):
     assert [x for _, x in resumed.losses] == pytest.approx([x for _, x in full.losses[2:]], rel=1e-6, abs=1e-7)
 
 
+def test_resume_at_a_boundary_where_a_length_dependent_method_changes(make_config, text_dataset):
+    """Dynamic NTK ×4 on 128-token inputs, then Dynamic NTK ×2 on 64: the uninterrupted run switches in a fresh
+    rotary at the boundary, so a run resumed from the checkpoint taken there must not carry the first stage's
+    longest input (128) into the second (before: its frequencies stayed grown, losses off by ~4e-7 relative)."""
+    stages = [{"name": "a", "steps": 2, "seq_len": 128, "method": {"name": "dynamic_ntk", "params": {"factor": 4}}},
+              {"name": "b", "steps": 2, "seq_len": 64, "method": {"name": "dynamic_ntk", "params": {"factor": 2}}}]
+
+    def config(name):
+        return make_config(name, method={"name": "dynamic_ntk", "params": {"factor": 4}}, train={"warmup_steps": 1},
+                           output={"save_every": 2, "keep_last": None}, stages=copy.deepcopy(stages))
+
+    def frequencies(seen):
+        return lambda info: seen.setdefault(info.step, rotary_modules(info.model)[0][2].inv_freq.clone())
+
+    straight, resumed_freqs = {}, {}
+    full = train(config("full"), dataset=per_stage(text_dataset), callbacks=[frequencies(straight)], progress=False)
+
+    def kill(info):
+        if info.step == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(config("cut"), dataset=per_stage(text_dataset), callbacks=[kill], progress=False)
+    resumed = train(config("cut"), dataset=per_stage(text_dataset), resume=True, callbacks=[frequencies(resumed_freqs)],
+                    progress=False)
+    assert resumed.resumed_from == 2
+    assert [x for _, x in resumed.losses] == [x for _, x in full.losses[2:]]  # exactly
+    for step in (3, 4):
+        assert torch.equal(resumed_freqs[step], straight[step])
+
+
+def test_a_curriculum_stopped_by_max_steps_resumes_to_a_later_stop(make_config, text_dataset):
+    """``--max-steps`` stops a curriculum without changing its schedule, so the run can go on later: 2 steps, then
+    --resume to 4, equals 4 steps straight (before: refused as "the config differs: stop_at")."""
+    full = train(curriculum(make_config, "full"), dataset=per_stage(text_dataset), progress=False)
+    first = train(curriculum(make_config, "cut").with_overrides(max_steps=2), dataset=per_stage(text_dataset),
+                  progress=False)
+    assert first.step == 2
+    more = train(curriculum(make_config, "cut").with_overrides(max_steps=4), dataset=per_stage(text_dataset),
+                 resume=True, progress=False)
+    assert more.resumed_from == 2 and more.step == 4
+    assert [x for _, x in first.losses + more.losses] == [x for _, x in full.losses]
+
+
 @pytest.mark.parametrize("first,second", [
     ({"name": "pi", "params": {"factor": 2}}, {"name": "clex", "params": {"max_factor": 4}}),   # CLEX's ODE appears
     ({"name": "clex", "params": {"max_factor": 4}}, {"name": "clex", "params": {"max_factor": 8}}),  # rebuilt afresh

@@ -185,7 +185,8 @@ class Trainer:
         diff = ckpt.config_diff(state.get("config", {}), json_safe(self.cfg.to_dict()))
         if diff:
             raise RopekitError(f"--resume: the config differs from the run in '{out}': {diff}",
-                               "resume with the run's config (its copy is DIR/config.yaml), or start a new --out")
+                               "resume with the config file the run started from (DIR/config.yaml lists its resolved "
+                               "settings), or start a new --out")
         return found
 
     def _finished_already(self) -> bool:
@@ -436,8 +437,14 @@ class Trainer:
         self.step = int(state["step"])
         self.guard.load_state_dict(state["guard"])
         self.tokens_seen = int(state["tokens_seen"])
-        ckpt.restore_rotary(base_model(self.unwrapped), state.get("rotary_longest") or [], self.param_dtype,
-                            self.acc.device)
+        longest = state.get("rotary_longest") or []
+        ran, _ = locate(self.plan, max(0, self.step - 1))  # the stage whose method the saved frequencies belong to
+        now, _ = locate(self.plan, self.step)
+        if now != ran and switch_changes(self.plan[ran].config.method, self.plan[now].config.method):
+            # saved at the end of a stage whose method the next one replaces: the uninterrupted run switches in a
+            # fresh rotary here, which has seen no input yet (Dynamic NTK's longest length starts over)
+            longest = []
+        ckpt.restore_rotary(base_model(self.unwrapped), longest, self.param_dtype, self.acc.device)
         processes = state.get("data", {}).get("processes", self.world)
         if processes != self.world:
             self._note(f"resuming with {self.world} processes (the checkpoint was written by {processes}); the global "
