@@ -27,7 +27,8 @@ fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-python -m pytest -q -m "not slow" --timeout=600 -p no:cacheprovider
+# the 20 slowest tests are listed at the end, to keep the default suite within its 15 minutes
+python -m pytest -q -m "not slow" --timeout=600 -p no:cacheprovider --durations=20
 # Real-model checks on SmolLM2-135M: marked slow, each bounded by its own time limit.
 set +e
 python -m pytest -q -m slow --timeout=900 -p no:cacheprovider
