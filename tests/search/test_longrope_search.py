@@ -27,9 +27,10 @@ from ropekit.methods.longrope_search import PAPER_START_TOKENS, closed_forms, in
 from ropekit.search.longrope import search_documents
 
 
-def _valid(c, factor, fixed):
+def _valid(c, factor, fixed, ceiling=None):
+    top = 1.25 * factor if ceiling is None else ceiling  # LongRoPE Table 1: λ from 1.0 to s×1.25
     assert all(c[i] == 1.0 for i in range(fixed))
-    assert all(1.0 <= v <= factor for v in c)
+    assert all(1.0 <= v <= top + 1e-9 for v in c)
     assert all(a <= b for a, b in zip(c, c[1:]))
     assert all(abs(v * 100 - round(v * 100)) < 1e-9 for v in c)
 
@@ -50,6 +51,25 @@ def test_every_candidate_keeps_the_constraints_and_none_repeats(factor, fixed):
         for c in children:
             _valid(c, factor, fixed)
             scored[c] = rng.random()
+
+
+@pytest.mark.parametrize("factor,ceiling", [(4.0, None), (8.0, None), (8.0, 9.0), (4.0, 4.0)])
+def test_the_search_space_reaches_the_papers_ceiling_and_not_beyond(factor, ceiling):
+    # LongRoPE Table 1 searches λ up to 1.25·s (shipped LongRoPE factors exceed s: Phi-3.5-mini's reach ~50 at
+    # s = 32); a search may set its own ceiling instead (microsoft/LongRoPE's dim_mono: 1 + s)
+    top = 1.25 * factor if ceiling is None else ceiling
+    rng = random.Random(5)
+    assert max(snap([100.0] * 8, factor, ceiling=ceiling)) == pytest.approx(top)
+    population = initial_population(closed_forms(16, factor), 16, rng, factor, 0, 0.5, ceiling=ceiling)
+    scored = {c: -max(c) for c in population}  # reward large factors, so the search presses on its ceiling
+    for _ in range(12):
+        for c in next_generation(scored, rng, parents=6, mutations=6, crossovers=6, factor=factor, fixed_pairs=0,
+                                 probability=0.5, ceiling=ceiling):
+            _valid(c, factor, 0, ceiling)
+            scored[c] = -max(c)
+    reached = max(max(c) for c in scored)
+    assert reached == pytest.approx(top)
+    assert (reached > factor) == (top > factor)
 
 
 def test_closed_forms_are_the_papers_frequencies():
@@ -115,6 +135,49 @@ def test_other_settings_in_the_same_directory_are_refused(tiny, searched):
         run_search(tiny.model, tiny.tokenizer, SearchSettings(**{**SETTINGS, "seed": 4}), out, progress=False)
 
 
+def test_a_rerun_that_only_steers_the_search_reuses_stored_values_and_ends_as_a_fresh_search(tiny, searched,
+                                                                                            tmp_path):
+    import shutil
+
+    out, _ = searched
+    steered = {**SETTINGS, "evaluations": 20, "max_factor": 4.5}  # s = 4 here: a ceiling between s and 1.25·s
+    continued = tmp_path / "continued"
+    shutil.copytree(out, continued)
+    before = _rows(continued / "search.sqlite")
+    result = run_search(tiny.model, tiny.tokenizer, SearchSettings(**steered), continued, progress=False)
+    fresh = run_search(tiny.model, tiny.tokenizer, SearchSettings(**steered), tmp_path / "fresh", progress=False)
+    assert result["best"] == fresh["best"] and result["evaluations"] == fresh["evaluations"] == 20
+    assert result["settings"]["max_factor"] == 4.5
+    after, alone = _rows(continued / "search.sqlite"), _rows(tmp_path / "fresh" / "search.sqlite")
+    shared = set(before) & set(alone)
+    assert shared and result["evaluated_here"] == 20 - len(shared)  # only what no earlier run evaluated
+    assert all(after[k] == v for k, v in alone.items())  # the same values, computed once
+    assert all(max(json.loads(k)) <= 4.5 for k in alone)
+
+
+def test_a_search_stored_before_the_objective_was_recorded_is_continued_by_its_settings(tiny, searched, tmp_path):
+    import shutil
+
+    out, result = searched
+    legacy = tmp_path / "legacy"
+    shutil.copytree(out, legacy)
+    db = sqlite3.connect(legacy / "search.sqlite")
+    with db:  # as an older ropekit wrote it: every setting under 'settings', no objective row
+        db.execute("DELETE FROM meta WHERE key = 'objective'")
+        db.execute("INSERT INTO meta VALUES ('settings', ?)", (json.dumps({**SETTINGS, "data": None, "fixed_pairs": 0,
+                   "population": None, "mutation_probability": 0.3}, sort_keys=True),))
+    db.close()
+    again = run_search(tiny.model, tiny.tokenizer, SearchSettings(**SETTINGS), legacy, progress=False)
+    assert again["evaluated_here"] == 0 and again["best"] == result["best"]
+    db = sqlite3.connect(legacy / "search.sqlite")
+    with db:
+        db.execute("DELETE FROM meta WHERE key = 'objective'")
+    db.close()
+    with pytest.raises(RopekitError, match=r"computed for other settings \(seed 3\)") as err:
+        run_search(tiny.model, tiny.tokenizer, SearchSettings(**{**SETTINGS, "seed": 4}), legacy, progress=False)
+    assert "\n" not in str(err.value)
+
+
 def test_a_damaged_search_database_is_refused_in_one_line_and_kept(tiny, searched, tmp_path):
     out, _ = searched
     damaged = tmp_path / "damaged"
@@ -132,7 +195,8 @@ def test_bad_input_is_one_line_and_writes_nothing(run_cli, tmp_path):
                         (["--target-length", "32"], "not beyond"),
                         (["--fixed-pairs", "8"], "fixes every one"),
                         (["--target-length", "99999999999"], "past 16,777,216 tokens"),
-                        (["--data", str(tmp_path / "nope")], "does not exist")):
+                        (["--data", str(tmp_path / "nope")], "does not exist"),
+                        (["--max-factor", "3.5"], "below the extension ratio s = 4")):
         argv = ["search", "tiny", "--target-length", "256", "--out", str(tmp_path / "s"), *args]
         code, _, err = run_cli(*argv)
         assert code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -499,7 +499,7 @@ def test_a_search_variant_searches_start_tokens_among_the_given_values(tmp_path)
     assert status["by_status"]["done"] == 2, status["failed"]
     search = tmp_path / "search" / "lr-n"
     db = sqlite3.connect(search / "search.sqlite")
-    (settings,) = db.execute("SELECT value FROM meta WHERE key = 'settings'").fetchone()
+    (settings,) = db.execute("SELECT value FROM meta WHERE key = 'objective'").fetchone()
     candidates = [json.loads(r) for (r,) in db.execute("SELECT factors FROM candidates")]
     db.close()
     assert json.loads(settings)["start_tokens"] == [0, 4, 16]

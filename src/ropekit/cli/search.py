@@ -27,6 +27,8 @@ def search_cmd(
     start_tokens: str = typer.Option("0", "--start-tokens", help="n̂, the first positions kept un-interpolated "
                                      "(LongRoPE §3.2): N (fixed), a,b,c (searched among them) or 'paper' (searched "
                                      "among 0,1,2,4,8,12,16,20,24,28,32,64,128,256 below the target)."),
+    max_factor: Optional[float] = typer.Option(None, "--max-factor", help="The largest rescale factor λ tried "
+                                               "(default: 1.25·s, LongRoPE's search space; at least s)."),
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
@@ -57,7 +59,7 @@ def search_cmd(
     check_target(out_dir, kind="dir")  # a file, a read-only place: one line before the model loads
     settings = SearchSettings(model=model, target_length=target_length, evaluations=evaluations, seed=seed,
                               documents=documents, data=data, fixed_pairs=fixed_pairs, population=population,
-                              start_tokens=starts)
+                              start_tokens=starts, max_factor=max_factor)
     # the perplexities the search compares are computed where and in the dtype the evaluations would run
     plan = resolve_placement(device, dtype, attn, model_parameters=parameter_count(path) if dtype == "auto" else None)
     where = {"device": plan.device, "dtype": plan.dtype, "attn": plan.attn}

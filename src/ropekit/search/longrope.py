@@ -14,7 +14,11 @@ per pair for every position): it is exported as rope type ``ropekit_longrope``, 
 Every evaluated candidate is written to ``DIR/search.sqlite`` as it finishes (one transaction each, WAL,
 ``synchronous=FULL``). The search is a deterministic function of the seed and the objective values, so a
 restarted run replays the same generations and reads finished candidates back instead of evaluating them:
-after a SIGKILL nothing done is lost and nothing is evaluated twice. The best candidate is exported natively
+after a SIGKILL nothing done is lost and nothing is evaluated twice. The database is a store of objective
+values: a candidate's perplexity depends only on the model, the documents (target length, count, data, seed),
+n̂ when it is fixed, and the dtype, which the database pins. A rerun that changes only how the search moves (its
+budget, population, ceiling, mutation probability or fixed pairs) replays its own generations and reads back every
+candidate it shares with the runs before it; its result is the one a fresh directory would give. The best candidate is exported natively
 (transformers' ``longrope``: plain transformers loads it with the same logits) to ``DIR/model``, with
 ``DIR/result.json`` describing the search.
 """
@@ -44,16 +48,22 @@ from ..errors import InvalidParameterError, RopekitError
 from ..eval.perplexity import score_windows
 from ..install import extend, rope_info, save_pretrained, uninstall
 from ..methods.longrope import LongRoPE
-from ..methods.longrope_search import (PAPER_START_TOKENS, Candidate, initial_population, next_generation,
-                                      seed_candidate, seed_factors, split)
+from ..methods.longrope_search import (PAPER_START_TOKENS, Candidate, ceiling_of, initial_population,
+                                      next_generation, seed_candidate, seed_factors, split)
 
 #: The training split read for default search documents (bytes of cleaned standard-library text).
 TRAIN_BYTES = 1_500_000
 
 
+#: The settings a candidate's objective depends on (with the dtype, which the store pins): what the stored
+#: perplexities of a search directory were computed for. The other settings only steer the search.
+OBJECTIVE_FIELDS = ("model", "target_length", "documents", "data", "seed", "start_tokens")
+
+
 @dataclass(frozen=True)
 class SearchSettings:
-    """What defines a search: a directory holds one, and a rerun with other settings is refused."""
+    """What defines a search. Its objective fields (:data:`OBJECTIVE_FIELDS`) define the values its directory
+    stores; a rerun with other objective fields is refused there."""
 
     model: str
     target_length: int
@@ -66,19 +76,23 @@ class SearchSettings:
     mutation_probability: float = 0.3
     #: n̂: one value (fixed for every candidate) or several (searched among them); (0,) = no start tokens.
     start_tokens: tuple[int, ...] = (0,)
+    #: The largest factor tried; None: LongRoPE Table 1's ``1.25·s``.
+    max_factor: float | None = None
 
     @property
     def searched_starts(self) -> tuple[int, ...] | None:
         """The start-token counts searched among, or ``None`` when n̂ is fixed."""
         return tuple(self.start_tokens) if len(self.start_tokens) > 1 else None
 
-    def record(self) -> dict[str, Any]:
-        """The settings as stored (``start_tokens`` only when used, so searches stored before it still resume)."""
-        out = asdict(self)
+    def objective_record(self) -> dict[str, Any]:
+        """The settings a candidate's perplexity depends on (:data:`OBJECTIVE_FIELDS`), as stored."""
+        out = {name: getattr(self, name) for name in OBJECTIVE_FIELDS}
         out["start_tokens"] = list(self.start_tokens)
-        if out["start_tokens"] == [0]:
-            del out["start_tokens"]
         return out
+
+    def ceiling(self, factor: float) -> float:
+        """The largest factor tried for extension ratio ``factor``."""
+        return ceiling_of(factor, self.max_factor)
 
     def shape(self) -> tuple[int, int, int, int]:
         """``(population, parents, mutations, crossovers)``: the paper's 64/32/16/16, scaled down to the budget."""
@@ -112,6 +126,12 @@ def check_settings(s: SearchSettings, window: int, pairs: int) -> None:
                                     "un-interpolated", f"pass values below {s.target_length}")
     if s.documents < 1:
         raise InvalidParameterError("--documents must be at least 1", "pass e.g. --documents 4")
+    factor = s.target_length / window
+    if s.max_factor is not None and not (math.isfinite(s.max_factor) and s.max_factor >= factor):
+        raise InvalidParameterError(f"--max-factor {s.max_factor:g} is below the extension ratio s = {factor:g}: "
+                                    "PI's λ = s, a seed of the search, would not fit",
+                                    f"pass --max-factor {factor:g} or more, or leave it out for LongRoPE's "
+                                    f"1.25·s = {ceiling_of(factor):g}")
     if not 0.0 < s.mutation_probability <= 1.0:
         raise InvalidParameterError("the mutation probability must be in (0, 1]", "pass e.g. 0.3")
     if s.data is not None and is_builtin(s.data):
@@ -186,11 +206,14 @@ def objective(model, documents: list[list[int]], factors: Candidate, factor: flo
 
 
 class SearchStore:
-    """The candidates of one search in SQLite, written as each finishes.
+    """The evaluated candidates of a search directory in SQLite, written as each finishes.
 
+    It keeps what their perplexities were computed for (:meth:`SearchSettings.objective_record`) and refuses a
+    run whose objective differs; a run that only steers the search differently reads the stored values back.
     It also keeps the dtype the objectives were computed in: a bfloat16 perplexity differs from a float32 one by
     about what separates neighbouring candidates, so a search is continued only in the dtype it began in (any
-    device). Searches stored before the dtype was recorded take the dtype of the run that continues them."""
+    device). Searches stored before the dtype was recorded take the dtype of the run that continues them;
+    searches stored before the objective was recorded are read by the objective fields of their settings."""
 
     def __init__(self, path: Path, settings: SearchSettings, dtype: str = "float32"):
         self.conn = sqlite3.connect(path, timeout=30)
@@ -202,19 +225,30 @@ class SearchStore:
                 self.conn.execute("CREATE TABLE IF NOT EXISTS candidates (factors TEXT PRIMARY KEY, objective REAL "
                                   "NOT NULL, generation INTEGER NOT NULL, seconds REAL NOT NULL, evaluated_at TEXT "
                                   "NOT NULL)")
-            row = self.conn.execute("SELECT value FROM meta WHERE key = 'settings'").fetchone()
+            meta = dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.DatabaseError as e:  # a damaged or foreign file: nothing in it is touched
             self.conn.close()
             raise RopekitError(f"'{path}' is not a ropekit search database ({e})",
                                "pass another --out directory, or move the damaged file away") from None
-        wanted = json.dumps(settings.record(), sort_keys=True)
-        if row is None:
-            with self.conn:
-                self.conn.execute("INSERT INTO meta VALUES ('settings', ?)", (wanted,))
-        elif row[0] != wanted:
+        wanted = settings.objective_record()
+        if "objective" in meta:
+            stored = json.loads(meta["objective"])
+        elif "settings" in meta:  # stored before the objective was: its settings hold the same fields
+            old = json.loads(meta["settings"])
+            stored = {name: old.get(name) for name in OBJECTIVE_FIELDS}
+            stored["start_tokens"] = old.get("start_tokens", [0])
+        else:
+            stored = None
+        if stored is not None and stored != wanted:
             self.conn.close()
-            raise RopekitError(f"{path.parent} holds a search with other settings ({row[0]})",
-                               "pass another --out directory, or the same settings to resume it")
+            differ = ", ".join(f"{name} {stored.get(name)!r}" for name in OBJECTIVE_FIELDS
+                               if stored.get(name) != wanted[name])
+            raise RopekitError(f"{path.parent} holds a search whose perplexities were computed for other settings "
+                               f"({differ})", "pass another --out directory, or the same model, target length, "
+                               "documents, data, seed and start tokens to continue it")
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('objective', ?)",
+                              (json.dumps(wanted, sort_keys=True),))
         stored = self.conn.execute("SELECT value FROM meta WHERE key = 'dtype'").fetchone()
         if stored is None:
             with self.conn:
@@ -238,9 +272,11 @@ class SearchStore:
             self.conn.execute("INSERT OR IGNORE INTO candidates VALUES (?, ?, ?, ?, datetime('now'))",
                               (self.key(c), value, generation, seconds))
 
-    def evaluation_seconds(self) -> float:
-        """Time spent evaluating every stored candidate, over all runs of this search."""
-        return float(self.conn.execute("SELECT COALESCE(SUM(seconds), 0) FROM candidates").fetchone()[0])
+    def evaluation_seconds(self, candidates: Iterable[Candidate]) -> float:
+        """Time spent evaluating ``candidates``, over every run that evaluated one of them."""
+        keys = {self.key(c) for c in candidates}
+        rows = self.conn.execute("SELECT factors, seconds FROM candidates").fetchall()
+        return float(sum(seconds for key, seconds in rows if key in keys))
 
     def close(self) -> None:
         self.conn.close()
@@ -277,8 +313,9 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
         rng = random.Random(settings.seed)
         scored: dict[Candidate, float] = {}
         generation, evaluated_here = 0, 0
+        ceiling = settings.ceiling(factor)
         batch = initial_population(seed_factors(info, factor, settings.target_length), population, rng, factor,
-                                   settings.fixed_pairs, settings.mutation_probability, starts)
+                                   settings.fixed_pairs, settings.mutation_probability, starts, ceiling)
         with runtime.progress("LongRoPE search", total=settings.evaluations, enabled=progress) as bar:
             while batch:
                 batch = batch[:settings.evaluations - len(scored)]
@@ -299,8 +336,8 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
                 generation += 1
                 batch = next_generation(scored, rng, parents=parents, mutations=mutations, crossovers=crossovers,
                                         factor=factor, fixed_pairs=settings.fixed_pairs,
-                                        probability=settings.mutation_probability, starts=starts)
-        evaluation_seconds = store.evaluation_seconds()
+                                        probability=settings.mutation_probability, starts=starts, ceiling=ceiling)
+        evaluation_seconds = store.evaluation_seconds(scored)
     finally:
         store.close()
     best = min(scored, key=lambda c: (scored[c], c))
@@ -311,7 +348,7 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
     uninstall(model)
     seeds = seed_factors(info, factor, settings.target_length)  # which closed forms the search started from
     result = {
-        "settings": {**asdict(settings), "start_tokens": list(settings.start_tokens)},
+        "settings": {**asdict(settings), "start_tokens": list(settings.start_tokens), "max_factor": ceiling},
         "window": info.window,
         "factor": factor,
         "evaluations": len(scored),
@@ -320,7 +357,7 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
         "seconds": round(time.perf_counter() - started, 1),
         "evaluation_seconds": round(evaluation_seconds, 1),
         "best": {"long_factor": list(best_factors), "start_tokens": best_start, "perplexity": scored[best]},
-        "seeds": {name: scored.get(seed_candidate(values, factor, settings.fixed_pairs, starts))
+        "seeds": {name: scored.get(seed_candidate(values, factor, settings.fixed_pairs, starts, ceiling))
                   for name, values in seeds.items()},
         "export": report,
         "computed_on": where,

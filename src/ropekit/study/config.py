@@ -232,6 +232,8 @@ class _Search(StrictModel):
     #: n̂ (LongRoPE §3.2): one value for every candidate, a list searched among, or ``paper`` (the paper's set).
     start_tokens: Annotated[int, Field(ge=0)] | list[Annotated[int, Field(ge=0)]] | Literal["paper"] | None = Field(
         default=None, examples=[4, "[0, 4, 16]", "paper"])
+    #: The largest factor tried (default: LongRoPE Table 1's 1.25·s; at least s).
+    max_factor: float | None = Field(default=None, gt=1, examples=[5.0])
 
 
 class _Variant(StrictModel):
