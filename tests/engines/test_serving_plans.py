@@ -480,3 +480,83 @@ def test_vllms_dynamic_is_dynamic_ntk_frozen_at_factor_times_window():
     vllm_base = b * ((s * max_len / window) - (s - 1)) ** (d / (d - 2))
     assert vllm_base == pytest.approx(35097.92, abs=0.01)
     assert dynamic_ntk_base(b, d, s, int(max_len), window, window) == pytest.approx(vllm_base, rel=1e-12)
+
+
+# ---- gpt-oss: vLLM's OAIAttention builds yarn whatever the config says --------------------------------------------
+#
+# vllm-project/vllm, model_executor/models/gpt_oss.py, OAIAttention.__init__: get_rope(..., rope_parameters={
+# "rope_theta", "rope_type": "yarn", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow" (each read
+# with [...], a KeyError when missing), "truncate" (default True)}) — no attention_factor, so cos/sin carry
+# yarn_get_mscale(s) = 0.1·ln s + 1 (1 at s ≤ 1).
+
+def _vllm_gpt_oss_yarn(rope, dim):
+    """vLLM's gpt-oss rotary, written from its formulas: (inv_freq, cos/sin magnitude), reading only its keys."""
+    keys = ("rope_theta", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow")
+    base, s, original, beta_fast, beta_slow = (rope[k] for k in keys)  # KeyError where vLLM's would be
+    truncate = rope.get("truncate", True)
+
+    def correction_dim(rotations):
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    inv_freq = []
+    for i in range(dim // 2):
+        theta = base ** (-2 * i / dim)
+        ramp = min(max((i - low) / ((high - low) or 0.001), 0.0), 1.0)
+        inv_freq.append(theta / s * ramp + theta * (1.0 - ramp))
+    return torch.tensor(inv_freq, dtype=torch.float64), _mscale(s, 1.0)
+
+
+@pytest.mark.parametrize("params", [None, {"factor": 4.0}, {"factor": 2.0, "beta_fast": 16.0, "beta_slow": 2.0}])
+def test_a_gpt_oss_export_is_what_vllms_gpt_oss_yarn_computes(tmp_path, params):
+    from transformers import AutoModelForCausalLM
+
+    model = build_tiny_model("gpt_oss")
+    if params is not None:
+        ropekit.extend(model, "yarn", **params)
+    ropekit.save_pretrained(model, tmp_path / "out")
+    plan = vllm_serving(tmp_path / "out")
+    assert plan.exact, plan.why
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    served = plan.hf_overrides.get("rope_parameters") or config["rope_parameters"]
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "out")  # what plain transformers (and ropekit) compute
+    rotary = plain.model.rotary_emb
+    expected_freq, magnitude = _vllm_gpt_oss_yarn(served, config["head_dim"])
+    torch.testing.assert_close(rotary.inv_freq.double(), expected_freq, rtol=1e-6, atol=0)
+    assert magnitude == pytest.approx(float(rotary.attention_scaling), rel=1e-12)
+    assert plan.max_model_len <= served["original_max_position_embeddings"] * served["factor"]
+
+
+@pytest.mark.parametrize("method,params,words", [
+    ("pi", {"factor": 4.0}, "this 'linear' RoPE would be served as YaRN"),
+    ("yarn", {"factor": 4.0, "attention_factor": 1.0}, "takes no attention factor"),
+])
+def test_gpt_oss_exports_vllm_would_serve_otherwise_are_refused(tmp_path, method, params, words):
+    model = build_tiny_model("gpt_oss")
+    ropekit.extend(model, method, **params)
+    report = ropekit.save_pretrained(model, tmp_path / method)
+    plan = vllm_serving(tmp_path / method)
+    assert not plan.exact and report["vllm"] is False
+    assert words in plan.why and "\n" not in plan.why
+
+
+def test_longrope_on_an_interleaved_family_is_refused_for_vllm(tmp_path):
+    """vLLM rotates Cohere with is_neox_style=False, and its Phi3LongRoPEScaledRotaryEmbedding raises for that
+    layout; the same method written as linear is served."""
+    model = build_tiny_model("cohere")
+    ropekit.extend(model, "ntk_by_parts", factor=4.0)
+    report = ropekit.save_pretrained(model, tmp_path / "parts")
+    assert json.loads((tmp_path / "parts" / "config.json").read_text())["rope_parameters"]["rope_type"] == "longrope"
+    plan = vllm_serving(tmp_path / "parts")
+    assert not plan.exact and report["vllm"] is False and "half-split (NeoX)" in plan.why
+    llama = build_tiny_model("llama")  # the half-split layout: served
+    ropekit.extend(llama, "ntk_by_parts", factor=4.0)
+    ropekit.save_pretrained(llama, tmp_path / "llama")
+    assert vllm_serving(tmp_path / "llama").exact
+    pi = build_tiny_model("cohere")
+    ropekit.extend(pi, "pi", factor=4.0)
+    ropekit.save_pretrained(pi, tmp_path / "pi")
+    assert vllm_serving(tmp_path / "pi").exact

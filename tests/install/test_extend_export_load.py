@@ -288,6 +288,30 @@ def test_yarn_export_names_the_transformers_4_releases_that_recompute_its_factor
     assert ropekit.save_pretrained(model, tmp_path / "even")["transformers4"]
 
 
+#: The rope types transformers 4.57.1 builds: its modeling_rope_utils.ROPE_INIT_FUNCTIONS (read in the wheel).
+TRANSFORMERS_457_ROPE_TYPES = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"}
+
+
+def test_a_gemma3_export_4x_cannot_compute_names_its_type_where_4x_reads_it(tmp_path, make_ids):
+    """transformers 4.57's Gemma 3 config defaults rope_theta 1e6, rope_local_base_freq 1e4 and no rope_scaling: a
+    directory without those keys loads there as the *unextended* model, silently. A full-attention type 4.x lacks
+    (ropekit_pi) is written under rope_scaling, so 4.x fails building it (KeyError), as for one RoPE; transformers 5
+    still builds the same model from the file."""
+    model = build_tiny_model("gemma3_text")
+    ropekit.extend(model, "pi", factor=2.0)
+    ids = make_ids(3 * model.config.max_position_embeddings)
+    expected = _logits(model, ids)
+    report = ropekit.save_pretrained(model, tmp_path / "g", rope_format="ropekit")
+    config = json.loads((tmp_path / "g" / "config.json").read_text())
+    assert config["rope_parameters"]["full_attention"]["rope_type"] == "ropekit_pi"
+    assert config["rope_scaling"]["rope_type"] not in TRANSFORMERS_457_ROPE_TYPES  # 4.x: KeyError, not a model
+    assert config["rope_theta"] == config["rope_parameters"]["full_attention"]["rope_theta"]
+    assert config["rope_local_base_freq"] == config["rope_parameters"]["sliding_attention"]["rope_theta"]
+    assert not report["transformers4"] and "KeyError 'ropekit_pi'" in config["ropekit"]["export"]["transformers4_refusal"]
+    loaded = ropekit.load(tmp_path / "g")
+    torch.testing.assert_close(_logits(loaded, ids), expected, rtol=0, atol=1e-5)
+
+
 def test_deepseek_softmax_scale_is_never_changed_by_an_install_or_an_export(tmp_path, make_ids):
     """DeepSeek-V3's attention multiplies its softmax scale by (0.1·mscale_all_dim·ln s + 1)² when rope_parameters
     carry mscale_all_dim (transformers' yarn_apply_mscale), fixed when the model is built; an installed method

@@ -336,6 +336,8 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
         export = {"format": chosen, "freeze_length": freeze_length, **({"vllm_refusal": engine_why} if engine_why else {}),
                   **({"transformers4_refusal": legacy_why} if legacy_why else {})}
         export["legacy_keys"] = legacy  # ropekit.load drops them again: it restores the base model's RoPE
+        # engines build some rope types only in the half-split layout (vLLM's longrope): the plan reads it here
+        export["rotary_layout"] = model_features(model).rotary_layout
         written = saved["rope_parameters"]
         export["rope_type"] = (written.get("rope_type") if "rope_type" in written else  # the standard type, for inspect
                                {k: v.get("rope_type") for k, v in written.items() if isinstance(v, dict)})

@@ -22,8 +22,10 @@ axolotl and vLLM releases pinned to it) or vLLM without flags:
 
 Where 4.x has no rope type computing the model, the 4.x keys name the 5.x type itself (``ropekit_<name>``, a
 type 4.57 lacks): 4.x then fails loudly building the rotary embedding (``KeyError``) instead of loading another
-model. Only RoPE per layer type that 4.x cannot express (Gemma 3 with extended sliding layers) stays unreadable
-by 4.x without an error; the export's card says so and ``ropekit verify --engine transformers4`` fails it.
+model — Gemma 3's full-attention type too, whose 4.x config would otherwise fall back to its own defaults. Only
+RoPE per layer type that 4.x cannot express (Gemma 3 with extended sliding layers or a partial rotary, other
+families' per-layer RoPE) stays unreadable by 4.x without an error; the export's card says so and
+``ropekit verify --engine transformers4`` fails it.
 """
 
 from __future__ import annotations
@@ -130,8 +132,15 @@ def _per_layer_type(model_type: str, rope: dict[str, Any]) -> tuple[dict[str, An
     if sliding.get("rope_type", "default") != "default" or set(sliding) - {"rope_type", "rope_theta"}:
         return {}, ("transformers 4.x scales only Gemma 3's full-attention layers (its sliding layers take "
                     "rope_local_base_freq alone): it would load these extended sliding layers unscaled")
-    if full.get("rope_type", "default") not in LEGACY_TYPES or "partial_rotary_factor" in full:
-        return {}, f"transformers 4.x has no rope type '{full.get('rope_type')}' for Gemma 3's full-attention layers"
+    if "partial_rotary_factor" in full:
+        return {}, ("transformers 4.x's Gemma 3 rotates whole heads in its full-attention layers: it would load "
+                    "this partial rotary unscaled")
     keys = {"rope_theta": full.get("rope_theta"), "rope_local_base_freq": sliding.get("rope_theta"),
             "rope_scaling": _scaling(full, model_type)}
+    kind = full.get("rope_type", "default")
+    if kind not in LEGACY_TYPES:
+        # the 5.x type itself, as for one RoPE: 4.x then fails building the rotary embedding instead of loading
+        # Gemma 3's defaults (θ 1e6 / 1e4, no scaling), which its config takes when no key is written
+        return keys, (f"transformers 4.x has no rope type '{kind}' for Gemma 3's full-attention layers: it refuses "
+                      f"the directory (KeyError '{kind}'); load it with transformers 5 or ropekit.load")
     return keys, ""

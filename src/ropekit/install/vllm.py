@@ -7,8 +7,12 @@ transformers' meaning: its ``longrope`` ignores ``attention_factor`` (it derives
 length once the served context exceeds the original window; its ``dynamic`` computes one base for the whole cache
 (Dynamic NTK frozen at factor × window tokens) instead of per input; its ``yarn`` took the magnitude as
 ``0.1·ln s + 1`` times its own ``attn_factor`` before release 0.32 (which reads ``attention_factor``, as transformers
-does); and its DeepSeek-V2/V3 attention serves every scaled rope type as its own ``deepseek_yarn``. So an export is
-exact in vLLM only for the rope types below, some with overrides that hold in releases on both sides of 0.32.
+does); its DeepSeek-V2/V3 attention serves every scaled rope type as its own ``deepseek_yarn``; its gpt-oss
+attention (``OAIAttention`` in ``gpt_oss.py``) always builds ``yarn`` from ``factor``, the original window,
+``beta_fast``/``beta_slow`` and ``truncate``, with the default magnitude; and its longrope embedding
+(``Phi3LongRoPEScaledRotaryEmbedding``) supports only the half-split (NeoX) layout, not the interleaved one some
+families (Cohere, GPT-J) rotate in. So an export is exact in vLLM only for the rope types below, some with
+overrides that hold in releases on both sides of 0.32.
 
 **Methods vLLM computes itself.** A method may write ``config.json`` keys with which vLLM computes it rather than through
 its RoPE (:attr:`ropekit.methods.base.Method.vllm_keys`: Dual Chunk Attention's ``dual_chunk_attention_config``); the
@@ -38,6 +42,12 @@ _SAME_MATH = ("default", "linear", "llama3")
 #: ``deepseek_yarn`` before it builds the rotary embedding (DeepseekScalingRotaryEmbedding).
 _DEEPSEEK_YARN_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"})
 _DEEPSEEK_YARN_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32"})
+#: Architectures (model types) whose vLLM attention builds ``yarn`` whatever the config's rope type (gpt_oss.py).
+_GPT_OSS_ARCHITECTURES = frozenset({"GptOssForCausalLM"})
+_GPT_OSS_MODEL_TYPES = frozenset({"gpt_oss"})
+#: Architectures vLLM rotates in the interleaved layout (``is_neox_style=False``), for exports that predate the
+#: recorded layout: Cohere's (commandr.py) and GPT-J's.
+_INTERLEAVED_ARCHITECTURES = frozenset({"CohereForCausalLM", "Cohere2ForCausalLM", "GPTJForCausalLM"})
 
 
 def _yarn_window(rope: dict[str, Any], max_len: int) -> str:
@@ -128,6 +138,33 @@ def _deepseek_yarn_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[s
     return served, ""
 
 
+def _gpt_oss_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[str, Any] | None, str]:
+    """The rope dict for vLLM's gpt-oss attention, which builds ``yarn`` from ``factor``,
+    ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow`` and ``truncate`` only (KeyError on a missing
+    one), with the magnitude 0.1·ln s + 1. Plain RoPE is YaRN at factor 1 (both ramps then give θ_i, magnitude 1)."""
+    kind = rope.get("rope_type", "default")
+    if kind == "default":
+        return {**rope, "rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": max_len,
+                "beta_fast": 32.0, "beta_slow": 1.0}, ""
+    if kind != "yarn":
+        return None, (f"vLLM's gpt-oss attention builds YaRN from factor, window and betas whatever the rope type, so "
+                      f"this '{kind}' RoPE would be served as YaRN: only a single yarn (default attention factor) is "
+                      "served exactly; serve this export with transformers")
+    if not rope.get("original_max_position_embeddings"):
+        return None, "vLLM's gpt-oss attention needs original_max_position_embeddings, which this yarn export lacks"
+    window = _yarn_window(rope, max_len)
+    if window:
+        return None, window
+    factor, attention = float(rope.get("factor") or 1.0), _yarn_magnitude(rope)
+    own = deepseek_mscale(factor, 1.0)
+    if abs(attention - own) > 1e-12 * own:
+        return None, (f"vLLM's gpt-oss attention takes no attention factor (its magnitude is 0.1·ln s + 1 = {own:.6g}) "
+                      f"and this export's is {attention:.6g}: extend with yarn's default attention factor")
+    # transformers' (and ropekit's) yarn defaults, written out: vLLM reads them without a default
+    served = {"beta_fast": 32.0, "beta_slow": 1.0, **rope}
+    return {k: v for k, v in served.items() if k not in ("attention_factor", "attn_factor")}, ""
+
+
 def _rope_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[str, Any] | None, str]:
     """``(the rope dict vLLM should read, "")`` or ``(None, why vLLM would compute something else)``."""
     kind = rope.get("rope_type", "default")
@@ -176,8 +213,15 @@ def vllm_serving(directory: str | Path) -> VLLMServing:
         served = None if why else served
     elif serves_rope_as_deepseek_yarn(config):
         served, why = _deepseek_yarn_overrides(rope, max_len)
+    elif _is_architecture(config, _GPT_OSS_ARCHITECTURES, _GPT_OSS_MODEL_TYPES):
+        served, why = _gpt_oss_overrides(rope, max_len)
     else:
         served, why = _rope_overrides(rope, max_len)
+    if served is not None and _rotates_interleaved(config) and any(
+            r.get("rope_type") == "longrope" for r in ([served] + [v for v in served.values() if isinstance(v, dict)])):
+        served, why = None, ("vLLM's longrope supports only the half-split (NeoX) rotary layout and this family "
+                             "rotates interleaved (adjacent channels pair up): serve it with transformers, or extend "
+                             "with a method vLLM computes as linear, llama3 or yarn")
     if served is None:
         return VLLMServing(exact=False, why=why, max_model_len=max_len)
     overrides = {} if served == rope else {"rope_parameters": served}
@@ -188,13 +232,26 @@ def vllm_serving(directory: str | Path) -> VLLMServing:
                        command=" ".join(shlex.quote(p) for p in parts))
 
 
+def _is_architecture(config: dict[str, Any], architectures: frozenset[str], model_types: frozenset[str]) -> bool:
+    """Whether vLLM builds this model with one of ``architectures`` (as vLLM picks the model class; by
+    ``model_type`` when a config names none)."""
+    names = config.get("architectures") or []
+    if names:
+        return any(name in architectures for name in names)
+    return config.get("model_type") in model_types
+
+
 def serves_rope_as_deepseek_yarn(config: dict[str, Any]) -> bool:
-    """Whether vLLM builds this model with its DeepSeek-V2/V3 attention (by ``architectures``, as vLLM picks the
-    model class; by ``model_type`` when a config names none)."""
-    architectures = config.get("architectures") or []
-    if architectures:
-        return any(name in _DEEPSEEK_YARN_ARCHITECTURES for name in architectures)
-    return config.get("model_type") in _DEEPSEEK_YARN_MODEL_TYPES
+    """Whether vLLM builds this model with its DeepSeek-V2/V3 attention."""
+    return _is_architecture(config, _DEEPSEEK_YARN_ARCHITECTURES, _DEEPSEEK_YARN_MODEL_TYPES)
+
+
+def _rotates_interleaved(config: dict[str, Any]) -> bool:
+    """Whether the model pairs adjacent channels (recorded by the export; else known from its architecture)."""
+    layout = ((config.get("ropekit") or {}).get("export") or {}).get("rotary_layout")
+    if layout is not None:
+        return layout == "interleaved"
+    return any(name in _INTERLEAVED_ARCHITECTURES for name in config.get("architectures") or [])
 
 
 def engine_keys() -> tuple[str, ...]:
