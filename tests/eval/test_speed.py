@@ -69,6 +69,29 @@ def test_summary_medians_and_ratios():
     assert rows["yarn"]["prefill_ratio"] == 2.0 and rows["yarn"]["decode_ratio"] == 2.0 and rows["yarn"]["memory_ratio"] == 0.5
 
 
+def test_summary_keeps_parameter_sets_apart_and_reads_only_speed_records():
+    def rec(method, params, prefill):
+        return {"task": "speed", "method": method, "params": params, "length": 8, "repeat": 0, "prefill_s": prefill,
+                "decode_s_per_token": 1.0, "peak_mem_bytes": 100}
+
+    recs = [rec(PLAIN, {}, 1.0), rec("yarn", {"factor": 2.0}, 1.0), rec("yarn", {"factor": 8.0}, 3.0),
+            {"task": "passkey", "method": "yarn", "length": 8, "correct": True}]
+    rows = {r["params"].get("factor"): r for r in summarize(recs) if r["method"] == "yarn"}
+    assert set(rows) == {2.0, 8.0} and rows[2.0]["repeats"] == rows[8.0]["repeats"] == 1
+    assert (rows[2.0]["prefill_ratio"], rows[8.0]["prefill_ratio"]) == (1.0, 3.0)
+
+
+def test_a_resumed_file_with_other_parameters_summarises_only_this_runs_cases(tmp_path):
+    out = tmp_path / "speed.jsonl"
+    model = build_tiny_model("llama")
+    run_speed(model, methods=["yarn"], params={"yarn.factor": "2"}, lengths=[32], decode_tokens=0, out=str(out))
+    rows = run_speed(model, methods=["yarn"], params={"yarn.factor": "8"}, lengths=[32], decode_tokens=0,
+                     out=str(out), resume=True)
+    assert len(out.read_text().splitlines()) == 3  # plain once, yarn twice: both parameter sets are kept
+    assert [(r["method"], r["params"]) for r in rows] == [(PLAIN, {}), ("yarn", {"factor": "8"})]
+    assert all(r["repeats"] == 1 for r in rows)
+
+
 def test_loglog_slopes_match_numpy_polyfit_and_the_plot_is_written(tmp_path):
     """The slope of the least-squares fit in log-log equals numpy.polyfit's on noisy synthetic power laws; the fit
     uses only lengths past the window when there are two or more; the PNG is written."""

@@ -18,6 +18,7 @@ resident.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import statistics
@@ -265,18 +266,29 @@ def run_speed(
                     "device": str(device),
                     "threads": torch.get_num_threads(),
                 })
-    return summarize(list(writer.records()))
+    # a resumed file may hold other runs' parameters or lengths: this run's summary is of its own cases
+    wanted = {(case.name, _params_key(case.params)) for case in cases}
+    return summarize([r for r in writer.records() if r.get("task", "speed") == "speed"
+                      and (r["method"], _params_key(r.get("params"))) in wanted and r["length"] in lengths
+                      and r.get("repeat", 0) < repeats])
+
+
+def _params_key(params: dict[str, Any] | None) -> str:
+    return json.dumps(params or {}, sort_keys=True, default=str)
 
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Median over repeats per (method, length), with ratios to the plain model of the same length."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    """Median over repeats per (method, parameters, length), with ratios to the plain model of the same length;
+    records of other tasks are left out."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in records:
-        groups.setdefault((r["method"], r["length"]), []).append(r)
+        if r.get("task", "speed") == "speed":
+            groups.setdefault((r["method"], _params_key(r.get("params")), r["length"]), []).append(r)
     rows = []
-    for (method, length), recs in groups.items():
+    for (method, _, length), recs in groups.items():
         rows.append({
             "method": method,
+            "params": recs[0].get("params") or {},
             "length": length,
             "prefill_s": statistics.median(r["prefill_s"] for r in recs),
             "decode_s_per_token": statistics.median((r["decode_s_per_token"] or 0.0) for r in recs),
