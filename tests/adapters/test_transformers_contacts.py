@@ -13,6 +13,8 @@ in a fresh process (as a study worker starts), and no module outside the adapter
 
 from __future__ import annotations
 
+import logging
+
 import ast
 import inspect
 import os
@@ -166,7 +168,24 @@ def test_rope_init_with_a_length_gives_what_the_dynamic_update_installs():
         ROPE_INIT_FUNCTIONS.pop(name, None)
 
 
-def test_validator_hook_is_looked_up_by_rope_type_when_a_config_is_built(caplog):
+@pytest.fixture
+def transformers_warnings_reach_caplog():
+    """transformers' root logger propagates only where CI is set (its logging._configure_library_root_logger) and
+    other tests may lower its verbosity: here its warnings reach pytest's handler whatever ran before."""
+    from transformers.utils import logging as hf_logging
+
+    root = logging.getLogger("transformers")
+    propagate, level = root.propagate, hf_logging.get_verbosity()
+    hf_logging.enable_propagation()
+    hf_logging.set_verbosity_warning()
+    try:
+        yield
+    finally:
+        root.propagate = propagate
+        hf_logging.set_verbosity(level)
+
+
+def test_validator_hook_is_looked_up_by_rope_type_when_a_config_is_built(caplog, transformers_warnings_reach_caplog):
     """Checked with transformers 5.24.0: building a config calls ``_validate_<rope_type>_rope_parameters`` of
     ``RotaryEmbeddingConfigMixin`` with the parameters and ``ignore_keys`` (warning when there is none), and an
     exception it raises reaches the caller as the cause of the config's validation error."""

@@ -21,8 +21,10 @@ from typer.core import TyperCommand
 from ..errors import InvalidParameterError, RopekitError
 
 #: Results (tables, JSON) go to stdout; progress, notes and errors to stderr, so ``--json`` output pipes cleanly.
-out = Console()
-err = Console(stderr=True)
+#: Printed lines are never broken by rich (soft wrap): a path or a status line stays one line in a log or a pipe,
+#: where rich would otherwise wrap at 80 columns; a terminal wraps them on screen itself. Tables keep their width.
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 #: The MODEL argument's help, the same for every command that takes one.
 MODEL_HELP = "Local transformers directory, .gguf file, hub id, or a built-in name (tiny)."
