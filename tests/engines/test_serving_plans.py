@@ -560,3 +560,23 @@ def test_longrope_on_an_interleaved_family_is_refused_for_vllm(tmp_path):
     ropekit.extend(pi, "pi", factor=4.0)
     ropekit.save_pretrained(pi, tmp_path / "pi")
     assert vllm_serving(tmp_path / "pi").exact
+
+
+@pytest.mark.parametrize("method,params", [
+    ("yarn", {"factor": 4.0}), ("yarn", {"factor": 2.0, "attention_factor": 1.3}),
+    ("yarn", {"factor": 4.0, "truncate": False}), ("ntk_by_parts", {"factor": 2.0, "ramp": "dim"}),
+    ("pi", {"factor": 2.0}), ("llama3", {"factor": 4.0}), ("dynamic_ntk", {"factor": 2.0}),
+])
+def test_what_a_method_says_it_exports_to_is_what_the_vllm_plan_serves(tmp_path, method, params):
+    """``ropekit inspect``'s exports_to (the method's word) and the plan written beside an export (vLLM's source,
+    summarised above) agree on a native export of a plain Llama."""
+    from ropekit.install import rope_info
+    from ropekit.methods import get_method
+
+    model = build_tiny_model("llama")
+    ropekit.extend(model, method, **params)
+    report = ropekit.save_pretrained(model, tmp_path / method, rope_format="native")
+    m = get_method(method)
+    said = m.exports_to(m.resolve(rope_info(build_tiny_model("llama")), params))
+    assert report["format"] == "native"
+    assert ("vllm" in said) is vllm_serving(tmp_path / method).exact is report["vllm"]

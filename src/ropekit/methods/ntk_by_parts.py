@@ -258,5 +258,5 @@ class NTKByParts(_ByParts):
 
     def exports_to(self, params=None):
         if params is not None and self._matches_transformers_yarn(params):
-            return ["transformers"]
+            return ["transformers", "vllm"]  # transformers' yarn with magnitude 1, which vLLM's plan passes on
         return []

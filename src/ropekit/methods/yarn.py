@@ -119,11 +119,9 @@ class YaRN(_ByParts):
             return ["transformers", "vllm"]
         if not self._matches_transformers_yarn(params):
             return []
-        out = ["transformers"]
-        # vLLM derives the temperature from the factor itself; only the default value survives there.
-        if abs(params["attention_factor"] - yarn_mscale(params["factor"])) < 1e-12 and params["truncate"]:
-            out.append("vllm")
-        return out
+        # vLLM's yarn reads truncate, and another magnitude reaches it as attention_factor (0.32) and attn_factor
+        # (releases before): ropekit.install.vllm's plan passes both, so every transformers yarn serves exactly
+        return ["transformers", "vllm"]
 
     def gguf_rope(self, info, params):
         # llama.cpp's `yarn` is the dim ramp with frequency blending and truncated ends, with its own betas
