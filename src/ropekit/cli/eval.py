@@ -365,7 +365,7 @@ def entropy_cmd(
 @_task("short")
 def short_cmd(
     model: Model,
-    lengths: Annotated[Optional[str], typer.Option("--lengths", "-l", help="Accepted and ignored (short-context tasks; records use length 0).")] = None,
+    lengths: Annotated[Optional[str], typer.Option("--lengths", "-l", help="Not used: lm-eval's tasks set their own lengths (given, it is refused).")] = None,
     method: Method = None,
     param: Params = None,
     tasks: Annotated[Optional[str], typer.Option("--tasks", help="lm-eval task names, comma-separated (default: every task in --data, or the built-in one).")] = None,
@@ -382,6 +382,9 @@ def short_cmd(
     device_map: DeviceMapOpt = None,
 ):
     """Short-context regression through lm-evaluation-harness (pip install 'ropekit\\[lmeval]')."""
+    if lengths is not None:
+        raise RopekitError("`ropekit eval short` runs lm-eval's tasks at their own lengths: --lengths does not apply",
+                           "drop --lengths (records use length 0)")
     _run("short", model, lengths, method, param, seed, out_file, resume, json_out, (device, dtype, attn, device_map), tasks=tasks, data=data,
          samples=samples, chat=chat)
 

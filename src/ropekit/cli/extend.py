@@ -80,7 +80,8 @@ def extend_cmd(
                             "for llama.cpp; Llama, Mistral, Qwen2 and Qwen3 models)."),
     outtype: Optional[str] = typer.Option(None, "--outtype", help="GGUF weight type: f32, f16 (default), bf16 or q8_0 "
                                           "(--format gguf)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Allow writing into a non-empty --out directory."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing model directory at --out, all of its contents (a non-empty directory "
+                                   "without config.json is never replaced)."),
     json_out: bool = typer.Option(False, "--json", help="Print the export report as JSON."),
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",

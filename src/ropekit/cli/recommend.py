@@ -17,12 +17,15 @@ ENGINES = ("transformers", "vllm", "llamacpp")  # ropekit.study.recommend.ENGINE
 
 def _check_out(path: Path, overwrite: bool) -> None:
     from ..runtime.atomic import check_target
+    from ..study.recommend_output import check_replaceable
 
     check_target(path, kind="dir")
     if path.exists() and not path.is_dir():
         raise RopekitError(f"--out '{path}' exists and is a file", "pass a directory path")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise RopekitError(f"--out '{path}' exists and is not empty", "pass a new directory, or --overwrite")
+    if path.is_dir() and any(path.iterdir()):
+        if not overwrite:
+            raise RopekitError(f"--out '{path}' exists and is not empty", "pass a new directory, or --overwrite")
+        check_replaceable(path)
 
 
 def _print_plan(plan) -> None:

@@ -42,8 +42,8 @@ def search_cmd(
     loads it) and OUT/result.json, which records where the objectives were computed."""
     from ..models.loading import load_model, parameter_count, resolve_model
     from ..runtime import default_threads, quiet_transformers
-    from ..search.longrope import (SearchSettings, SearchStore, check_settings, parse_start_tokens, pool_evaluator,
-                                   run_search, worker_init)
+    from ..search.longrope import (SearchSettings, SearchStore, check_search_dir, check_settings, parse_start_tokens,
+                                   pool_evaluator, run_search, worker_init)
 
     starts = parse_start_tokens(start_tokens, target_length)  # a malformed value fails before any loading
     if model == BUILTIN_BASE:
@@ -57,6 +57,7 @@ def search_cmd(
     from ..runtime.atomic import check_target
 
     check_target(out_dir, kind="dir")  # a file, a read-only place: one line before the model loads
+    check_search_dir(out_dir)  # another run's model or result in the way: before the search, not after it
     settings = SearchSettings(model=model, target_length=target_length, evaluations=evaluations, seed=seed,
                               documents=documents, data=data, fixed_pairs=fixed_pairs, population=population,
                               start_tokens=starts, max_factor=max_factor)

@@ -4,6 +4,7 @@ time PoSE against full-length training steps (``ropekit train bench``)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -127,6 +128,8 @@ def _plan(config: Optional[Path], gpus: int, gpu_memory: float, strategy: str, c
 
     if config is None:
         raise RopekitError("`ropekit train plan` needs a training config", "run `ropekit train plan CONFIG.yaml --gpus 8 --gpu-memory 80`")
+    if not math.isfinite(gpu_memory):
+        raise RopekitError(f"--gpu-memory {gpu_memory} is not a finite number of GiB", "pass e.g. --gpu-memory 80")
     cfg = load_config(config)
     # the recipe's own split (train.context_parallel) unless --context-parallel asks for another
     split = context_parallel if context_parallel is not None else cfg.train.context_parallel

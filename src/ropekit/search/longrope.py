@@ -127,7 +127,10 @@ def check_settings(s: SearchSettings, window: int, pairs: int) -> None:
     if s.documents < 1:
         raise InvalidParameterError("--documents must be at least 1", "pass e.g. --documents 4")
     factor = s.target_length / window
-    if s.max_factor is not None and not (math.isfinite(s.max_factor) and s.max_factor >= factor):
+    if s.max_factor is not None and not math.isfinite(s.max_factor):
+        raise InvalidParameterError(f"--max-factor {s.max_factor} is not a finite number",
+                                    f"pass a value from s = {factor:g} up, e.g. LongRoPE's 1.25·s = {ceiling_of(factor):g}")
+    if s.max_factor is not None and s.max_factor < factor:
         raise InvalidParameterError(f"--max-factor {s.max_factor:g} is below the extension ratio s = {factor:g}: "
                                     "PI's λ = s, a seed of the search, would not fit",
                                     f"pass --max-factor {factor:g} or more, or leave it out for LongRoPE's "
@@ -296,6 +299,7 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
     factor = settings.target_length / info.window
     starts = settings.searched_starts
     documents = search_documents(tokenizer, settings)  # too little text is refused before the directory exists
+    check_search_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     if evaluate is None:
         def evaluate(batch):
@@ -368,6 +372,22 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
     return result
 
 
+
+
+def check_search_dir(out: Path) -> None:
+    """Before any work: the search writes ``model/`` and ``result.json`` into ``out``, replacing them only when
+    they are an earlier search's (``search.sqlite`` beside them, ``model/`` a model directory)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InvalidParameterError(f"--out '{out}' exists and is a file", "pass a directory path")
+    earlier = (out / "search.sqlite").is_file()
+    model = out / "model"
+    if model.exists() and not (earlier and (model / "config.json").is_file()):
+        raise InvalidParameterError(f"'{model}' exists and is not the model of an earlier search in '{out}'",
+                                    "pass a new --out directory, or move it away")
+    if (out / "result.json").exists() and not earlier:
+        raise InvalidParameterError(f"'{out / 'result.json'}' exists and is not an earlier search's",
+                                    "pass a new --out directory, or move it away")
 
 
 def candidate_args(c: Candidate, settings: SearchSettings) -> tuple[Candidate, int]:

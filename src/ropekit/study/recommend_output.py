@@ -223,6 +223,15 @@ def _model_for(c: Candidate, spec: str, work_dir: Path):
     return load(paths[0]), loaded.tokenizer, loaded
 
 
+def check_replaceable(out: Path) -> None:
+    """``--overwrite`` replaces an earlier recommendation (it holds :data:`RECOMMENDATION_FILE`) or an empty
+    directory, never a directory of other files."""
+    out = Path(out)
+    if out.is_dir() and any(out.iterdir()) and not (out / RECOMMENDATION_FILE).is_file():
+        raise RopekitError(f"--out '{out}' holds files that are not a ropekit recommendation (no {RECOMMENDATION_FILE})",
+                           "pass a new directory: --overwrite replaces only an earlier recommendation")
+
+
 def write_recommendation(plan: Plan, verdict: Verdict, candidates: list[Candidate], out: Path, work_dir: Path,
                          *, verify_engine: bool = True, seconds: float | None = None, log=None,
                          overwrite: bool = False) -> dict[str, Any]:
@@ -236,6 +245,8 @@ def write_recommendation(plan: Plan, verdict: Verdict, candidates: list[Candidat
     passed_over: list[dict[str, str]] = []
     groups = computed_in(work_dir)
     computed = placement_text(groups)
+    if overwrite:
+        check_replaceable(out)
     with atomic_dir(out, replace=overwrite, what="--out") as building:
         for label in verdict.order:
             c = by_label[label]
