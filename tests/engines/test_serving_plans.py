@@ -21,6 +21,14 @@ from ropekit.models.byte_tokenizer import byte_tokenizer
 from ropekit.models.tiny import build_tiny_model
 
 
+def _plan_of(tmp_path, family, method, **params):
+    """The vLLM plan of a tiny ``family`` model extended with ``method`` and exported (auto format)."""
+    model = build_tiny_model(family)
+    ropekit.extend(model, method, **params)
+    ropekit.save_pretrained(model, tmp_path / f"{family}-{method}")
+    return vllm_serving(tmp_path / f"{family}-{method}")
+
+
 def _export(tmp_path, method, rope_format="auto", **params):
     model = build_tiny_model("llama")
     ropekit.extend(model, method, **params)
@@ -280,14 +288,8 @@ def test_deepseek_exports_vllm_would_serve_as_yarn_are_refused(tmp_path, method,
     plan = vllm_serving(tmp_path / method)
     assert not plan.exact and report["vllm"] is False
     assert f"'{rope_type}' RoPE would be served as YaRN" in plan.why and "\n" not in plan.why
-    llama = build_tiny_model("llama")  # the same export of another family is served
-    ropekit.extend(llama, method, **params)
-    ropekit.save_pretrained(llama, tmp_path / "llama")
-    assert vllm_serving(tmp_path / "llama").exact
-    ntk = build_tiny_model("deepseek_v3")
-    ropekit.extend(ntk, "ntk", factor=2.0)
-    ropekit.save_pretrained(ntk, tmp_path / "ntk")
-    assert vllm_serving(tmp_path / "ntk").exact
+    assert _plan_of(tmp_path, "llama", method, **params).exact  # the same export of another family is served
+    assert _plan_of(tmp_path, "deepseek_v3", "ntk", factor=2.0).exact
 
 
 def test_verify_refuses_deepseek_in_vllm_in_one_line(tmp_path, run_cli):
@@ -552,14 +554,8 @@ def test_longrope_on_an_interleaved_family_is_refused_for_vllm(tmp_path):
     assert json.loads((tmp_path / "parts" / "config.json").read_text())["rope_parameters"]["rope_type"] == "longrope"
     plan = vllm_serving(tmp_path / "parts")
     assert not plan.exact and report["vllm"] is False and "half-split (NeoX)" in plan.why
-    llama = build_tiny_model("llama")  # the half-split layout: served
-    ropekit.extend(llama, "ntk_by_parts", factor=4.0)
-    ropekit.save_pretrained(llama, tmp_path / "llama")
-    assert vllm_serving(tmp_path / "llama").exact
-    pi = build_tiny_model("cohere")
-    ropekit.extend(pi, "pi", factor=4.0)
-    ropekit.save_pretrained(pi, tmp_path / "pi")
-    assert vllm_serving(tmp_path / "pi").exact
+    assert _plan_of(tmp_path, "llama", "ntk_by_parts", factor=4.0).exact  # the half-split layout: served
+    assert _plan_of(tmp_path, "cohere", "pi", factor=4.0).exact
 
 
 @pytest.mark.parametrize("method,params", [
