@@ -450,11 +450,15 @@ def running_text(running: Sequence[str], counts: dict[str, tuple[int, int | None
 
 
 def _watch_workers(procs, store: StudyStore, bar, config: StudyConfig, done_count, progress=None) -> None:
-    """Show the workers' progress until every one has ended: finished pieces as lines, the running ones with
-    the counts the workers send through ``progress`` (a queue of ``(piece, n, total)``)."""
+    """Show the workers' progress until every one has ended, or one was interrupted (exit 130: the caller stops
+    the others at once, rather than wait for a worker that was still starting, and ignoring SIGINT, when the
+    signal came, to finish its piece): finished pieces as lines, the running ones with the counts the workers send
+    through ``progress`` (a queue of ``(piece, n, total)``)."""
     seen = _statuses(store)
     counts: dict[str, tuple[int, int | None]] = {}
     while any(proc.is_alive() for proc in procs):
+        if any(proc.exitcode == 130 for proc in procs):
+            return
         now = _statuses(store)
         for piece_id, status in now.items():
             if status in ("done", "failed") and seen.get(piece_id) != status:
