@@ -790,6 +790,8 @@ def test_several_workers_show_each_running_piece_with_its_count(tmp_path):
     on_progress(5, None)
 
     class Proc:  # alive for two polls of the display
+        exitcode = None  # as multiprocessing.Process's while it runs
+
         def __init__(self):
             self.polls = iter([True, True, False])
 
