@@ -18,9 +18,9 @@ after a SIGKILL nothing done is lost and nothing is evaluated twice. The databas
 values: a candidate's perplexity depends only on the model, the documents (target length, count, data, seed),
 n̂ when it is fixed, and the dtype, which the database pins. A rerun that changes only how the search moves (its
 budget, population, ceiling, mutation probability or fixed pairs) replays its own generations and reads back every
-candidate it shares with the runs before it; its result is the one a fresh directory would give. The best candidate is exported natively
-(transformers' ``longrope``: plain transformers loads it with the same logits) to ``DIR/model``, with
-``DIR/result.json`` describing the search.
+candidate it shares with the runs before it; its result is the one a fresh directory would give. The best
+candidate is exported natively (transformers' ``longrope``: plain transformers loads it with the same logits) to
+``DIR/model``, with ``DIR/result.json`` describing the search.
 """
 
 from __future__ import annotations
