@@ -47,6 +47,61 @@ def test_a_task_command_offers_only_what_its_run_takes(task):
     assert offered <= set(inspect.signature(get_task(task).run).parameters), offered
 
 
+@pytest.mark.parametrize("task", sorted(set(TASKS) - {"speed"}))
+def test_a_tasks_option_check_takes_what_its_run_takes(task):
+    """``check_options`` (run before a model loads, and on a study's config) sees every option ``run`` gets."""
+    module = get_task(task)
+    run = inspect.signature(module.run).parameters
+    check = inspect.signature(module.check_options).parameters
+    assert [(n, p.default) for n, p in run.items() if n != "ctx"] == [(n, p.default) for n, p in check.items()]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["passkey", "tiny", "--depths", "1.5"], "depth 1.5 is not a fraction in [0, 1]"),
+    (["niah", "tiny", "--depths", "0.5,2"], "depth 2.0 is not a fraction in [0, 1]"),
+    (["ppl", "tiny", "--lengths", "64", "--score-mode", "bogus"], "--score-mode 'bogus' is not known"),
+    (["ppl", "tiny", "--lengths", "64", "--stride", "64"], "--stride 64 is larger than 63"),
+    (["ruler", "tiny", "--tasks", "niah_single_1", "--data", "q.json"], "--data feeds only RULER's qa tasks"),
+    (["longbench", "tiny"], "needs the LongBench data"),
+])
+def test_options_wrong_for_any_model_are_refused_before_it_loads(run_cli, monkeypatch, args, words):
+    import ropekit.models.loading as loading
+
+    def no_load(*_, **__):
+        raise AssertionError("a model was loaded")
+
+    for name in ("_load_tiny", "_load_dir", "_load_gguf", "_load_hub"):
+        monkeypatch.setattr(loading, name, no_load)
+    assert words in _one_line_error(run_cli, "eval", *args)
+
+
+def test_an_option_given_as_its_default_resumes_the_same_run(run_cli, tmp_path):
+    """Writing ``--score-mode last_stride`` (the default) on a resume of a file made without it was refused as
+    another run; a different value still is."""
+    data = tmp_path / "doc.txt"
+    data.write_text("The quick brown fox jumps over the lazy dog. " * 20)
+    out = tmp_path / "ppl.jsonl"
+    common = ["eval", "ppl", "tiny", "--lengths", "64", "--data", str(data), "--out", str(out), "--json"]
+    assert run_cli(*common)[0] == 0
+    code, _, stderr = run_cli(*common, "--resume", "--score-mode", "last_stride", "--weighting", "token")
+    assert code == 0, stderr
+    assert "score_mode='full_window'" in _one_line_error(run_cli, *common, "--resume", "--score-mode", "full_window")
+
+
+def test_a_manyshot_run_that_fits_no_shot_count_is_refused(run_cli, tmp_path):
+    """The tiny model's 64-token window holds no prompt: the run evaluated nothing and exited 0 with Python's raw
+    UserWarning. Now one line, exit 2, and no results file."""
+    out = tmp_path / "m.jsonl"
+    line = _one_line_error(run_cli, "eval", "manyshot", "tiny", "--shots", "0,0", "--samples", "2", "--out", str(out))
+    assert "no shot count fits in 64 tokens" in line, line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags", [["--methods", ""], ["--methods", "yarn,"], ["--method", ""]])
+def test_speed_refuses_an_empty_method_name(run_cli, flags):
+    assert "has an empty name" in _one_line_error(run_cli, "eval", "speed", "tiny", "--lengths", "64", *flags)
+
+
 def test_speed_offers_what_run_speed_takes():
     from ropekit.eval.speed import run_speed
 
@@ -168,7 +223,7 @@ def test_a_resume_with_other_options_is_refused_in_one_line(run_cli, tmp_path):
     assert out.read_text() == before
 
 
-@pytest.mark.parametrize("task", ["ppl", "entropy", "passkey"])
+@pytest.mark.parametrize("task", ["ppl", "entropy", "passkey", "speed"])
 def test_a_plot_path_that_is_not_a_png_is_refused_before_any_work(run_cli, tmp_path, task):
     """A --plot without .png replaced the user's file with a PNG (ppl) or failed with matplotlib's error after the
     whole evaluation (entropy): now one line, exit 2, before the model loads, and the file is as it was."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -51,3 +53,87 @@ def test_eval_short_refuses_lengths_it_would_not_use(run_cli, tmp_path):
     code, _, err = run_cli("eval", "short", "tiny", "--lengths", "4k", "--out", str(tmp_path / "r.jsonl"))
     _one_line(code, err, "--lengths does not apply")
     assert not (tmp_path / "r.jsonl").exists()
+
+
+# ---- flags that were silently ignored, and directories of someone else's files (a second sweep) --------------------
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+TINY_STUDY = """name: NAME
+model: tiny
+target_length: 128
+variants: [base]
+evals:
+  ppl: {lengths: [64]}
+"""
+
+
+@pytest.mark.parametrize("args, words", [
+    (["export", "DIR", "--format", "vllm", "--outtype", "bf16"], "--outtype applies to --format gguf"),
+    (["export", "tiny", "--format", "gguf"], "'tiny' is not a directory to write the GGUF into"),
+    (["extend", "tiny", "-m", "yarn", "-f", "2", "--format", "gguf", "--rope-format", "native", "--out", "OUT"],
+     "a GGUF file has llama.cpp's keys"),
+    (["extend", "tiny", "-m", "yarn", "-f", "2", "--layer-types", ",", "--out", "OUT"], "names no layer type"),
+    (["recommend", "tiny", "-t", "128", "--out", "OUT", "--plan", "--workers", "2"], "--workers apply to the run"),
+    (["recommend", "tiny", "-t", "128", "--out", "OUT", "--plan", "--overwrite"], "--overwrite apply to the run"),
+    (["eval", "ppl", "tiny", "--lengths", "64", "--resume"], "--resume continues the results file given with --out"),
+    (["eval", "speed", "tiny", "--lengths", "64", "--resume"], "--resume continues the results file given with --out"),
+    (["pose-coverage", "--scheme", "randpos", "--chunks", "2"], "--scheme randpos draws no chunks"),
+    (["study", "--preset", "quick", "--show", "--workers", "2"], "--workers does not apply to --show"),
+    (["study", "--preset", "quick", "--show", "--out", "OUT"], "--out does not apply to --show"),
+    (["study", "status", "OUT", "--preset", "quick"], "--preset does not apply to `ropekit study status`"),
+    (["study", "--preset", "quick", "--out", "OUT", "--address", "auto"], "--address names a Ray cluster"),
+    (["study", "CONFIG", "--out", "OUT"], "name must be a short name"),
+    (["train", "--example", "tiny-pose", "--json"], "--json applies to `--example list`"),
+])
+def test_a_flag_the_command_would_not_use_is_refused(run_cli, tmp_path, monkeypatch, args, words):
+    """Each of these was accepted and silently unused (or, for ``export tiny``, wrote ./tiny/model-f16.gguf; for a
+    study named ``../../escape``, a directory two levels up): one line, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "escape.yaml"
+    config.write_text(TINY_STUDY.replace("NAME", '"../../escape"'))
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "config.json").write_text("{}")
+    before = _files(tmp_path)
+    swap = {"OUT": str(tmp_path / "out"), "DIR": str(tmp_path / "dir"), "CONFIG": str(config)}
+    code, _, err = run_cli(*[swap.get(a, a) for a in args])
+    _one_line(code, err, words)
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", [
+    ["study", "CONFIG", "--out", "OCCUPIED"],
+    ["search", "tiny", "--target-length", "128", "--out", "OCCUPIED", "--evaluations", "4", "--documents", "1"],
+    ["train", "CONFIG", "--out", "OCCUPIED", "--max-steps", "1"],
+])
+def test_a_directory_of_someone_elses_files_is_refused(run_cli, tmp_path, command):
+    """A study, a search or a training run wrote its database and models among unrelated files (and a later resume
+    would take the directory for its own). A new or empty directory, or one of an earlier run, is still used."""
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "keep.txt").write_text("mine")
+    config = tmp_path / "c.yaml"
+    if command[0] == "study":
+        config.write_text(TINY_STUDY.replace("NAME", "tiny-study"))
+    else:
+        code, text, _ = run_cli("train", "--example", "tiny-pose")
+        config.write_text(text)
+    swap = {"OCCUPIED": str(occupied), "CONFIG": str(config)}
+    code, _, err = run_cli(*[swap.get(a, a) for a in command])
+    _one_line(code, err, "holds files")
+    assert _files(occupied) == ["keep.txt"]
+
+
+def test_a_dry_run_refuses_what_the_run_would(run_cli, tmp_path):
+    code, text, _ = run_cli("train", "--example", "tiny-pose")
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    code, _, err = run_cli("train", str(config), "--dry-run", "--out", str(a_file))
+    _one_line(code, err, "exists and is a file")
+    config.write_text(text.replace("name: tiny\n", "name: /nonexistent/model\n", 1))
+    code, _, err = run_cli("train", str(config), "--dry-run", "--out", str(tmp_path / "new"))
+    _one_line(code, err, "'/nonexistent/model' does not exist")
+    assert not (tmp_path / "new").exists()

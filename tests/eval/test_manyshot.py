@@ -200,7 +200,7 @@ def test_user_data_formats_and_errors(tmp_path, model):
         ms.run(ctx, lengths=[256], shots=[1], data=str(one))
     with pytest.raises(RopekitError, match="sampling"):
         ms.run(ctx, lengths=[256], shots=[1], sampling="stratified")
-    with pytest.raises(RopekitError, match="negative count"):
+    with pytest.raises(RopekitError, match=r"--shots -1 is not a count"):
         ms.run(ctx, lengths=[256], shots=[-1, 1])
     zero = make_context("manyshot", model, tok, method=None, params=None, lengths=[256], key_fields=ms.KEY_FIELDS)
     ms.run(zero, lengths=[256], shots=[0], samples=2, data=str(flat))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import warnings
+from pathlib import Path
 
 import typer
 from rich.markup import escape
@@ -101,6 +103,20 @@ def _error_line(problem: str) -> None:
     err.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
 
 
+#: Where ropekit's own code lies: a warning raised there (``stacklevel`` may point at the CLI) is ropekit's to word.
+_PACKAGE = str(Path(__file__).resolve().parent.parent)
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """Show ropekit's own warnings as one ``warning:`` line (not Python's file:line and source echo); others as usual."""
+    if str(Path(filename).resolve()).startswith(_PACKAGE):
+        err.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+
 #: The exit code of a command stopped by Ctrl-C (128 + SIGINT, as the shell reports it).
 _INTERRUPTED = 130
 #: ... and by SIGTERM (128 + 15): what a batch scheduler or ``kill`` sends before SIGKILL.
@@ -144,9 +160,18 @@ def main() -> None:
 
 def _main() -> None:
     from ..runtime import route_deepspeed_logs_to_stderr
-    from ..runtime.atomic import filesystem_error
 
     route_deepspeed_logs_to_stderr()  # stdout is for results (--json): DeepSpeed logs there when imported
+    shown_by, warnings.showwarning = warnings.showwarning, _warning_line
+    try:
+        return _run_app()
+    finally:
+        warnings.showwarning = shown_by  # an in-process caller (a test) gets Python's display back
+
+
+def _run_app() -> None:
+    from ..runtime.atomic import filesystem_error
+
     try:
         # standalone_mode=False returns typer.Exit's code instead of raising it: the code must not be dropped
         code = app(standalone_mode=False)

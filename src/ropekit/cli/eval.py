@@ -152,6 +152,11 @@ def _accepted(task: str, run, given: dict[str, Any]) -> dict[str, Any]:
     return given
 
 
+def _resume_needs_out(resume: bool, out_file: Optional[Path]) -> None:
+    if resume and out_file is None:  # nothing to resume from: the run would silently start over
+        raise RopekitError("--resume continues the results file given with --out", "add --out FILE.jsonl, or drop --resume")
+
+
 def _run(task: str, model: str, lengths: Optional[str], method: Optional[str], param: Optional[list[str]], seed: int,
          out_file: Optional[Path], resume: bool, json_out: bool, placement: tuple = ("auto", "auto", "auto", None),
          **options: Any) -> None:
@@ -160,6 +165,7 @@ def _run(task: str, model: str, lengths: Optional[str], method: Optional[str], p
     from ..eval.records import parse_lengths
 
     module = get_task(task)
+    _resume_needs_out(resume, out_file)
     params = parse_params(param)
     given: dict[str, Any] = {"lengths": parse_lengths(lengths) if lengths is not None else None}
     given.update({name: _CONVERT.get(name, lambda value: value)(value) for name, value in options.items() if value is not None})
@@ -168,6 +174,7 @@ def _run(task: str, model: str, lengths: Optional[str], method: Optional[str], p
         from ..methods import get_method
 
         get_method(method)  # an unknown name fails before the model loads
+    module.check_options(**given)  # before the model loads
     if given.get("plot") is not None:
         check_figure_target(given["plot"])  # before the work, not after it
     loaded = load_model(model, *placement)
@@ -413,14 +420,20 @@ def speed_cmd(
     from ..eval.records import parse_lengths
     from ..eval.speed import parse_method_specs, run_speed
 
+    _resume_needs_out(resume, out_file)
     params = parse_params(param)
     if lengths is None:
         raise RopekitError("the 'speed' evaluation needs --lengths", "pass e.g. --lengths 4k,16k")
     lengths_list = parse_lengths(lengths)
-    if method and methods:  # one would be dropped
+    if method is not None and methods is not None:  # one would be dropped
         raise RopekitError("--method and --methods both given", f"pass --methods {methods},{method} (or --method alone)")
-    method_list = (methods or method or "plain").split(",")
+    method_list = (methods if methods is not None else method if method is not None else "plain").split(",")
+    if not all(name.strip() for name in method_list):
+        flag, given = ("--methods", methods) if methods is not None else ("--method", method)
+        raise RopekitError(f"{flag} '{given}' has an empty name", f"pass e.g. {flag} yarn")
     parse_method_specs(method_list, params)  # validate names before loading anything
+    if plot is not None:
+        check_figure_target(plot)  # before the measurements, not after them
     loaded = load_model(model, device, dtype, attn, device_map)
     from itertools import count
 

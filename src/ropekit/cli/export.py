@@ -18,7 +18,8 @@ def export_cmd(
     directory: str = typer.Argument(..., help="A directory written by `ropekit extend` (or save_pretrained)."),
     fmt: str = typer.Option(..., "--format", help="gguf (a llama.cpp file) or vllm (how to serve the directory)."),
     out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="GGUF file to write (default: DIR/model-OUTTYPE.gguf)."),
-    dtype: str = typer.Option("f16", "--outtype", "--dtype", help="GGUF weight type: f32, f16, bf16 or q8_0."),
+    dtype: Optional[str] = typer.Option(None, "--outtype", "--dtype", help="GGUF weight type: f32, f16 (default), "
+                                        "bf16 or q8_0."),
     freeze_length: Optional[int] = typer.Option(None, "--freeze-length", min=1, help="Write a length-dependent "
                                                 "method's frequencies as they are at this many tokens (GGUF)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing GGUF file."),
@@ -29,7 +30,7 @@ def export_cmd(
         raise RopekitError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", "pass --format gguf or --format vllm")
     if fmt == "vllm":
         given = [flag for flag, value in (("--out", out_path), ("--freeze-length", freeze_length),
-                                          ("--overwrite", overwrite)) if value]
+                                          ("--overwrite", overwrite), ("--outtype", dtype)) if value]
         if given:  # vLLM serves the directory itself: nothing is written
             raise RopekitError(f"{', '.join(given)} applies to --format gguf; --format vllm writes no file",
                                "drop it, or pass --format gguf (a frozen length for vLLM is set when the directory is "
@@ -46,8 +47,12 @@ def export_cmd(
                                "export a method vLLM computes exactly (see docs/methods.md)")
         out.print(serving.command, soft_wrap=True, highlight=False)
         return
+    dtype = dtype or "f16"
     if dtype not in GGUF_DTYPES:
         raise RopekitError(f"--outtype {dtype!r} is not one of {', '.join(GGUF_DTYPES)}", "pass e.g. --outtype f16")
+    if out_path is None and not Path(directory).is_dir():  # a built-in name, a .gguf or a hub id: no folder to write in
+        raise RopekitError(f"'{directory}' is not a directory to write the GGUF into",
+                           f"pass --out FILE.gguf (e.g. --out model-{dtype}.gguf)")
     target = out_path or Path(directory) / f"model-{dtype}.gguf"
     from ..install.gguf_export import saved_freeze_length, write_gguf
     from ..runtime.atomic import check_target

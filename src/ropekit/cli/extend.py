@@ -69,8 +69,9 @@ def extend_cmd(
     factor: Optional[float] = typer.Option(None, "--factor", "-f", help="Scale factor s (target = s × window)."),
     target_length: Optional[int] = typer.Option(None, "--target-length", "-t", help="Target context length in tokens."),
     param: Optional[list[str]] = typer.Option(None, "--param", "-p", help="Method parameter key=value (repeatable)."),
-    rope_format: str = typer.Option("auto", "--rope-format", help="How config.json writes the RoPE: auto (the first "
-                                    "exact one of native, longrope, ropekit), native, longrope or ropekit."),
+    rope_format: Optional[str] = typer.Option(None, "--rope-format", help="How config.json writes the RoPE: auto (the "
+                                              "default: the first exact one of native, longrope, ropekit), native, "
+                                              "longrope or ropekit."),
     freeze_length: Optional[int] = typer.Option(None, "--freeze-length", min=1, help="Write a length-dependent "
                                                 "method's frequencies as they are at this many tokens (longrope)."),
     layer_types: Optional[str] = typer.Option(None, "--layer-types", help="Models with RoPE per layer type "
@@ -99,12 +100,20 @@ def extend_cmd(
         factor = params.pop("factor")  # still a string: the method's Param converts it like any --param
     from ..install import ROPE_FORMATS, extend, save_pretrained
 
-    if rope_format not in ROPE_FORMATS:
+    if rope_format is not None and rope_format not in ROPE_FORMATS:
         raise RopekitError(f"--rope-format {rope_format!r} is not one of {', '.join(ROPE_FORMATS)}", "pass e.g. --rope-format auto")
-    types = [t.strip() for t in layer_types.split(",") if t.strip()] if layer_types else None
+    types = None
+    if layer_types is not None:
+        types = [t.strip() for t in layer_types.split(",") if t.strip()]
+        if not types:
+            raise RopekitError(f"--layer-types {layer_types!r} names no layer type",
+                               "pass e.g. --layer-types full_attention, or leave it out")
     if fmt not in FORMATS:
         raise RopekitError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", "pass --format transformers or gguf")
     if fmt == "gguf":
+        if rope_format is not None:  # it would be silently unused
+            raise RopekitError("--rope-format says how config.json writes the RoPE; a GGUF file has llama.cpp's keys",
+                               "drop --rope-format, or pass --format transformers")
         _extend_to_gguf(model, method, out_dir, factor, target_length, params, types, freeze_length, outtype or "f16",
                         overwrite, json_out, device, dtype, attn, device_map)
         return
@@ -120,7 +129,7 @@ def extend_cmd(
         from ..install.weights import GGUF_FILE_TYPE_ATTR
 
         setattr(loaded.model, GGUF_FILE_TYPE_ATTR, loaded.info.get("gguf_file_type"))
-    report = save_pretrained(loaded.model, out_dir, tokenizer=loaded.tokenizer, rope_format=rope_format,
+    report = save_pretrained(loaded.model, out_dir, tokenizer=loaded.tokenizer, rope_format=rope_format or "auto",
                              freeze_length=freeze_length, dtype=None if dtype == "auto" else dtype,
                              base_model=loaded.path if loaded.source in ("hub", "gguf", "smollm2") else None)
     report["source"] = {"kind": loaded.source, "path": str(loaded.path)}

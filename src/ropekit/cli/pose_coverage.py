@@ -21,7 +21,7 @@ _EXACT = {"auto": "auto", "always": True, "never": False}
 def pose_coverage_cmd(
     window: int = typer.Option(2048, "--window", "-w", help="Training window L_c in tokens (the paper's Fig. 5: 2048)."),
     target: int = typer.Option(16384, "--target", "-t", help="Target length L_t in tokens (the paper's Fig. 5: 16384)."),
-    chunks: str = typer.Option("2,3", "--chunks", "-n", help="PoSE chunk counts, comma-separated."),
+    chunks: Optional[str] = typer.Option(None, "--chunks", "-n", help="PoSE chunk counts, comma-separated (default 2,3)."),
     scheme: str = typer.Option("both", "--scheme", help="pose | randpos | both (RandPos is PoSE's baseline)."),
     steps: int = typer.Option(10_000, "--steps", help="Sampled training examples per curve."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampler (example k is the dataset's item k of epoch 0)."),
@@ -44,7 +44,10 @@ def pose_coverage_cmd(
     if plot is not None:
         check_figure_target(plot)
     with_pose, with_randpos = _SCHEMES[scheme]
-    chunk_list = int_list(chunks, "--chunks") if with_pose else []
+    if chunks is not None and not with_pose:  # RandPos has no chunks: they would be silently unused
+        raise RopekitError("--chunks sets PoSE's chunk counts and --scheme randpos draws no chunks",
+                           "drop --chunks, or pass --scheme pose or both")
+    chunk_list = int_list(chunks if chunks is not None else "2,3", "--chunks") if with_pose else []
     with err.status("computing coverage…"):
         report = pose_coverage_report(window, target, chunks=chunk_list, steps=steps, seed=seed,
                                       randpos=with_randpos, exact=_EXACT[exact], pose=with_pose)

@@ -65,7 +65,8 @@ def recommend_cmd(
                                "counts from a measured forward pass."),
     train: bool = typer.Option(False, "--train", help="Also fine-tune the best frozen candidates with PoSE."),
     search: bool = typer.Option(False, "--search", help="Also search LongRoPE factors for the target length."),
-    workers: int = typer.Option(1, "--workers", "-w", min=1, help="Worker processes for the evaluations."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", min=1, help="Worker processes for the evaluations "
+                                          "(default 1)."),
     params_file: Optional[Path] = typer.Option(None, "--params", help="YAML mapping METHOD: {param: value} that "
                                                "replaces derived parameters."),
     methods: Optional[str] = typer.Option(None, "--methods", help="Consider only these methods (comma-separated)."),
@@ -87,7 +88,12 @@ def recommend_cmd(
 
         for name in only:
             check_method(name, {})  # a typo: one line, before the model loads
-    if not plan_only:
+    if plan_only:
+        unused = [flag for flag, given in (("--overwrite", overwrite), ("--workers", workers is not None)) if given]
+        if unused:  # --plan writes nothing and runs no evaluation: they would be silently unused
+            raise RopekitError(f"{' and '.join(unused)} apply to the run; --plan only prints the candidates "
+                               "(reading an earlier run's timing from --out)", f"drop {' and '.join(unused)}, or --plan")
+    else:
         _check_out(out_dir, overwrite)
     # timed where the evidence study will run (its placement is "auto": a GPU's bfloat16 for a real model), or the
     # budget's sample counts would come from a float32 CPU forward on a machine that evaluates on its GPU
@@ -115,14 +121,14 @@ def recommend_cmd(
     from ..study.recommend_output import write_recommendation
     from ..study.recommend_rule import decide
 
-    records = run_evidence(plan, study_dir, workers=workers, console=err)
+    records = run_evidence(plan, study_dir, workers=workers or 1, console=err)
     candidates = list(plan.candidates)
     verdict = decide(records, candidates, plan.window, plan.target_length)
     if train:
         by_label = {c.label: c for c in candidates}
         top = [by_label[label] for label in verdict.order if by_label[label].kind == "frozen"][:TRAIN_TOP]
         trained = trained_candidates(top)
-        records = records + run_evidence(plan, study_dir, workers=workers, console=err, trained=trained)
+        records = records + run_evidence(plan, study_dir, workers=workers or 1, console=err, trained=trained)
         candidates += trained
         verdict = decide(records, candidates, plan.window, plan.target_length)
     result = write_recommendation(plan, verdict, candidates, out_dir, study_dir,

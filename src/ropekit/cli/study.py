@@ -55,19 +55,30 @@ def _status(study_dir: Path, json_out: bool) -> None:
     out.print(table)
 
 
+def _refuse_unused(where: str, given: dict[str, bool]) -> None:
+    """One line naming the flags given that ``where`` would not use: a flag silently ignored reads as obeyed."""
+    unused = [flag for flag, was_given in given.items() if was_given]
+    if unused:
+        verb = "does" if len(unused) == 1 else "do"
+        raise RopekitError(f"{', '.join(unused)} {verb} not apply to {where}", f"drop {', '.join(unused)}")
+
+
 def study_cmd(
     config: Optional[str] = typer.Argument(None, help="A study YAML file — or `status` followed by a study directory."),
     status_dir: Optional[Path] = typer.Argument(None, help="With `status`: the study directory."),
     preset: Optional[str] = typer.Option(None, "--preset", help="A built-in study: quick, standard, smollm2, lceg-llama2-7b."),
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Study directory (default: study-NAME); holds study.sqlite."),
-    workers: int = typer.Option(1, "--workers", "-w", min=1, help="Worker processes sharing the pieces (threads split between them)."),
-    backend: str = typer.Option("local", "--backend", help="local (processes on this machine) or ray (every piece a Ray task)."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", min=1, help="Worker processes sharing the pieces "
+                                          "(threads split between them; default 1)."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="local (the default: processes on this machine) or "
+                                          "ray (every piece a Ray task)."),
     address: Optional[str] = typer.Option(None, "--address", help="ray: the cluster (auto, or HOST:PORT of its head); "
                                           "default: start a local one."),
     show: bool = typer.Option(False, "--show", help="Print the config (a preset's YAML) and exit."),
     pretrain: bool = typer.Option(False, "--pretrain", help="builtin-base: pre-train the base model here (minutes) "
                                   "instead of starting from the one shipped in the package."),
-    report: bool = typer.Option(True, "--report/--no-report", help="Write the report when the study finishes."),
+    report: Optional[bool] = typer.Option(None, "--report/--no-report", help="Write the report when the study "
+                                          "finishes (the default)."),
     json_out: bool = typer.Option(False, "--json", help="Print the final status (or `status`) as JSON."),
     device: Annotated[Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps (default: the config's `device`, auto; with several GPUs each worker gets its own).")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help=DtypeOpt.__metadata__[0].help + " Default: the config's `dtype`.")] = None,
@@ -82,10 +93,17 @@ def study_cmd(
 
     `ropekit study status DIR` shows the progress of a study.
     """
+    # what a run takes and `status` or --show would silently ignore
+    running = {"--preset": preset is not None, "--workers": workers is not None, "--backend": backend is not None,
+               "--address": address is not None, "--pretrain": pretrain, "--report/--no-report": report is not None,
+               "--device": device is not None, "--dtype": dtype is not None, "--attn": attn is not None,
+               "--retrain": bool(retrain), "--only": bool(only)}
     if config == "status":
         target = status_dir or out_dir
         if target is None:
             raise RopekitError("`ropekit study status` needs the study directory", "run `ropekit study status DIR`")
+        _refuse_unused("`ropekit study status`", {**running, "--show": show,
+                                                   "--out": status_dir is not None and out_dir is not None})
         _status(target, json_out)
         return
     if status_dir is not None:
@@ -95,10 +113,15 @@ def study_cmd(
     if show:
         if preset is None:
             raise RopekitError("--show prints a preset", "add --preset NAME (e.g. --preset quick)")
+        _refuse_unused("--show", {**{k: v for k, v in running.items() if k != "--preset"}, "--out": out_dir is not None,
+                                  "--json": json_out, "a study config": config is not None})
         typer.echo(preset_text(preset), nl=False)  # raw: rich would wrap long lines and break the YAML
         return
+    backend = backend or "local"
     if backend not in ("local", "ray"):
         raise RopekitError(f"--backend '{backend}' is not a study backend", "pass --backend local or --backend ray")
+    if address is not None and backend != "ray":
+        raise RopekitError("--address names a Ray cluster and applies to --backend ray", "add --backend ray, or drop --address")
     cfg = load_study_config(config, preset=preset)
     if pretrain:
         cfg.pretrain = True
@@ -125,7 +148,9 @@ def study_cmd(
     check_target(study_dir, kind="dir")  # a file, a FIFO, a read-only place: one line before any work
     from ..study.pieces import placement, select_pieces
     from ..study.runner import (corpus_warning, require_eval_data, require_models, require_same_config,
-                                retrain_variants)
+                                require_study_dir, retrain_variants)
+
+    require_study_dir(study_dir)  # someone else's files: one line, before any work
 
     only, retrain = ([label.strip() for item in given or [] for label in item.split(",") if label.strip()]
                      for given in (only, retrain))
@@ -143,9 +168,9 @@ def study_cmd(
               f"{study_dir}/study.sqlite")
     # where the pieces run and in which dtype, and why (each piece also records where it ran: the report says)
     err.print(placement(cfg).describe(), highlight=False, soft_wrap=True)
-    status = run_study(cfg, study_dir, workers=workers, backend=backend, address=address, only=only)
+    status = run_study(cfg, study_dir, workers=workers or 1, backend=backend, address=address, only=only)
     paths = None
-    if report:
+    if report is not False:
         from ..study import write_report
         from .report import warn_figure_overlaps
 

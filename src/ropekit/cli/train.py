@@ -215,6 +215,9 @@ def train_cmd(
         if config is not None or resume or dry_run or out_dir is not None or max_steps is not None:
             raise RopekitError("--example prints a config and takes no other argument",
                                "run `ropekit train --example NAME > my.yaml`, then `ropekit train my.yaml`")
+        if json_out and example.strip().lower() != "list":  # a config is printed as YAML, the file to train from
+            raise RopekitError("--json applies to `--example list`; --example NAME prints the config as YAML",
+                               "drop --json, or pass --example list")
         _examples(example, json_out)
         return
     if config is None:
@@ -228,6 +231,15 @@ def train_cmd(
         # a config with these numbers is refused; a shortened run (a smoke test) is allowed, but not silently
         notes.append(f"note: --max-steps {max_steps} ends before the {warmup}-step warm-up does: the learning rate "
                      f"stays below its peak {cfg.train.lr:g} for the whole run")
+    from ..models.loading import require_reachable
+    from ..runtime.atomic import check_target
+
+    # what the run would refuse before training, the dry run refuses too: it validates, then plans
+    if cfg.output.dir or not dry_run:  # a dry run may plan a config that leaves output.dir to --out
+        check_target(cfg.require_output(), what="output.dir", kind="dir")  # a file, a read-only place: one line
+    _require_local_sources(cfg)
+    if cfg.model.name != "tiny-pretrained":  # built here on first use
+        require_reachable(cfg.model.name)  # a missing path, or a hub id not cached on an offline machine
     if dry_run:
         for note in notes:
             err.print(note, highlight=False, soft_wrap=True)
@@ -237,10 +249,6 @@ def train_cmd(
         else:
             _print_plan(config, cfg, rows)
         return
-    from ..runtime.atomic import check_target
-
-    check_target(cfg.require_output(), what="output.dir", kind="dir")  # a file, a read-only place: one line
-    _require_local_sources(cfg)
     result = train(cfg, resume=resume, console=err, notes=notes)  # said after the run's own checks
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return  # under a multi-process launch only rank 0 reports

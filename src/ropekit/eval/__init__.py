@@ -1,7 +1,7 @@
 """Evaluations: each task is a registered unit (``ropekit eval TASK MODEL …``); results are JSON lines.
 
-A task module (see :mod:`ropekit.eval.common`) has ``KEY_FIELDS``, ``run(ctx, *, lengths, …options)``
-and ``summarize(records)``; tasks that draw a figure also have ``plot(records, path)``. ``speed`` is the
+A task module (see :mod:`ropekit.eval.common`) has ``KEY_FIELDS``, ``check_options(*, lengths, …options)``,
+``run(ctx, *, lengths, …options)`` and ``summarize(records)``; tasks that draw a figure also have ``plot(records, path)``. ``speed`` is the
 exception: it measures several methods against the plain model in one run (``--methods``).
 """
 
@@ -32,3 +32,8 @@ def get_task(name: str):
     if name not in _REGISTRY:
         raise RopekitError(f"unknown evaluation task '{name}'", f"choose one of: {', '.join(_REGISTRY)}")
     return importlib.import_module(f"{__name__}.{_REGISTRY[name][0]}")
+
+
+def check_task_options(name: str, options: dict) -> None:
+    """Refuse, before any model loads, the options of task ``name`` that are wrong whatever the model (one line)."""
+    get_task(name).check_options(**options)

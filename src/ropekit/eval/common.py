@@ -1,8 +1,10 @@
 """What every evaluation task shares: the prepared model, the record stream, generation and progress.
 
 A task is a module with ``KEY_FIELDS`` (what identifies one scored sample besides the common fields),
-``run(ctx, **options)`` (score every sample not yet in ``ctx``'s results and write one record each) and
-``summarize(records) -> rows`` (one row per length, or per length and depth, with the task's aggregate).
+``check_options(**options)`` (refuse, before any model loads, every option that is wrong whatever the model:
+the CLI calls it before loading, a study when it reads its config, and ``run`` again), ``run(ctx, **options)``
+(score every sample not yet in ``ctx``'s results and write one record each) and ``summarize(records) -> rows``
+(one row per length, or per length and depth, with the task's aggregate).
 :class:`EvalContext` carries what is common: the model with the method installed, its tokenizer, the
 seed, the resumable :class:`~ropekit.eval.records.RecordWriter`, and a progress bar.
 """
@@ -62,6 +64,28 @@ def prepare_model(model, method: str | None, params: dict[str, Any] | None, leng
             "lower --lengths or enlarge the method's parameters (see `ropekit inspect`)",
         )
     return variant, resolved
+
+
+def whole_number(value, flag: str, *, minimum: int = 1, example: str = "N") -> int:
+    """``value`` when it is a whole number ≥ ``minimum`` (a bool is not); a one-line error naming ``flag`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = {0: "a count (a whole number ≥ 0)", 1: "a positive whole number"}.get(minimum, f"a whole number ≥ {minimum}")
+        raise RopekitError(f"{flag} {value!r} is not {what}", f"pass {flag} {example} with {example} ≥ {minimum}")
+    return value
+
+
+def token_lengths(lengths, *, minimum: int = 1, why: str = "") -> list[int]:
+    """Distinct ``lengths`` in their order, each a whole number of tokens ≥ ``minimum``; one line otherwise."""
+    out: list[int] = []
+    for length in lengths:
+        if isinstance(length, bool) or not isinstance(length, int) or length < minimum:
+            raise RopekitError(f"length {length!r} is too short or not a whole number: at least {minimum} tokens{why}",
+                               f"pass lengths of at least {minimum} tokens, e.g. --lengths 4k,8k")
+        if length not in out:
+            out.append(length)
+    if not out:
+        raise RopekitError("--lengths is empty", "pass e.g. --lengths 4k,8k")
+    return out
 
 
 def require_tokenizer(tokenizer, task: str):
@@ -247,14 +271,31 @@ def make_context(
     )
 
 
+def _run_defaults(task: str) -> dict[str, Any]:
+    """The options task ``task`` takes when they are not given: an option given as its default is the same run."""
+    import inspect
+
+    from . import TASKS, get_task
+
+    if task not in TASKS:
+        return {}
+    signature = inspect.signature(get_task(task).run)
+    return json.loads(json.dumps({name: p.default for name, p in signature.parameters.items()
+                                  if p.default is not inspect.Parameter.empty and p.default is not None}))
+
+
 def _check_resumed_options(writer: RecordWriter, task: str, method: str, params: dict, options: dict, out) -> None:
+    defaults = _run_defaults(task)
     for record in writer.records():
         if (record.get("task"), record.get("method"), record.get("params")) != (task, method, params):
             continue
         before = record.get("options")
         if before is None or before == options:
             continue  # a file written before options were recorded cannot be checked
-        changed = sorted(k for k in set(before) | set(options) if before.get(k) != options.get(k))
+        changed = sorted(k for k in set(before) | set(options)
+                         if before.get(k, defaults.get(k)) != options.get(k, defaults.get(k)))
+        if not changed:
+            continue
         was = ", ".join(f"{k}={before.get(k)!r}" for k in changed)
         now = ", ".join(f"{k}={options.get(k)!r}" for k in changed)
         raise RopekitError(

@@ -66,7 +66,7 @@ from ..attention.interface import PREFIX, PairLogits, PairRule, attention_module
 from ..attention.masks import AttentionMask
 from ..errors import RopekitError
 from ..runtime.atomic import save_figure
-from .common import EvalContext, encode, mean, require_tokenizer, timer
+from .common import EvalContext, encode, mean, require_tokenizer, timer, token_lengths, whole_number
 
 KEY_FIELDS = ("sample",)
 
@@ -319,6 +319,17 @@ def _rounded(t: torch.Tensor) -> list:
 
 
 # ---- the task ---------------------------------------------------------------------------------------
+def check_options(*, lengths: list[int] | None = None, samples: int = 4, plot: str | None = None,
+                  positions: int = QUERY_POSITIONS, chunk: int | None = None) -> None:
+    """Refuse what is wrong whatever the model (:mod:`ropekit.eval.common`)."""
+    whole_number(samples, "--samples")
+    whole_number(positions, "positions", minimum=2, example="P")
+    if chunk is not None:
+        whole_number(chunk, "chunk", example="C")
+    if lengths is not None:
+        token_lengths(lengths)
+
+
 def run(
     ctx: EvalContext,
     *,
@@ -336,17 +347,12 @@ def run(
     from ..data.prose import PROSE_SOURCE, prose_digest
 
     tokenizer = require_tokenizer(ctx.tokenizer, "entropy")
+    check_options(lengths=lengths, samples=samples, plot=plot, positions=positions, chunk=chunk)
     if lengths is None:
         lengths = [int(ctx.model.config.max_position_embeddings)]
-    if samples < 1:
-        raise RopekitError(f"--samples {samples} is not positive", "pass --samples N with N ≥ 1")
-    if positions < 2:
-        raise RopekitError(f"{positions} query positions per input are too few", "measure at least 2 positions")
     ctx.set_total(len(lengths) * samples)
     digest = prose_digest()
     for length in lengths:
-        if length < 1:
-            raise RopekitError(f"--lengths entry {length} is not positive", "pass lengths of at least 1 token")
         grid = log_positions(length, positions)
         for sample in range(samples):
             key = ctx.key(length, sample=sample)

@@ -36,7 +36,7 @@ from ..core.jsonl import jsonl_rows
 from ..errors import RopekitError
 from ..install import rope_info
 from . import text_metrics
-from .common import EvalContext, encode, eos_ids, greedy_generate, mean, require_tokenizer, timer
+from .common import EvalContext, encode, eos_ids, greedy_generate, mean, require_tokenizer, timer, token_lengths, whole_number
 
 KEY_FIELDS = ("dataset", "sample")
 
@@ -326,6 +326,19 @@ def default_budget(model) -> int:
     return max(2, rope_info(model).window - _MAX_NEW_TOKENS_MAX)
 
 
+def check_options(*, lengths: list[int] | None = None, tasks: list[str] | None = None, samples: int | None = None,
+                  data: str | None = None, chat: bool = False) -> list[str]:
+    """Refuse what is wrong whatever the model (:mod:`ropekit.eval.common`), the data folder and its files
+    included; the datasets to run."""
+    if samples is not None:
+        whole_number(samples, "--samples")
+    if lengths is not None:
+        token_lengths(lengths, minimum=2, why=" (a LongBench budget)")
+    if not isinstance(chat, bool):
+        raise RopekitError(f"chat {chat!r} is not true or false", "pass --chat, or leave it out")
+    return select(data_dir(data), tasks)
+
+
 def run(
     ctx: EvalContext,
     *,
@@ -343,14 +356,9 @@ def run(
     tokenizer's chat template (not the few-shot and code datasets).
     """
     tokenizer = require_tokenizer(ctx.tokenizer, "longbench")
+    names = check_options(lengths=lengths, tasks=tasks, samples=samples, data=data, chat=chat)
     folder = data_dir(data)
-    names = select(folder, tasks)
-    if samples is not None and samples < 1:
-        raise RopekitError(f"--samples {samples} is not positive", "pass --samples N with N ≥ 1")
     budgets = list(lengths) if lengths else [default_budget(ctx.model)]
-    for b in budgets:
-        if b < 2:
-            raise RopekitError(f"LongBench budget {b} is below 2 tokens", "pass --lengths with budgets ≥ 2, e.g. 3500")
     items = {name: load_items(folder / f"{name}.jsonl", samples) for name in names}
     ctx.set_total(len(budgets) * sum(len(v) for v in items.values()))
     for budget in budgets:

@@ -57,7 +57,7 @@ import torch
 from ..core.jsonl import jsonl_rows
 from ..errors import RopekitError
 from ..install import rope_info
-from .common import EvalContext, accuracy_by, encode, mean, require_tokenizer, timer
+from .common import EvalContext, accuracy_by, encode, mean, require_tokenizer, timer, token_lengths, whole_number
 
 KEY_FIELDS = ("shots", "sample")
 
@@ -390,6 +390,27 @@ def _plan(tokenizer, pool, queries, labels, shots, lengths, seed, sampling, leav
     return needed
 
 
+def check_options(*, lengths: list[int] | None = None, shots: list[int] | None = None, samples: int | None = None,
+                  data: str | None = None, sampling: str = "balanced") -> None:
+    """Refuse what is wrong whatever the model (:mod:`ropekit.eval.common`); the data's lines are read by ``run``."""
+    if sampling not in SAMPLING:
+        raise RopekitError(f"sampling '{sampling}' is unknown", f"choose one of: {', '.join(SAMPLING)}")
+    if samples is not None:
+        whole_number(samples, "--samples")
+    if shots is not None:
+        if not shots:
+            raise RopekitError("--shots is empty", "pass counts ≥ 0, e.g. --shots 0,1,2,4,8, or leave it out")
+        for k in shots:
+            whole_number(k, "--shots", minimum=0, example="K")
+    if lengths is not None:
+        token_lengths(lengths)
+    if data is not None:
+        path = Path(data).expanduser()
+        if not (path.is_file() or path.is_dir()):
+            raise RopekitError(f"many-shot data '{path}' does not exist",
+                               "pass --data FILE.jsonl or a folder with train.jsonl and test.jsonl")
+
+
 def run(
     ctx: EvalContext,
     *,
@@ -408,16 +429,9 @@ def run(
     written for each of those lengths: the lengths decide which shot counts are reachable, not the score.
     """
     tokenizer = require_tokenizer(ctx.tokenizer, "manyshot")
-    if sampling not in SAMPLING:
-        raise RopekitError(f"sampling '{sampling}' is unknown", f"choose one of: {', '.join(SAMPLING)}")
-    if samples is not None and samples < 1:
-        raise RopekitError(f"--samples {samples} is not positive", "pass --samples N with N ≥ 1")
-    counts = sorted(set(shots)) if shots else list(DEFAULT_SHOTS)
-    if any(k < 0 for k in counts):
-        raise RopekitError(f"--shots {','.join(map(str, counts))} has a negative count", "pass counts ≥ 0, e.g. --shots 0,1,2,4,8")
-    budgets = list(lengths) if lengths else [rope_info(ctx.model).window]
-    if any(b < 1 for b in budgets):
-        raise RopekitError("--lengths has a length below 1", "pass positive lengths, e.g. --lengths 4k")
+    check_options(lengths=lengths, shots=shots, samples=samples, data=data, sampling=sampling)
+    counts = sorted(set(shots)) if shots is not None else list(DEFAULT_SHOTS)
+    budgets = token_lengths(lengths) if lengths else [rope_info(ctx.model).window]
     pool, test, leave_one_out, source = load_data(data)
     labels = sorted({e.label for e in pool} | {e.label for e in test})
     if len(labels) < 2:
@@ -431,8 +445,16 @@ def run(
         warnings.warn(f"ropekit manyshot: {', '.join(map(str, too_many))} shots exceed the {available} demonstrations "
                       "available; skipped", stacklevel=2)
     counts = [k for k in counts if k <= available]
+    if not counts:
+        raise RopekitError(f"every shot count asked for exceeds the {available} demonstrations available",
+                           f"pass --shots of at most {available}, or more data")
     needed = _plan(tokenizer, pool, queries, labels, counts, budgets, ctx.seed, sampling, leave_one_out)
     plan = [(b, k) for b in budgets for k in counts if needed[k] is not None and needed[k] <= b]
+    if not plan:  # an empty run that exits 0 would read as a measurement
+        least = counts[0]
+        need = f"needs {needed[least]} tokens" if needed[least] is not None else "does not fit"
+        raise RopekitError(f"no shot count fits in {max(budgets)} tokens ({least} shots {need})",
+                           "pass longer --lengths, or fewer --shots")
     skipped = {b: [k for k in counts if (b, k) not in plan] for b in budgets}
     if any(skipped.values()):
         notes = "; ".join(f"{', '.join(map(str, ks))} shots do not fit in {b} tokens" for b, ks in skipped.items() if ks)

@@ -63,7 +63,8 @@ from .common import (
     require_tokenizer,
     timer,
 )
-from .passkey import _config_label, check_depths, check_lengths, check_trials, largest_fitting
+from .passkey import _config_label, check_depths, check_lengths, largest_fitting
+from .passkey import check_options as check_passkey_options
 
 KEY_FIELDS = ("depth", "trial")
 
@@ -236,13 +237,21 @@ def make_sample(hay: Haystack, length: int, depth: float, trial: int, seed: int 
 
 
 # ---- the task ---------------------------------------------------------------------------------------
+def check_options(*, lengths: list[int] | None = None, depths: list[float] | None = None, trials: int = 1,
+                  chat: bool | None = None, plot: str | None = None) -> None:
+    """Refuse what is wrong whatever the model (:mod:`ropekit.eval.common`): the passkey's checks, and ``chat``."""
+    check_passkey_options(lengths=lengths, depths=depths, trials=trials, plot=plot)
+    if chat is not None and not isinstance(chat, bool):
+        raise RopekitError(f"chat {chat!r} is not true or false", "pass --chat or --no-chat")
+
+
 def run(ctx: EvalContext, *, lengths: list[int] | None = None, depths: list[float] | None = None, trials: int = 1,
         chat: bool | None = None, plot: str | None = None) -> None:
     """Score every (length, depth, trial) of the needle grid; ``depths`` default to 0, 0.1, …, 1."""
     tokenizer = require_tokenizer(ctx.tokenizer, "niah")
+    check_options(lengths=lengths, depths=depths, trials=trials, chat=chat, plot=plot)
     lengths = check_lengths(lengths, ctx)
     depth_list = list(DEFAULT_DEPTHS) if depths is None else check_depths(depths)
-    trials = check_trials(trials)
     use_chat = bool(chat)
     if use_chat and not getattr(tokenizer, "chat_template", None):
         raise RopekitError("--chat was given but this tokenizer has no chat template", "drop --chat for a base model")

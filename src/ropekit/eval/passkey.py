@@ -61,6 +61,8 @@ from .common import (
     greedy_generate,
     require_tokenizer,
     timer,
+    token_lengths,
+    whole_number,
 )
 
 KEY_FIELDS = ("depth", "trial")
@@ -174,15 +176,7 @@ def check_lengths(lengths, ctx: EvalContext) -> list[int]:
         from .plots import model_windows
 
         return [model_windows(ctx.model)["pretrained"]]
-    out = []
-    for length in lengths:
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise RopekitError(f"length {length!r} is not a positive whole number of tokens", "pass e.g. --lengths 4k,8k")
-        if length not in out:
-            out.append(length)
-    if not out:
-        raise RopekitError("no lengths to evaluate", "pass e.g. --lengths 4k,8k")
-    return out
+    return token_lengths(lengths)
 
 
 def check_depths(depths) -> list[float]:
@@ -198,10 +192,14 @@ def check_depths(depths) -> list[float]:
     return out
 
 
-def check_trials(trials) -> int:
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise RopekitError(f"--trials {trials!r} is not a positive whole number", "pass e.g. --trials 5")
-    return trials
+def check_options(*, lengths: list[int] | None = None, depths: list[float] | None = None, trials: int = 5,
+                  plot: str | None = None) -> None:
+    """Refuse what is wrong whatever the model (:mod:`ropekit.eval.common`); NIAH takes the same checks."""
+    if lengths is not None:
+        token_lengths(lengths)
+    if depths is not None:
+        check_depths(depths)
+    whole_number(trials, "--trials")
 
 
 # ---- the task ---------------------------------------------------------------------------------------
@@ -209,9 +207,9 @@ def run(ctx: EvalContext, *, lengths: list[int] | None = None, depths: list[floa
         plot: str | None = None) -> None:
     """Score ``trials`` passkey samples per length (and per depth when ``depths`` are given)."""
     tokenizer = require_tokenizer(ctx.tokenizer, "passkey")
+    check_options(lengths=lengths, depths=depths, trials=trials, plot=plot)
     lengths = check_lengths(lengths, ctx)
     depth_list: list[float | None] = [None] if depths is None else check_depths(depths)
-    trials = check_trials(trials)
     if plot is not None:
         check_figure_target(plot)  # before the work, not after it
     ctx.set_total(len(lengths) * len(depth_list) * trials)

@@ -77,7 +77,7 @@ import torch.nn.functional as F
 from ..data.corpora import corpus_label, ids_digest, iter_documents
 from ..errors import RopekitError
 from ..runtime.atomic import save_figure
-from .common import EvalContext, require_tokenizer, timer
+from .common import EvalContext, require_tokenizer, timer, token_lengths, whole_number
 
 KEY_FIELDS = ("corpus", "doc", "doc_sha", "score_mode", "stride", "weighting", "add_bos")
 SCORE_MODES = ("last_stride", "full_window", "disjoint", "truncate", "same_targets")
@@ -277,6 +277,45 @@ def _select_documents(data, tokenizer, capacity: int, samples: int | None):
     return chosen, short, label
 
 
+def check_options(*, lengths: list[int] | None = None, data: str | None = None, stride: int | None = None,
+                  score_mode: str = "last_stride", weighting: str = "token", add_bos: bool | None = None,
+                  samples: int | None = None, plot: str | None = None) -> tuple[str, str]:
+    """Refuse what is wrong whatever the model (common module doc); ``(score_mode, weighting)`` normalised.
+
+    A stride is checked against every length as far as the model allows without its tokenizer: the BOS a
+    tokenizer adds shortens each window by one, which ``run`` checks again."""
+    if not lengths:
+        raise RopekitError("the 'ppl' evaluation needs --lengths", "pass e.g. --lengths 2k,4k")
+    lengths = token_lengths(lengths, minimum=2, why=" (perplexity needs a token to predict)")
+    score_mode = _choice(score_mode, SCORE_MODES, "--score-mode")
+    weighting = _choice(weighting, WEIGHTINGS, "--weighting")
+    if stride is not None:
+        whole_number(stride, "--stride")
+        if score_mode in ("disjoint", "truncate"):
+            raise RopekitError(f"--stride does not apply to score mode {score_mode} (its windows do not overlap)",
+                               "drop --stride, or use --score-mode last_stride or full_window")
+    if samples is not None:
+        whole_number(samples, "--samples")
+    if add_bos is not None and not isinstance(add_bos, bool):
+        raise RopekitError(f"add_bos {add_bos!r} is not true or false", "pass --add-bos or --no-add-bos")
+    if score_mode == "same_targets":
+        _same_targets(stride, lengths)
+    else:
+        for length in lengths:
+            _resolve_stride(stride, score_mode, length, bool(add_bos))
+    return score_mode, weighting
+
+
+def _same_targets(stride: int | None, lengths: list[int]) -> int:
+    """The number of targets every length scores in same_targets mode (``stride``, or the shortest length's default)."""
+    most = min(lengths) - 1  # predictions the shortest window makes (with or without BOS: L − 1)
+    targets = default_stride(min(lengths)) if stride is None else stride
+    if targets > most:
+        raise RopekitError(f"--stride {targets} targets do not fit the shortest length {min(lengths)}",
+                           f"pass --stride of at most {most} in same_targets mode")
+    return targets
+
+
 def run(
     ctx: EvalContext,
     *,
@@ -291,32 +330,16 @@ def run(
 ) -> None:
     """Score every (length, document) not yet in ``ctx``'s results; one record each (module docstring)."""
     tokenizer = require_tokenizer(ctx.tokenizer, "ppl")
-    if not lengths:
-        raise RopekitError("the 'ppl' evaluation needs --lengths", "pass e.g. --lengths 2k,4k")
-    score_mode = _choice(score_mode, SCORE_MODES, "--score-mode")
-    weighting = _choice(weighting, WEIGHTINGS, "--weighting")
-    if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < 1):
-        raise RopekitError(f"--stride {stride} is not a positive whole number", "pass --stride N with N ≥ 1")
-    if stride is not None and score_mode in ("disjoint", "truncate"):
-        raise RopekitError(f"--stride does not apply to score mode {score_mode} (its windows do not overlap)",
-                           "drop --stride, or use --score-mode last_stride or full_window")
-    if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int) or samples < 1):
-        raise RopekitError(f"--samples {samples} is not a positive whole number", "pass --samples N with N ≥ 1")
+    score_mode, weighting = check_options(lengths=lengths, data=data, stride=stride, score_mode=score_mode,
+                                          weighting=weighting, add_bos=add_bos, samples=samples, plot=plot)
     bos_id = getattr(tokenizer, "bos_token_id", None)
     if add_bos is None:
         add_bos = bos_id is not None
     elif add_bos and bos_id is None:
         raise RopekitError("--add-bos given but the tokenizer has no BOS token", "drop --add-bos (or pass --no-add-bos)")
-    bad = [length for length in lengths if length < 2]
-    if bad:
-        raise RopekitError(f"length {bad[0]} is too short for perplexity", "pass --lengths of at least 2 tokens")
     b = 1 if add_bos else 0
     if score_mode == "same_targets":
-        most = min(lengths) - 1  # predictions the shortest window makes (with or without BOS: L − 1)
-        targets = default_stride(min(lengths)) if stride is None else stride
-        if targets > most:
-            raise RopekitError(f"--stride {targets} targets do not fit the shortest length {min(lengths)}",
-                               f"pass --stride of at most {most} in same_targets mode")
+        targets = _same_targets(stride, lengths)
         strides = {length: targets for length in lengths}
     else:
         strides = {length: _resolve_stride(stride, score_mode, length, add_bos) for length in lengths}

@@ -53,7 +53,7 @@ from typing import Any, Iterator
 
 from ..core.schema import read_yaml_file
 from ..errors import RopekitError
-from .common import EvalContext, mean, timer
+from .common import EvalContext, mean, timer, whole_number
 
 KEY_FIELDS = ("subtask", "sample")
 
@@ -272,6 +272,21 @@ def _sample_fields(logged: dict[str, Any], output_type: str) -> dict[str, Any]:
     return fields
 
 
+def check_options(*, lengths: list[int] | None = None, tasks: list[str] | None = None, data: str | None = None,
+                  samples: int | None = None, chat: bool = False) -> None:
+    """Refuse what is wrong whatever the model (:mod:`ropekit.eval.common`): lm-eval installed, the task files'
+    folder; task names are checked against those files by ``run``."""
+    _require_lm_eval()
+    if samples is not None:
+        whole_number(samples, "--samples")
+    if not isinstance(chat, bool):
+        raise RopekitError(f"chat {chat!r} is not true or false", "pass --chat, or leave it out")
+    if tasks is not None and not [t for t in tasks if str(t).strip()]:
+        raise RopekitError("--tasks is empty", "name lm-eval tasks, or leave it out")
+    if data is not None:
+        check_local_tasks(data)
+
+
 def run(
     ctx: EvalContext,
     *,
@@ -290,15 +305,13 @@ def run(
     if ctx.tokenizer is None:
         raise RopekitError("the 'short' evaluation needs a tokenizer and this model has none",
                            "pass a model directory that includes tokenizer files, a .gguf file, or a built-in name")
-    if samples is not None and samples < 1:
-        raise RopekitError(f"--samples {samples} is not positive", "pass --samples N with N ≥ 1")
+    check_options(lengths=lengths, tasks=tasks, data=data, samples=samples, chat=chat)
     if chat and not getattr(ctx.tokenizer, "chat_template", None):
         raise RopekitError("--chat was given but this tokenizer has no chat template", "drop --chat")
     names = list(tasks) if tasks else ([] if data else [BUILTIN_TASK])
     with tempfile.TemporaryDirectory(prefix="ropekit-short-") as scratch:
         paths: list[str] = []
         if data:
-            check_local_tasks(data)
             paths.append(str(Path(data).resolve()))
         if BUILTIN_TASK in names or not data:
             write_builtin_task(scratch, ctx.seed)

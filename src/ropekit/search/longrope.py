@@ -376,7 +376,8 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
 
 def check_search_dir(out: Path) -> None:
     """Before any work: the search writes ``model/`` and ``result.json`` into ``out``, replacing them only when
-    they are an earlier search's (``search.sqlite`` beside them, ``model/`` a model directory)."""
+    they are an earlier search's (``search.sqlite`` beside them, ``model/`` a model directory); a non-empty
+    directory without an earlier search is refused."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InvalidParameterError(f"--out '{out}' exists and is a file", "pass a directory path")
@@ -388,6 +389,9 @@ def check_search_dir(out: Path) -> None:
     if (out / "result.json").exists() and not earlier:
         raise InvalidParameterError(f"'{out / 'result.json'}' exists and is not an earlier search's",
                                     "pass a new --out directory, or move it away")
+    if not earlier and out.is_dir() and any(out.iterdir()):  # the search's files would mix with someone else's
+        raise InvalidParameterError(f"--out '{out}' holds files and no earlier search (search.sqlite)",
+                                    "pass a new or empty --out directory")
 
 
 def candidate_args(c: Candidate, settings: SearchSettings) -> tuple[Candidate, int]:

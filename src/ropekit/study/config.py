@@ -91,6 +91,11 @@ def _problem(problem: str, fix: str, key: str | None = None) -> ConfigProblem:
     return ConfigProblem(problem, fix, key=key, sentence=True)
 
 
+def _as_config_keys(text: str) -> str:
+    """An evaluation's one-line error in a config's words: its ``--some-flag`` read as the key ``some_flag:``."""
+    return re.sub(r"--([a-z][a-z-]*)", lambda m: f"`{m.group(1).replace('-', '_')}:`", text)
+
+
 def _each_once(names: list[str], what: str, fix: str) -> None:
     """Refuse the first name that appears twice (a label, a claim id)."""
     for name in names:
@@ -435,6 +440,14 @@ class _Study(StrictModel):
     pretrain: bool = False
     claims: _Claims | None = None
 
+    @field_validator("name")
+    @classmethod
+    def _short_name(cls, name: str) -> str:
+        # the default directory is study-NAME: a name with a slash (or "..") would write elsewhere
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", name):
+            raise _problem(f"must be a short name of letters, digits and . _ + -, got {name!r}", "write e.g. `name: my-study`")
+        return name
+
     @field_validator("recipe", "resources", mode="before")
     @classmethod
     def _empty_section(cls, raw: Any) -> Any:
@@ -491,7 +504,7 @@ class _Study(StrictModel):
     @classmethod
     def _tasks_and_their_options(cls, evals: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Every task is one ``ropekit eval`` runs, with ``lengths`` and only options of its ``run()``."""
-        from ..eval import TASKS, get_task
+        from ..eval import TASKS, check_task_options, get_task
 
         for name, options in evals.items():
             if not isinstance(options, dict):
@@ -532,6 +545,11 @@ class _Study(StrictModel):
                 if option not in accepted:
                     raise _problem("is not an option of this task", f"options: {', '.join(sorted(accepted - {'plot', 'task'}))}",
                                    key=f"{name}.{option}")
+            try:  # what `ropekit eval` would refuse before loading a model, refused before the study starts
+                check_task_options(task, {k: v for k, v in options.items() if k != "task"})
+            except RopekitError as err:
+                raise _problem(_as_config_keys(err.problem), _as_config_keys(err.fix or "fix the option"),
+                               key=name) from None
         return evals
 
     @field_validator("device")

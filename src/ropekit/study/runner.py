@@ -297,6 +297,13 @@ def _check_retrain(config: StudyConfig, labels: Sequence[str]) -> dict[str, tupl
     return producers
 
 
+def require_study_dir(study_dir: Path) -> None:
+    """Refuse, before anything is written, a non-empty directory that holds no study: the study's database, runs
+    and report would be mixed with someone else's files (a study directory is resumed by its ``study.sqlite``)."""
+    if study_dir.is_dir() and not (study_dir / DB_NAME).is_file() and any(study_dir.iterdir()):
+        raise RopekitError(f"'{study_dir}' holds files and no study ({DB_NAME})", "pass a new or empty --out directory")
+
+
 def require_same_config(config: StudyConfig, study_dir: Path) -> None:
     """Refuse, before anything is printed or written, a config that the study in ``study_dir`` was not started with
     (the store's rule: adding or dropping variants is the same protocol)."""

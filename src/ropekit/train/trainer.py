@@ -44,7 +44,7 @@ from ..models.byte_tokenizer import byte_tokenizer
 from ..models.loading import load_model
 from ..runtime import cache_root, default_threads
 from ..runtime.devices import free_memory
-from ..runtime.atomic import atomic_file
+from ..runtime.atomic import PART_SUFFIX, atomic_file
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .curriculum import StagePlan, check_method, install, locate, lr_at, plan, stage_seed, switch, switch_changes
@@ -60,6 +60,12 @@ from .strategy import AccelerateStrategy, device_ids, has_accelerator_device, ma
 from .trackers import METRICS_FILE, MetricsFile, console_line, logged_losses, start_trackers
 
 CONFIG_FILE = "config.yaml"
+
+
+def _written_by_a_run(name: str) -> bool:
+    """Whether a run directory's entry ``name`` is one a training run writes (a crash may leave a ``.part``)."""
+    return (name in (CONFIG_FILE, METRICS_FILE, ckpt.CHECKPOINTS, FINAL_DIR, FINAL_EMA_DIR, "tensorboard", "wandb")
+            or (name.startswith("data-") and name.endswith(".json")) or name.endswith(PART_SUFFIX))
 
 __all__ = ["CONFIG_FILE", "FINAL_DIR", "FINAL_EMA_DIR", "METRICS_FILE", "TRAIN_INFO", "StepInfo", "TrainResult",
            "Trainer", "TrainingAborted", "load_for_training", "no_decay", "train"]
@@ -174,6 +180,11 @@ class Trainer:
                 held = f"checkpoints up to step {found[0]}" if found else "an earlier run"
                 raise RopekitError(f"output.dir '{out}' already holds {held}",
                                    "pass --resume to continue it, or choose a new --out")
+            foreign = sorted(p.name for p in out.iterdir() if not _written_by_a_run(p.name)) if out.is_dir() else []
+            if foreign:  # the run would mix its files with someone else's (and a later --resume read them as its own)
+                shown = ", ".join(foreign[:3]) + (" …" if len(foreign) > 3 else "")
+                raise RopekitError(f"output.dir '{out}' holds files no training run wrote ({shown})",
+                                   "choose a new or empty --out")
             return None
         if found is None:
             if (out / FINAL_DIR).exists() and not self._finished_already():

@@ -36,7 +36,7 @@ from ...data.prose import PROSE_SOURCE, prose_digest
 from ...data.ruler.qa_data import find_qa_data
 from ...data.ruler.tasks import TASKS, TaskSpec
 from ...errors import RopekitError
-from ..common import EvalContext, eos_ids, greedy_generate, mean, require_tokenizer, timer
+from ..common import EvalContext, eos_ids, greedy_generate, mean, require_tokenizer, timer, token_lengths, whole_number
 from .fit import Plan, Renderer, Sample
 from .metrics import METRICS, postprocess, string_match_all, string_match_part
 
@@ -91,6 +91,25 @@ def task_specs(names: list[str], tokens_to_generate: int | None) -> dict[str, Ta
     return {name: dataclasses.replace(TASKS[name], tokens_to_generate=tokens_to_generate) for name in names}
 
 
+def check_options(*, lengths: list[int] | None = None, tasks: list[str] | None = None, samples: int = 10,
+                  data: str | None = None, chat: bool | None = None, tokens_to_generate: int | None = None) -> list[str]:
+    """Refuse what is wrong whatever the model (:mod:`ropekit.eval.common`); the tasks to run, in RULER's order.
+
+    ``data`` feeds only the qa tasks: given for a run without one, it would be silently unused."""
+    whole_number(samples, "--samples")
+    names = resolve_tasks(tasks)
+    task_specs(names, tokens_to_generate)
+    if lengths is not None:
+        token_lengths(lengths)
+    if chat is not None and not isinstance(chat, bool):
+        raise RopekitError(f"chat {chat!r} is not true or false", "pass --chat or --no-chat")
+    if data is not None and not any(TASKS[name].family == "qa" for name in names):
+        qa = ", ".join(name for name in TASKS if TASKS[name].family == "qa")
+        raise RopekitError(f"--data feeds only RULER's qa tasks ({qa}), and none is selected",
+                           f"drop --data, or add {qa} to --tasks")
+    return names
+
+
 def prepare(ctx_tokenizer, *, lengths: list[int], tasks: list[str] | None = None, data: str | None = None,
             chat: bool | None = None, seed: int = 0, samples: int = 1, tokens_to_generate: int | None = None,
             progress=None):
@@ -99,9 +118,8 @@ def prepare(ctx_tokenizer, *, lengths: list[int], tasks: list[str] | None = None
     Everything that can fail (unknown task, a bad budget, a length too short for a task, malformed QA file,
     too few questions) fails here, before any generation.
     """
-    if samples < 1:
-        raise RopekitError(f"--samples {samples} is not positive", "pass --samples N with N ≥ 1")
-    names = resolve_tasks(tasks)
+    names = check_options(lengths=lengths, tasks=tasks, samples=samples, data=data, chat=chat,
+                          tokens_to_generate=tokens_to_generate)
     specs = task_specs(names, tokens_to_generate)
     lengths = list(dict.fromkeys(lengths))
     chat_on = resolve_chat(ctx_tokenizer, chat)
