@@ -235,3 +235,17 @@ def test_a_plot_path_that_is_not_a_png_is_refused_before_any_work(run_cli, tmp_p
         lines = [line for line in stderr.splitlines() if line.strip()]
         assert code == 2 and len(lines) == 1 and "not a .png path" in lines[0], stderr
     assert notes.read_text() == "keep me" and not (tmp_path / "r.jsonl").exists()
+
+
+@pytest.mark.parametrize("task", ["passkey", "niah", "entropy"])
+def test_the_default_length_is_the_window_of_the_model_as_evaluated(run_cli, task):
+    """Passkey and NIAH defaulted to the pretrained window (64 on the tiny model) and entropy to the extended one: a
+    YaRN ×4 model was probed for retrieval only inside its old window. Every task's default is now the window of the
+    model as evaluated — 64 for the tiny model, 4 × 64 with YaRN ×4."""
+    extra = ["--trials", "1"] if task != "entropy" else ["--samples", "1"]
+    for method, window in (([], 64), (["-m", "yarn", "-p", "factor=4"], 256)):
+        code, out, err = run_cli("eval", task, "tiny", *method, *extra, "--json")
+        if code == 0:
+            assert {r["length"] for r in json.loads(out)} == {window}, out
+        else:  # the byte-level tiny model's prompt may not fit: the refusal names the length tried
+            assert code == 2 and f"length {window} is too short" in err, err

@@ -191,3 +191,24 @@ def test_bad_format_arguments_are_one_line(tmp_path):
     with pytest.raises(RopekitError, match="freeze_length must be a positive"):
         ropekit.save_pretrained(model, tmp_path / "b", freeze_length=0)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("method, params, length, words", [
+    ("yarn", {"factor": 4.0}, 128, "changes nothing for yarn"),  # was written as longrope instead of native yarn
+    ("dynamic_ntk", {"factor": 2.0}, 64, "the base model's own frequencies"),  # was the unextended model, silently
+    ("clex", {"max_factor": 4}, 50, "the base model's own frequencies"),
+])
+def test_a_freeze_length_that_would_export_something_else_is_refused(tmp_path, method, params, length, words):
+    model = build_tiny_model("llama")
+    ropekit.extend(model, method, **params)
+    with pytest.raises(RopekitError, match=words):
+        ropekit.save_pretrained(model, tmp_path / "x", freeze_length=length)
+    assert not (tmp_path / "x").exists()
+    if method == "dynamic_ntk":  # one token past the window Dynamic NTK has moved from the base: written
+        assert ropekit.save_pretrained(model, tmp_path / "y", freeze_length=65)["format"] == "longrope"
+        rope = json.loads((tmp_path / "y" / "config.json").read_text())["rope_parameters"]
+        # Dynamic NTK (bloc97's rule as transformers computes it): b' = b·((s·n/C) − (s − 1))^(d/(d−2)) at n = 65
+        d, b = 16, 10000.0
+        b_new = b * ((2.0 * 65 / 64) - 1.0) ** (d / (d - 2))
+        expected = [(b_new / b) ** (2 * i / d) for i in range(d // 2)]  # λ_i = θ_i / θ'_i
+        assert rope["long_factor"] == pytest.approx(expected, rel=1e-6)

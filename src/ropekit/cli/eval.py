@@ -108,6 +108,8 @@ def _task(name: str):
 # ---- the options every task takes ------------------------------------------------------------------
 Model = Annotated[str, typer.Argument(help=MODEL_HELP)]
 Lengths = Annotated[Optional[str], typer.Option("--lengths", "-l", help="Comma-separated lengths in tokens, e.g. 4k,16k.")]
+WindowLengths = Annotated[Optional[str], typer.Option("--lengths", "-l", help="Comma-separated lengths in tokens, e.g. "
+                                                      "4k,16k (default: the model's window; with --method, the extended one).")]
 Method = Annotated[Optional[str], typer.Option("--method", "-m", help="Method installed before evaluating (default: the model as it is).")]
 Params = Annotated[Optional[list[str]], typer.Option("--param", "-p", help="key=value for --method; repeatable.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of every generated sample.")]
@@ -234,7 +236,7 @@ def ppl_cmd(
 @_task("passkey")
 def passkey_cmd(
     model: Model,
-    lengths: Lengths = None,
+    lengths: WindowLengths = None,
     method: Method = None,
     param: Params = None,
     depths: Depths = None,
@@ -256,7 +258,7 @@ def passkey_cmd(
 @_task("niah")
 def niah_cmd(
     model: Model,
-    lengths: Lengths = None,
+    lengths: WindowLengths = None,
     method: Method = None,
     param: Params = None,
     depths: Depths = None,
@@ -280,7 +282,8 @@ def niah_cmd(
 @_task("ruler")
 def ruler_cmd(
     model: Model,
-    lengths: Lengths = None,
+    lengths: Annotated[Optional[str], typer.Option("--lengths", "-l", help="Comma-separated lengths in tokens, e.g. "
+                                                   "4k,16k (default 4k, RULER's shortest).")] = None,
     method: Method = None,
     param: Params = None,
     tasks: Annotated[Optional[str], typer.Option("--tasks", help="RULER task names, comma-separated (default: all 13).")] = None,
@@ -329,7 +332,7 @@ def longbench_cmd(
 @_task("manyshot")
 def manyshot_cmd(
     model: Model,
-    lengths: Annotated[Optional[str], typer.Option("--lengths", "-l", help="Prompt caps in tokens, e.g. 4k,16k (default: the model's window).")] = None,
+    lengths: Annotated[Optional[str], typer.Option("--lengths", "-l", help="Prompt caps in tokens, e.g. 4k,16k (default: the model's window; with --method, the extended one).")] = None,
     method: Method = None,
     param: Params = None,
     shots: Annotated[Optional[str], typer.Option("--shots", help="Numbers of in-context examples, e.g. 1,2,4,8,16 (0: zero-shot).")] = None,
@@ -351,7 +354,7 @@ def manyshot_cmd(
 @_task("entropy")
 def entropy_cmd(
     model: Model,
-    lengths: Lengths = None,
+    lengths: WindowLengths = None,
     method: Method = None,
     param: Params = None,
     samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="Prose inputs measured at each length.")] = None,

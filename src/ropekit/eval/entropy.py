@@ -348,8 +348,10 @@ def run(
 
     tokenizer = require_tokenizer(ctx.tokenizer, "entropy")
     check_options(lengths=lengths, samples=samples, plot=plot, positions=positions, chunk=chunk)
-    if lengths is None:
-        lengths = [int(ctx.model.config.max_position_embeddings)]
+    if lengths is None:  # the window of the model as evaluated, the extended one with a method installed
+        from ..install import rope_info
+
+        lengths = [rope_info(ctx.model).window]
     ctx.set_total(len(lengths) * samples)
     digest = prose_digest()
     for length in lengths:

@@ -171,11 +171,12 @@ def score_response(response: str, key: int) -> float:
 
 # ---- options ----------------------------------------------------------------------------------------
 def check_lengths(lengths, ctx: EvalContext) -> list[int]:
-    """The lengths to evaluate; ``None`` means the model's pretrained window."""
+    """The lengths to evaluate; ``None`` means the window of the model as evaluated (with a method installed, the
+    extended one), as for every task's default length."""
     if lengths is None:
-        from .plots import model_windows
+        from ..install import rope_info
 
-        return [model_windows(ctx.model)["pretrained"]]
+        return [rope_info(ctx.model).window]
     return token_lengths(lengths)
 
 

@@ -149,6 +149,24 @@ def _write_legacy_keys(saved: dict[str, Any]) -> tuple[str, list[str]]:
     return why, added
 
 
+def check_freeze_length(model, m, info, params: dict[str, Any], freeze_length: int, *, static_too: bool) -> None:
+    """Refuse a ``freeze_length`` that would export something other than what the user meant: one at which the
+    installed frequencies are still the base model's (the unextended model, written without a word), and — with
+    ``static_too`` (a config.json, where a frozen set is written as longrope) — one given for a method whose
+    frequencies never depend on the length (its native, unfrozen form is the exact one)."""
+    kind, _ = m.length_dependence(info, params)
+    if kind == "static" and static_too:
+        raise InvalidParameterError(f"freeze_length changes nothing for {m.name} with these parameters: its frequencies "
+                                    "do not depend on the input length", "leave --freeze-length out")
+    rotary = rotary_modules(model)[0][2]
+    frozen, frozen_factor = m.frequencies_at(rotary, int(freeze_length), info.layer_type)
+    base, base_factor = m.base(info, int(freeze_length), device=frozen.device)
+    if frozen_factor == base_factor and torch.equal(frozen.to(torch.float64), base.to(torch.float64)):
+        raise InvalidParameterError(f"at {freeze_length} tokens {m.name} computes the base model's own frequencies, so "
+                                    "the export would be the model before it", "pass a longer --freeze-length, e.g. "
+                                    "the target length")
+
+
 def _served_window(config, freeze_length: int | None) -> int:
     """The window an export declares: the extended one, and at least the length a method was frozen at (Dynamic
     NTK sets no target of its own, and an engine refuses inputs longer than the declared window)."""
@@ -285,6 +303,8 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     data = {k: v for k, v in config.to_dict().items() if k != "ropekit"}
     data["rope_parameters"] = copy.deepcopy(record["base"]["rope_parameters"])
     data["max_position_embeddings"] = record["base"]["max_position_embeddings"]
+    if freeze_length is not None:
+        check_freeze_length(model, m, info, params, freeze_length, static_too=True)
     rope, chosen, why = None, "ropekit", ""
     if rope_format in ("auto", "native") and freeze_length is None:
         rope, why = _encode(model, m, record, data, "native", None)

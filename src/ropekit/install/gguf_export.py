@@ -58,6 +58,7 @@ from ..errors import InvalidParameterError, RopekitError, UnsupportedModelError
 from ..methods import get_method
 from ..methods.base import CHANGES, LLAMACPP_YARN_BETAS
 from ..runtime.atomic import atomic_file, check_target
+from .export import check_freeze_length
 from .gguf_vocab import GGUFVocab, gguf_vocabulary
 from .model_rope import base_info, installed, rotary_modules, text_config
 
@@ -242,6 +243,7 @@ def _installed_frequencies(model, m, info, params, freeze_length: int | None, or
     kind, length = m.length_dependence(info, params)
     rotary = rotary_modules(model)[0][2]
     if freeze_length is not None:
+        check_freeze_length(model, m, info, params, freeze_length, static_too=False)  # a GGUF's context length is set by it
         at = int(freeze_length)
     elif kind == "static":
         at = None
