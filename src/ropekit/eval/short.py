@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import io
 import logging
 import math
 import random
@@ -195,7 +196,8 @@ def check_local_tasks(directory: str | Path) -> list[Path]:
 # ---- running lm-eval --------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _seeded_and_quiet(seed: int) -> Iterator[None]:
-    """Seed the global generators lm-eval may use, restore them afterwards; keep lm-eval's logging to errors."""
+    """Seed the global generators lm-eval may use, restore them afterwards; keep lm-eval's logging to errors and
+    its (and datasets') progress bars off: ropekit's own bar counts the documents, and a refusal stays one line."""
     import numpy as np
     import torch
 
@@ -208,7 +210,9 @@ def _seeded_and_quiet(seed: int) -> Iterator[None]:
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
-        yield
+        # lm-eval and datasets draw their bars on stderr, passing their own settings (no switch reaches all of them)
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
     finally:
         random.setstate(states[0])
         np.random.set_state(states[1])
