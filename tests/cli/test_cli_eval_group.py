@@ -62,7 +62,7 @@ def test_a_tasks_option_check_takes_what_its_run_takes(task):
     (["ppl", "tiny", "--lengths", "64", "--score-mode", "bogus"], "--score-mode 'bogus' is not known"),
     (["ppl", "tiny", "--lengths", "64", "--stride", "64"], "--stride 64 is larger than 63"),
     (["ruler", "tiny", "--tasks", "niah_single_1", "--data", "q.json"], "--data feeds only RULER's qa tasks"),
-    (["longbench", "tiny"], "needs the LongBench data"),
+    (["longbench", "tiny", "--tasks", "hotpotqa_x"], "unknown LongBench dataset 'hotpotqa_x'"),
 ])
 def test_options_wrong_for_any_model_are_refused_before_it_loads(run_cli, monkeypatch, args, words):
     import ropekit.models.loading as loading

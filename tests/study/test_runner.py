@@ -119,7 +119,7 @@ def test_plan_orders_pieces_by_variant_with_prerequisites():
     ({"evals": {"ruler": {"lengths": [64], "tasks": ["niah_single_1"], "data": "q.json"}}}, "feeds only RULER's qa"),
     ({"evals": {"manyshot": {"lengths": [64], "shots": [-1]}}}, "`shots:` -1 is not a count"),
     ({"evals": {"manyshot": {"lengths": [64], "sampling": "stratified"}}}, "sampling 'stratified' is unknown"),
-    ({"evals": {"longbench": {"lengths": [64], "data": "/nonexistent/lb"}}}, "does not exist"),
+    ({"evals": {"longbench": {"lengths": [64], "tasks": ["hotpotqa_x"]}}}, "unknown LongBench dataset 'hotpotqa_x'"),
     ({"evals": {"entropy": {"lengths": [64], "positions": 1}}}, "evals.entropy positions 1 is not a whole number ≥ 2"),
     ({"recipe": {"model": {"name": "tiny"}}}, "recipe.model.name is set by the study"),
     ({"recipe": {"output": {"dir": "x"}}}, "recipe.output.dir is set by the study"),

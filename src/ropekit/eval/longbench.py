@@ -327,16 +327,19 @@ def default_budget(model) -> int:
 
 
 def check_options(*, lengths: list[int] | None = None, tasks: list[str] | None = None, samples: int | None = None,
-                  data: str | None = None, chat: bool = False) -> list[str]:
-    """Refuse what is wrong whatever the model (:mod:`ropekit.eval.common`), the data folder and its files
-    included; the datasets to run."""
+                  data: str | None = None, chat: bool = False) -> None:
+    """Refuse what is wrong whatever the model (:mod:`ropekit.eval.common`). The data folder is checked by ``run``:
+    a study whose LongBench pieces are done continues on a machine without it."""
     if samples is not None:
         whole_number(samples, "--samples")
     if lengths is not None:
         token_lengths(lengths, minimum=2, why=" (a LongBench budget)")
     if not isinstance(chat, bool):
         raise RopekitError(f"chat {chat!r} is not true or false", "pass --chat, or leave it out")
-    return select(data_dir(data), tasks)
+    unknown = [t for t in tasks or () if t not in ALL_NAMES]
+    if unknown:
+        raise RopekitError(f"unknown LongBench dataset {', '.join(repr(t) for t in unknown)}",
+                           f"choose from: {', '.join(ALL_NAMES)}")
 
 
 def run(
@@ -356,8 +359,9 @@ def run(
     tokenizer's chat template (not the few-shot and code datasets).
     """
     tokenizer = require_tokenizer(ctx.tokenizer, "longbench")
-    names = check_options(lengths=lengths, tasks=tasks, samples=samples, data=data, chat=chat)
+    check_options(lengths=lengths, tasks=tasks, samples=samples, data=data, chat=chat)
     folder = data_dir(data)
+    names = select(folder, tasks)
     budgets = list(lengths) if lengths else [default_budget(ctx.model)]
     items = {name: load_items(folder / f"{name}.jsonl", samples) for name in names}
     ctx.set_total(len(budgets) * sum(len(v) for v in items.values()))

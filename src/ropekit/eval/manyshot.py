@@ -392,7 +392,8 @@ def _plan(tokenizer, pool, queries, labels, shots, lengths, seed, sampling, leav
 
 def check_options(*, lengths: list[int] | None = None, shots: list[int] | None = None, samples: int | None = None,
                   data: str | None = None, sampling: str = "balanced") -> None:
-    """Refuse what is wrong whatever the model (:mod:`ropekit.eval.common`); the data's lines are read by ``run``."""
+    """Refuse what is wrong whatever the model (:mod:`ropekit.eval.common`); the data is read by ``run`` (a study
+    whose many-shot pieces are done continues without it)."""
     if sampling not in SAMPLING:
         raise RopekitError(f"sampling '{sampling}' is unknown", f"choose one of: {', '.join(SAMPLING)}")
     if samples is not None:
@@ -404,11 +405,6 @@ def check_options(*, lengths: list[int] | None = None, shots: list[int] | None =
             whole_number(k, "--shots", minimum=0, example="K")
     if lengths is not None:
         token_lengths(lengths)
-    if data is not None:
-        path = Path(data).expanduser()
-        if not (path.is_file() or path.is_dir()):
-            raise RopekitError(f"many-shot data '{path}' does not exist",
-                               "pass --data FILE.jsonl or a folder with train.jsonl and test.jsonl")
 
 
 def run(

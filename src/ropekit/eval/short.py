@@ -278,17 +278,14 @@ def _sample_fields(logged: dict[str, Any], output_type: str) -> dict[str, Any]:
 
 def check_options(*, lengths: list[int] | None = None, tasks: list[str] | None = None, data: str | None = None,
                   samples: int | None = None, chat: bool = False) -> None:
-    """Refuse what is wrong whatever the model (:mod:`ropekit.eval.common`): lm-eval installed, the task files'
-    folder; task names are checked against those files by ``run``."""
-    _require_lm_eval()
+    """Refuse what is wrong whatever the model (:mod:`ropekit.eval.common`). lm-eval, the task files and their
+    names are checked by ``run``: a study whose short pieces are done continues on a machine without them."""
     if samples is not None:
         whole_number(samples, "--samples")
     if not isinstance(chat, bool):
         raise RopekitError(f"chat {chat!r} is not true or false", "pass --chat, or leave it out")
     if tasks is not None and not [t for t in tasks if str(t).strip()]:
         raise RopekitError("--tasks is empty", "name lm-eval tasks, or leave it out")
-    if data is not None:
-        check_local_tasks(data)
 
 
 def run(
@@ -316,6 +313,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="ropekit-short-") as scratch:
         paths: list[str] = []
         if data:
+            check_local_tasks(data)
             paths.append(str(Path(data).resolve()))
         if BUILTIN_TASK in names or not data:
             write_builtin_task(scratch, ctx.seed)
