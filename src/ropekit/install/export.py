@@ -29,6 +29,7 @@ from ..methods.base import EngineConfig
 from .capabilities import model_features
 from .card import card_body, write_card
 from .legacy import legacy_keys, with_engine_keys
+from .freeze import check_freeze_length
 from .model_rope import base_info, rotary_modules, text_config
 from .rope_types import transformers_builds
 from .vllm import engine_keys, vllm_serving
@@ -147,24 +148,6 @@ def _write_legacy_keys(saved: dict[str, Any]) -> tuple[str, list[str]]:
     added = sorted(k for k in keys if k not in saved or saved[k] != keys[k])  # the family's own (Phi-3's) stay
     saved.update(keys)
     return why, added
-
-
-def check_freeze_length(model, m, info, params: dict[str, Any], freeze_length: int, *, static_too: bool) -> None:
-    """Refuse a ``freeze_length`` that would export something other than what the user meant: one at which the
-    installed frequencies are still the base model's (the unextended model, written without a word), and — with
-    ``static_too`` (a config.json, where a frozen set is written as longrope) — one given for a method whose
-    frequencies never depend on the length (its native, unfrozen form is the exact one)."""
-    kind, _ = m.length_dependence(info, params)
-    if kind == "static" and static_too:
-        raise InvalidParameterError(f"freeze_length changes nothing for {m.name} with these parameters: its frequencies "
-                                    "do not depend on the input length", "leave --freeze-length out")
-    rotary = rotary_modules(model)[0][2]
-    frozen, frozen_factor = m.frequencies_at(rotary, int(freeze_length), info.layer_type)
-    base, base_factor = m.base(info, int(freeze_length), device=frozen.device)
-    if frozen_factor == base_factor and torch.equal(frozen.to(torch.float64), base.to(torch.float64)):
-        raise InvalidParameterError(f"at {freeze_length} tokens {m.name} computes the base model's own frequencies, so "
-                                    "the export would be the model before it", "pass a longer --freeze-length, e.g. "
-                                    "the target length")
 
 
 def _served_window(config, freeze_length: int | None) -> int:

@@ -58,7 +58,7 @@ from ..errors import InvalidParameterError, RopekitError, UnsupportedModelError
 from ..methods import get_method
 from ..methods.base import CHANGES, LLAMACPP_YARN_BETAS
 from ..runtime.atomic import atomic_file, check_target
-from .export import check_freeze_length
+from .freeze import check_freeze_length
 from .gguf_vocab import GGUFVocab, gguf_vocabulary
 from .model_rope import base_info, installed, rotary_modules, text_config
 

@@ -1,0 +1,29 @@
+"""Freezing a length-dependent method at one input length for an export that holds one set of frequencies
+(a config.json written as ``longrope``, a GGUF): the lengths at which a frozen export would not be what was asked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import InvalidParameterError
+from .model_rope import rotary_modules
+
+
+def check_freeze_length(model, m, info, params: dict[str, Any], freeze_length: int, *, static_too: bool) -> None:
+    """Refuse a ``freeze_length`` that would export something other than what the user meant: one at which the
+    installed frequencies are still the base model's (the unextended model, written without a word), and — with
+    ``static_too`` (a config.json, where a frozen set is written as longrope) — one given for a method whose
+    frequencies never depend on the length (its native, unfrozen form is the exact one)."""
+    kind, _ = m.length_dependence(info, params)
+    if kind == "static" and static_too:
+        raise InvalidParameterError(f"freeze_length changes nothing for {m.name} with these parameters: its frequencies "
+                                    "do not depend on the input length", "leave --freeze-length out")
+    rotary = rotary_modules(model)[0][2]
+    frozen, frozen_factor = m.frequencies_at(rotary, int(freeze_length), info.layer_type)
+    base, base_factor = m.base(info, int(freeze_length), device=frozen.device)
+    if frozen_factor == base_factor and torch.equal(frozen.to(torch.float64), base.to(torch.float64)):
+        raise InvalidParameterError(f"at {freeze_length} tokens {m.name} computes the base model's own frequencies, so "
+                                    "the export would be the model before it", "pass a longer --freeze-length, e.g. "
+                                    "the target length")
