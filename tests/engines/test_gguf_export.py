@@ -458,3 +458,22 @@ def test_the_gguf_conversion_bar_follows_transformers_progress_switch(tmp_path, 
         assert "de-quantizing GGUF tensors" not in capfd.readouterr().err
     finally:
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
+def test_a_gguf_of_token_ids_only_reopens_without_a_tokenizer(tmp_path, run_cli):
+    """The tiny model's byte-level tokenizer has no merges, so its GGUF says ``tokenizer.ggml.model none``: reopening
+    it failed on transformers' GGUF tokenizer. It now loads as a model without a tokenizer, with the same logits as
+    the model it was written from (transformers' own GGUF reader doing the decoding), and an evaluation that needs a
+    tokenizer says so in one line."""
+    from ropekit.models.loading import load_model
+
+    model, reader, _ = _write(tmp_path)
+    assert _value(reader, "tokenizer.ggml.model") == "none"
+    loaded = load_model(str(tmp_path / "m.gguf"))
+    assert loaded.tokenizer is None
+    ids = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected, got = model(ids).logits, loaded.model(ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    code, _, err = run_cli("eval", "passkey", str(tmp_path / "m.gguf"), "--lengths", "64")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "needs a tokenizer" in err, err

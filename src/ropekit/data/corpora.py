@@ -155,7 +155,7 @@ def iter_documents(path: str | Path | None, tokenizer) -> Iterator[Document]:
     """
     if tokenizer is None:
         raise RopekitError("reading a corpus for a model needs a tokenizer and this model has none",
-                           "pass a model directory that includes tokenizer files, a .gguf file, or a built-in name")
+                           "pass a model directory that includes tokenizer files, a GGUF with a vocabulary, or a built-in name")
     for index, (name, text) in enumerate(iter_named_texts(path)):
         ids = tokenize(tokenizer, text)
         if ids:

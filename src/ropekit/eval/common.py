@@ -92,7 +92,7 @@ def require_tokenizer(tokenizer, task: str):
     if tokenizer is None:
         raise RopekitError(
             f"the '{task}' evaluation needs a tokenizer and this model has none",
-            "pass a model directory that includes tokenizer files, a .gguf file, or a built-in name",
+            "pass a model directory that includes tokenizer files, a GGUF with a vocabulary, or a built-in name",
         )
     return tokenizer
 

@@ -305,7 +305,7 @@ def run(
 
     if ctx.tokenizer is None:
         raise RopekitError("the 'short' evaluation needs a tokenizer and this model has none",
-                           "pass a model directory that includes tokenizer files, a .gguf file, or a built-in name")
+                           "pass a model directory that includes tokenizer files, a GGUF with a vocabulary, or a built-in name")
     check_options(lengths=lengths, tasks=tasks, data=data, samples=samples, chat=chat)
     if chat and not getattr(ctx.tokenizer, "chat_template", None):
         raise RopekitError("--chat was given but this tokenizer has no chat template", "drop --chat")

@@ -605,7 +605,9 @@ def _load_gguf(file: str, *, dtype, attn_implementation: str, with_tokenizer: bo
         )
     _forget_gguf_quantization(model)
     tokenizer = None
-    if with_tokenizer:
+    # a GGUF of token ids only (``tokenizer.ggml.model none``: what ropekit writes for a byte-level tokenizer without
+    # merges) loads as a model without a tokenizer; an evaluation that needs one says so in one line
+    if with_tokenizer and info.metadata.get("tokenizer.ggml.model") != "none":
         tokenizer = _from_pretrained(f"tokenizer of GGUF '{file}'", AutoTokenizer, directory, gguf_file=name, local_files_only=True)
     return model, tokenizer, info
 

@@ -443,7 +443,7 @@ def make_plan(spec: str, model, target_length: int, engine: str, budget: float, 
         raise RecommendError(f"unknown engine '{engine}'", f"choose one of {', '.join(ENGINES)}")
     if tokenizer is None:
         raise RecommendError(f"'{spec}' has no tokenizer, and the evaluations need one",
-                             "pass a model directory with tokenizer files, a .gguf file, or a built-in name")
+                             "pass a model directory with tokenizer files, a GGUF with a vocabulary, or a built-in name")
     facts = model_facts(spec, model)
     if target_length <= facts.window:
         raise RecommendError(f"--target-length {target_length} is not beyond the model's window ({facts.window} tokens)",
