@@ -95,6 +95,9 @@ def test_a_manyshot_run_that_fits_no_shot_count_is_refused(run_cli, tmp_path):
     line = _one_line_error(run_cli, "eval", "manyshot", "tiny", "--shots", "0,0", "--samples", "2", "--out", str(out))
     assert "no shot count fits in 64 tokens" in line, line
     assert not out.exists()
+    # shot counts beyond the demonstrations: refused in one line (the "skipped" warning is not said before it)
+    line = _one_line_error(run_cli, "eval", "manyshot", "tiny", "--shots", "100000", "--samples", "1")
+    assert "exceeds the" in line and "demonstrations available" in line, line
 
 
 @pytest.mark.parametrize("flags", [["--methods", ""], ["--methods", "yarn,"], ["--method", ""]])

@@ -84,12 +84,13 @@ evals:
     (["study", "--preset", "quick", "--show", "--out", "OUT"], "--out does not apply to --show"),
     (["study", "status", "OUT", "--preset", "quick"], "--preset does not apply to `ropekit study status`"),
     (["study", "--preset", "quick", "--out", "OUT", "--address", "auto"], "--address names a Ray cluster"),
-    (["study", "CONFIG", "--out", "OUT"], "name must be a short name"),
+    (["study", "CONFIG"], "cannot name the default directory study-NAME"),
+    (["study", "--preset", "quick", "--out", "OUT", "--backend", "ray", "--workers", "2"], "--workers sets the local"),
     (["train", "--example", "tiny-pose", "--json"], "--json applies to `--example list`"),
 ])
 def test_a_flag_the_command_would_not_use_is_refused(run_cli, tmp_path, monkeypatch, args, words):
     """Each of these was accepted and silently unused (or, for ``export tiny``, wrote ./tiny/model-f16.gguf; for a
-    study named ``../../escape``, a directory two levels up): one line, exit 2, nothing written."""
+    study named ``../../escape`` without --out, a directory two levels up): one line, exit 2, nothing written."""
     monkeypatch.chdir(tmp_path)
     config = tmp_path / "escape.yaml"
     config.write_text(TINY_STUDY.replace("NAME", '"../../escape"'))
@@ -137,3 +138,57 @@ def test_a_dry_run_refuses_what_the_run_would(run_cli, tmp_path):
     code, _, err = run_cli("train", str(config), "--dry-run", "--out", str(tmp_path / "new"))
     _one_line(code, err, "'/nonexistent/model' does not exist")
     assert not (tmp_path / "new").exists()
+
+
+def test_a_run_may_keep_its_own_config_in_its_directory(run_cli, tmp_path):
+    """The guard against someone else's files exempts the config the run was given, there (and an earlier study's
+    name that is not a short name still runs where --out says)."""
+    study_dir = tmp_path / "exp"
+    study_dir.mkdir()
+    config = study_dir / "study.yaml"
+    config.write_text(TINY_STUDY.replace("NAME", '"my study"').replace("[64]", "[16]"))
+    code, _, err = run_cli("study", str(config), "--out", str(study_dir), "--no-report")
+    assert code == 0, err
+    assert (study_dir / "study.sqlite").is_file()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    code, text, _ = run_cli("train", "--example", "tiny-pose")
+    (run_dir / "train.yaml").write_text(text)
+    code, _, err = run_cli("train", str(run_dir / "train.yaml"), "--out", str(run_dir), "--max-steps", "1")
+    assert code == 0, err
+    assert (run_dir / "final").is_dir()
+
+
+@pytest.mark.parametrize("flags", [["--resume"], ["--dry-run"], ["--dry-run", "--resume"]])
+def test_train_refuses_someone_elses_directory_also_on_resume_and_dry_run(run_cli, tmp_path, flags):
+    """``--resume`` into a directory of unrelated files (no checkpoint) trained beside them, and ``--dry-run``
+    accepted what the run refuses."""
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "keep.txt").write_text("mine")
+    code, text, _ = run_cli("train", "--example", "tiny-pose")
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    code, _, err = run_cli("train", str(config), "--out", str(occupied), "--max-steps", "1", *flags)
+    _one_line(code, err, "holds files no training run wrote (keep.txt)")
+    assert _files(occupied) == ["keep.txt"]
+
+
+def test_a_dry_run_refuses_an_earlier_run_without_resume(run_cli, tmp_path):
+    code, text, _ = run_cli("train", "--example", "tiny-pose")
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    assert run_cli("train", str(config), "--out", str(tmp_path / "run"), "--max-steps", "1")[0] == 0
+    code, _, err = run_cli("train", str(config), "--out", str(tmp_path / "run"), "--dry-run")
+    _one_line(code, err, "already holds an earlier run")
+    assert run_cli("train", str(config), "--out", str(tmp_path / "run"), "--dry-run", "--resume")[0] == 0
+
+
+def test_ropekit_warnings_are_one_line(run_cli):
+    """A warning of ropekit's own (here: shot counts that do not fit) is one ``warning:`` line, not Python's
+    ``file:line: UserWarning`` and the source line under it."""
+    code, _, err = run_cli("eval", "manyshot", "tiny", "--shots", "0,2", "--lengths", "64,300", "--samples", "1")
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if "do not fit" in line]
+    assert warned == ["warning: ropekit manyshot: 0, 2 shots do not fit in 64 tokens; skipped"], err
+    assert "UserWarning" not in err and ".py:" not in err

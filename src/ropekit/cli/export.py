@@ -32,9 +32,10 @@ def export_cmd(
         given = [flag for flag, value in (("--out", out_path), ("--freeze-length", freeze_length),
                                           ("--overwrite", overwrite), ("--outtype", dtype)) if value]
         if given:  # vLLM serves the directory itself: nothing is written
+            hint = (" (a frozen length for vLLM is set when the directory is written: `ropekit extend … "
+                    "--freeze-length N`)" if freeze_length else "")
             raise RopekitError(f"{', '.join(given)} applies to --format gguf; --format vllm writes no file",
-                               "drop it, or pass --format gguf (a frozen length for vLLM is set when the directory is "
-                               "written: `ropekit extend … --freeze-length N`)")
+                               f"drop it, or pass --format gguf{hint}")
         from ..install.vllm import vllm_serving
 
         serving = vllm_serving(directory)

@@ -120,6 +120,9 @@ def study_cmd(
     backend = backend or "local"
     if backend not in ("local", "ray"):
         raise RopekitError(f"--backend '{backend}' is not a study backend", "pass --backend local or --backend ray")
+    if workers is not None and backend == "ray":
+        raise RopekitError("--workers sets the local backend's processes; Ray places the pieces over its cluster",
+                           "drop --workers (size the cluster instead), or pass --backend local")
     if address is not None and backend != "ray":
         raise RopekitError("--address names a Ray cluster and applies to --backend ray", "add --backend ray, or drop --address")
     cfg = load_study_config(config, preset=preset)
@@ -142,6 +145,10 @@ def study_cmd(
         from ..study.ray_backend import require_ray
 
         require_ray()  # a missing package is one line before anything is printed or written
+    if out_dir is None and ("/" in cfg.name or "\\" in cfg.name or ".." in cfg.name):
+        # the default directory is study-NAME: "../../x" or "a/b" would put it somewhere else than ./study-NAME
+        raise RopekitError(f"the study name {cfg.name!r} cannot name the default directory study-NAME",
+                           "pass --out DIR, or a name without / and ..")
     study_dir = out_dir or Path(f"study-{cfg.name}")
     from ..runtime.atomic import check_target
 
@@ -150,7 +157,7 @@ def study_cmd(
     from ..study.runner import (corpus_warning, require_eval_data, require_models, require_same_config,
                                 require_study_dir, retrain_variants)
 
-    require_study_dir(study_dir)  # someone else's files: one line, before any work
+    require_study_dir(study_dir, own=[Path(config)] if config else [])  # someone else's files: before any work
 
     only, retrain = ([label.strip() for item in given or [] for label in item.split(",") if label.strip()]
                      for given in (only, retrain))

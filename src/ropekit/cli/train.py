@@ -236,7 +236,10 @@ def train_cmd(
 
     # what the run would refuse before training, the dry run refuses too: it validates, then plans
     if cfg.output.dir or not dry_run:  # a dry run may plan a config that leaves output.dir to --out
+        from ..train.trainer import check_run_dir
+
         check_target(cfg.require_output(), what="output.dir", kind="dir")  # a file, a read-only place: one line
+        check_run_dir(cfg.require_output(), resume, own_files=[config])  # an earlier run, someone else's files
     _require_local_sources(cfg)
     if cfg.model.name != "tiny-pretrained":  # built here on first use
         require_reachable(cfg.model.name)  # a missing path, or a hub id not cached on an offline machine
@@ -249,7 +252,7 @@ def train_cmd(
         else:
             _print_plan(config, cfg, rows)
         return
-    result = train(cfg, resume=resume, console=err, notes=notes)  # said after the run's own checks
+    result = train(cfg, resume=resume, console=err, notes=notes, own_files=[config])  # said after the run's own checks
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return  # under a multi-process launch only rank 0 reports
     last = result.losses[-1][1] if result.losses else None

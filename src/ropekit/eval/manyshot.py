@@ -437,9 +437,6 @@ def run(
     queries = order[: samples or DEFAULT_SAMPLES]
     available = len(pool) - (1 if leave_one_out else 0)
     too_many = [k for k in counts if k > available]
-    if too_many:
-        warnings.warn(f"ropekit manyshot: {', '.join(map(str, too_many))} shots exceed the {available} demonstrations "
-                      "available; skipped", stacklevel=2)
     counts = [k for k in counts if k <= available]
     if not counts:
         raise RopekitError(f"every shot count asked for exceeds the {available} demonstrations available",
@@ -451,6 +448,9 @@ def run(
         need = f"needs {needed[least]} tokens" if needed[least] is not None else "does not fit"
         raise RopekitError(f"no shot count fits in {max(budgets)} tokens ({least} shots {need})",
                            "pass longer --lengths, or fewer --shots")
+    if too_many:  # said once the run is known to go ahead: a refusal above stays one line
+        warnings.warn(f"ropekit manyshot: {', '.join(map(str, too_many))} shots exceed the {available} demonstrations "
+                      "available; skipped", stacklevel=2)
     skipped = {b: [k for k in counts if (b, k) not in plan] for b in budgets}
     if any(skipped.values()):
         notes = "; ".join(f"{', '.join(map(str, ks))} shots do not fit in {b} tokens" for b, ks in skipped.items() if ks)

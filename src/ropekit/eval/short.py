@@ -42,11 +42,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import io
+import json
 import logging
 import math
+import os
 import random
+import sys
 import tempfile
 import traceback
 from pathlib import Path
@@ -210,8 +212,7 @@ def _seeded_and_quiet(seed: int) -> Iterator[None]:
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
-        # lm-eval and datasets draw their bars on stderr, passing their own settings (no switch reaches all of them)
-        with contextlib.redirect_stderr(io.StringIO()):
+        with _stderr_silenced():
             yield
     finally:
         random.setstate(states[0])
@@ -219,6 +220,30 @@ def _seeded_and_quiet(seed: int) -> Iterator[None]:
         torch.set_rng_state(states[2])
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """stderr to nowhere for the duration: lm-eval and datasets draw their bars there with their own settings (no
+    switch reaches all of them) and lm-eval runs ``git`` outside a repository ("fatal: not a git repository"), so
+    both Python's ``sys.stderr`` and file descriptor 2 (which child processes inherit) are redirected. ropekit's own
+    progress lines of that moment go too; its bar moves between lm-eval's calls."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no descriptor 2 to redirect (a detached process): Python's stream only
+        saved = None
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        if saved is not None:
+            os.dup2(devnull, 2)
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        if saved is not None:
+            os.dup2(saved, 2)
+            os.close(saved)
+        os.close(devnull)
 
 
 @contextlib.contextmanager

@@ -19,11 +19,12 @@ def check_freeze_length(model, m, info, params: dict[str, Any], freeze_length: i
     kind, _ = m.length_dependence(info, params)
     if kind == "static" and static_too:
         raise InvalidParameterError(f"freeze_length changes nothing for {m.name} with these parameters: its frequencies "
-                                    "do not depend on the input length", "leave --freeze-length out")
+                                    "do not depend on the input length", "leave the freeze length out (--freeze-length, or "
+                                    "freeze_length in Python)")
     rotary = rotary_modules(model)[0][2]
     frozen, frozen_factor = m.frequencies_at(rotary, int(freeze_length), info.layer_type)
     base, base_factor = m.base(info, int(freeze_length), device=frozen.device)
     if frozen_factor == base_factor and torch.equal(frozen.to(torch.float64), base.to(torch.float64)):
         raise InvalidParameterError(f"at {freeze_length} tokens {m.name} computes the base model's own frequencies, so "
-                                    "the export would be the model before it", "pass a longer --freeze-length, e.g. "
-                                    "the target length")
+                                    "the export would be the model before it", "freeze it at a longer length "
+                                    "(--freeze-length, or freeze_length in Python), e.g. the target length")

@@ -92,7 +92,9 @@ def _problem(problem: str, fix: str, key: str | None = None) -> ConfigProblem:
 
 
 def _as_config_keys(text: str) -> str:
-    """An evaluation's one-line error in a config's words: its ``--some-flag`` read as the key ``some_flag:``."""
+    """An evaluation's one-line error in a config's words: its ``--some-flag`` read as the key ``some_flag:``, and
+    a switch's ``--no-some-flag`` as ``some_flag: false``."""
+    text = re.sub(r"--no-([a-z][a-z-]*)", lambda m: f"`{m.group(1).replace('-', '_')}: false`", text)
     return re.sub(r"--([a-z][a-z-]*)", lambda m: f"`{m.group(1).replace('-', '_')}:`", text)
 
 
@@ -439,14 +441,6 @@ class _Study(StrictModel):
     resources: _Resources = Field(default_factory=_Resources)
     pretrain: bool = False
     claims: _Claims | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _short_name(cls, name: str) -> str:
-        # the default directory is study-NAME: a name with a slash (or "..") would write elsewhere
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", name):
-            raise _problem(f"must be a short name of letters, digits and . _ + -, got {name!r}", "write e.g. `name: my-study`")
-        return name
 
     @field_validator("recipe", "resources", mode="before")
     @classmethod

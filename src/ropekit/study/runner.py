@@ -297,11 +297,18 @@ def _check_retrain(config: StudyConfig, labels: Sequence[str]) -> dict[str, tupl
     return producers
 
 
-def require_study_dir(study_dir: Path) -> None:
+def require_study_dir(study_dir: Path, own: Sequence[Path] = ()) -> None:
     """Refuse, before anything is written, a non-empty directory that holds no study: the study's database, runs
-    and report would be mixed with someone else's files (a study directory is resumed by its ``study.sqlite``)."""
-    if study_dir.is_dir() and not (study_dir / DB_NAME).is_file() and any(study_dir.iterdir()):
-        raise RopekitError(f"'{study_dir}' holds files and no study ({DB_NAME})", "pass a new or empty --out directory")
+    and report would be mixed with someone else's files (a study directory is resumed by its ``study.sqlite``).
+    ``own``: files the user gave this run (its config) that may lie there."""
+    if not study_dir.is_dir() or (study_dir / DB_NAME).is_file():
+        return
+    given = {p.resolve() for p in own}
+    foreign = sorted(p.name for p in study_dir.iterdir() if p.resolve() not in given)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (" …" if len(foreign) > 3 else "")
+        raise RopekitError(f"'{study_dir}' holds files and no study ({DB_NAME}): {shown}",
+                           "pass a new or empty --out directory")
 
 
 def require_same_config(config: StudyConfig, study_dir: Path) -> None:

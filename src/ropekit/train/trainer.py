@@ -62,6 +62,28 @@ from .trackers import METRICS_FILE, MetricsFile, console_line, logged_losses, st
 CONFIG_FILE = "config.yaml"
 
 
+def check_run_dir(out: Path, resume: bool, own_files: Iterable[Path] = ()) -> tuple[int, Path] | None:
+    """What a run refuses in its output directory before it starts (a dry run checks the same); the newest
+    checkpoint there, or None. Refused: a file; an earlier run without ``resume``; files no training run wrote
+    (the run would mix its files with someone else's, and a later ``--resume`` read them as its own), except
+    ``own_files`` the user gave this run (its config)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise RopekitError(f"output.dir '{out}' exists and is a file", "pass a directory path with --out")
+    if not out.is_dir():
+        return None
+    found = ckpt.latest(out)
+    if not resume and any((out / name).exists() for name in (METRICS_FILE, ckpt.CHECKPOINTS, FINAL_DIR)):
+        held = f"checkpoints up to step {found[0]}" if found else "an earlier run"
+        raise RopekitError(f"output.dir '{out}' already holds {held}", "pass --resume to continue it, or choose a new --out")
+    given = {Path(p).resolve() for p in own_files}
+    foreign = sorted(p.name for p in out.iterdir() if not _written_by_a_run(p.name) and p.resolve() not in given)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (" …" if len(foreign) > 3 else "")
+        raise RopekitError(f"output.dir '{out}' holds files no training run wrote ({shown})", "choose a new or empty --out")
+    return found
+
+
 def _written_by_a_run(name: str) -> bool:
     """Whether a run directory's entry ``name`` is one a training run writes (a crash may leave a ``.part``)."""
     return (name in (CONFIG_FILE, METRICS_FILE, ckpt.CHECKPOINTS, FINAL_DIR, FINAL_EMA_DIR, "tensorboard", "wandb")
@@ -135,9 +157,10 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, accelerator, *, resume: bool, dataset=None, model=None, tokenizer=None,
                  callbacks: Iterable[Callable[[StepInfo], None]] = (), progress: bool = True, console=None,
-                 notes: Iterable[str] = ()):
+                 notes: Iterable[str] = (), own_files: Iterable[Path] = ()):
         self.cfg = cfg
         self.notes = list(notes)
+        self.own_files = list(own_files)
         self.acc = accelerator
         self.strategy = AccelerateStrategy(accelerator, cfg.train.context_parallel)
         self.resume = resume
@@ -172,19 +195,8 @@ class Trainer:
     # ---- the run directory -----------------------------------------------------------------------------
     def _check_out_dir(self) -> tuple[int, Path] | None:
         out = self.out
-        if out.exists() and not out.is_dir():
-            raise RopekitError(f"output.dir '{out}' exists and is a file", "pass a directory path with --out")
-        found = ckpt.latest(out)
+        found = check_run_dir(out, self.resume, self.own_files)
         if not self.resume:
-            if out.is_dir() and any((out / name).exists() for name in (METRICS_FILE, ckpt.CHECKPOINTS, FINAL_DIR)):
-                held = f"checkpoints up to step {found[0]}" if found else "an earlier run"
-                raise RopekitError(f"output.dir '{out}' already holds {held}",
-                                   "pass --resume to continue it, or choose a new --out")
-            foreign = sorted(p.name for p in out.iterdir() if not _written_by_a_run(p.name)) if out.is_dir() else []
-            if foreign:  # the run would mix its files with someone else's (and a later --resume read them as its own)
-                shown = ", ".join(foreign[:3]) + (" …" if len(foreign) > 3 else "")
-                raise RopekitError(f"output.dir '{out}' holds files no training run wrote ({shown})",
-                                   "choose a new or empty --out")
             return None
         if found is None:
             if (out / FINAL_DIR).exists() and not self._finished_already():
@@ -582,7 +594,7 @@ class Trainer:
 
 def train(cfg: TrainConfig, *, resume: bool = False, dataset=None, model=None, tokenizer=None,
           callbacks: Iterable[Callable[[StepInfo], None]] = (), progress: bool = True, console=None,
-          notes: Iterable[str] = ()) -> TrainResult:
+          notes: Iterable[str] = (), own_files: Iterable[Path] = ()) -> TrainResult:
     """Run the training described by ``cfg``.
 
     ``dataset``: a map-style dataset of training items (see :mod:`ropekit.train.data`), or a callable
@@ -590,7 +602,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, dataset=None, model=None, t
     ``build_training_data``. ``model``/``tokenizer`` replace loading ``cfg.model.name``. ``callbacks`` are
     called after every optimizer step with a :class:`StepInfo`. ``resume`` continues from the newest
     checkpoint in ``output.dir`` (or starts at step 0 when there is none). ``notes`` are lines said on the console
-    once the run is set up (its checks passed), before the first step.
+    once the run is set up (its checks passed), before the first step. ``own_files``: files the user gave this run
+    (its config) that may lie in ``output.dir`` (:func:`check_run_dir`).
     """
     # a process group this call sets up is torn down by it (below); one the caller set up is the caller's
     group_was_up = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -603,7 +616,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, dataset=None, model=None, t
         with runtime.deterministic(threads, algorithms=cfg.train.deterministic), torch.random.fork_rng(devices=device_ids()):
             torch.manual_seed(cfg.train.seed)
             trainer = Trainer(cfg, accelerator, resume=resume, dataset=dataset, model=model, tokenizer=tokenizer,
-                              callbacks=callbacks, progress=progress, console=console, notes=notes)
+                              callbacks=callbacks, progress=progress, console=console, notes=notes,
+                              own_files=own_files)
             result = trainer.run()
         if accelerator.num_processes > 1:
             accelerator.wait_for_everyone()  # no rank tears the group down while another still uses it
