@@ -86,6 +86,12 @@ def test_an_option_given_as_its_default_resumes_the_same_run(run_cli, tmp_path):
     code, _, stderr = run_cli(*common, "--resume", "--score-mode", "last_stride", "--weighting", "token")
     assert code == 0, stderr
     assert "score_mode='full_window'" in _one_line_error(run_cli, *common, "--resume", "--score-mode", "full_window")
+    # NIAH without --chat uses the plain prompt, as --no-chat does
+    out = tmp_path / "niah.jsonl"
+    common = ["eval", "niah", "tiny", "--lengths", "300", "--depths", "0.5", "--out", str(out), "--json"]
+    assert run_cli(*common)[0] == 0
+    code, _, stderr = run_cli(*common, "--resume", "--no-chat")
+    assert code == 0, stderr
 
 
 def test_a_manyshot_run_that_fits_no_shot_count_is_refused(run_cli, tmp_path):

@@ -279,9 +279,13 @@ def _run_defaults(task: str) -> dict[str, Any]:
 
     if task not in TASKS:
         return {}
-    signature = inspect.signature(get_task(task).run)
-    return json.loads(json.dumps({name: p.default for name, p in signature.parameters.items()
-                                  if p.default is not inspect.Parameter.empty and p.default is not None}))
+    module = get_task(task)
+    signature = inspect.signature(module.run)
+    defaults = {name: p.default for name, p in signature.parameters.items()
+                if p.default is not inspect.Parameter.empty and p.default is not None}
+    # an option whose None default computes what one given value does (NIAH's chat=None is chat=False)
+    defaults.update(getattr(module, "SAME_AS_NOT_GIVEN", {}))
+    return json.loads(json.dumps(defaults))
 
 
 def _check_resumed_options(writer: RecordWriter, task: str, method: str, params: dict, options: dict, out) -> None:

@@ -67,6 +67,8 @@ from .passkey import _config_label, check_depths, check_lengths, largest_fitting
 from .passkey import check_options as check_passkey_options
 
 KEY_FIELDS = ("depth", "trial")
+#: Option values that score the same samples as leaving the option out (a resume may give them or not).
+SAME_AS_NOT_GIVEN = {"chat": False}  # chat=None uses the plain prompt too (and warns when a template exists)
 
 NEEDLE = "\nThe best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.\n"
 QUESTION = "What is the best thing to do in San Francisco?"
