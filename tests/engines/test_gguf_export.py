@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from bpe_tokenizer import trained_bpe
-from transformers import LlamaConfig
+from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import ropekit
@@ -477,3 +477,20 @@ def test_a_gguf_of_token_ids_only_reopens_without_a_tokenizer(tmp_path, run_cli)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     code, _, err = run_cli("eval", "passkey", str(tmp_path / "m.gguf"), "--lengths", "64")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "needs a tokenizer" in err, err
+
+
+@pytest.mark.parametrize("method, params, freeze, words", [
+    ("yarn", {"factor": 2.0}, None, "rope.scaling.type yarn"),
+    ("pi", {"factor": 2.0}, None, "rope.scaling.type linear"),
+    ("dynamic_ntk", {"factor": 2.0}, 100, "a rope_freqs tensor"),
+])
+def test_a_gguf_whose_rope_scaling_transformers_drops_is_refused(tmp_path, method, params, freeze, words):
+    """transformers' GGUF loader reads rope.freq_base and nothing else of the RoPE: a YaRN GGUF loaded as plain
+    RoPE (its logits the unextended model's) and `inspect` called it rope_type default. Now one line."""
+    from ropekit.models.loading import load_model
+
+    _, reader, _ = _write(tmp_path, method, freeze_length=freeze, **params)
+    direct = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf")  # what the loader would give
+    assert direct.config.rope_parameters.get("rope_type", "default") == "default"
+    with pytest.raises(RopekitError, match=f"scales its RoPE .*{words}"):
+        load_model(str(tmp_path / "m.gguf"))

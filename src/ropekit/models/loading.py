@@ -249,6 +249,7 @@ class GGUFInfo:
     metadata: dict[str, Any]
     data_end: int
     file_size: int
+    tensor_names: tuple[str, ...] = ()
 
 
 class _GGUFFormatError(Exception):
@@ -354,9 +355,10 @@ def _read_gguf(f, size: int, name: str, gguf) -> GGUFInfo:
         else:
             raise _GGUFFormatError(f"key '{key}' has unknown value type {vtype}")
 
-    ends = []
+    ends, names = [], []
     for _ in range(tensor_count):
         tname = cur.string()
+        names.append(tname)
         n_dims = cur.unpack("I")
         if n_dims > 8:
             raise _GGUFFormatError(f"tensor '{tname}' claims {n_dims} dimensions")
@@ -387,6 +389,7 @@ def _read_gguf(f, size: int, name: str, gguf) -> GGUFInfo:
         metadata=metadata,
         data_end=data_end,
         file_size=size,
+        tensor_names=tuple(names),
     )
 
 
@@ -577,6 +580,30 @@ def _gguf_bar_follows_transformers():
         yield
 
 
+def _refuse_rope_scaling_transformers_drops(info: GGUFInfo, file: str) -> None:
+    """transformers' GGUF loader maps ``rope.freq_base`` and nothing else of the RoPE: a file with llama.cpp's
+    scaling keys (``rope.scaling.type``/``factor``/``attn_factor``) or per-pair divisors (a ``rope_freqs`` tensor,
+    as Llama 3.x GGUFs and ropekit's own exports carry) would load with plain RoPE, a different model. Refused."""
+    arch, meta = info.architecture, info.metadata
+    found = []
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if isinstance(kind, str) and kind not in ("", "none"):
+        found.append(f"rope.scaling.type {kind}")
+    factor = meta.get(f"{arch}.rope.scaling.factor")
+    if isinstance(factor, (int, float)) and factor not in (0, 1):
+        found.append(f"rope.scaling.factor {factor:g}")
+    attn = meta.get(f"{arch}.rope.scaling.attn_factor")
+    if isinstance(attn, (int, float)) and attn != 1:
+        found.append(f"rope.scaling.attn_factor {attn:g}")
+    if "rope_freqs.weight" in info.tensor_names:
+        found.append("a rope_freqs tensor (per-pair frequency divisors)")
+    if found:
+        raise UnsupportedModelError(
+            f"GGUF '{file}' scales its RoPE ({', '.join(found)}), which transformers' GGUF loader does not read, so "
+            "it would load with plain RoPE", "load the model directory it was made from (or the original checkpoint); "
+            "llama.cpp runs the GGUF itself")
+
+
 def _load_gguf(file: str, *, dtype, attn_implementation: str, with_tokenizer: bool):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -589,6 +616,7 @@ def _load_gguf(file: str, *, dtype, attn_implementation: str, with_tokenizer: bo
             f"GGUF architecture '{arch}' of '{file}' is not a RoPE causal LM that ropekit can load",
             "use a GGUF of one of: " + ", ".join(GGUF_ARCHITECTURES),
         )
+    _refuse_rope_scaling_transformers_drops(info, file)
     path = Path(file)
     directory, name = str(path.parent), path.name
     with _gguf_bar_follows_transformers():
