@@ -399,3 +399,29 @@ def test_a_study_in_a_read_only_place_is_read_without_writing_there(tmp_path, mo
         writer.close()
     finally:
         directory.chmod(0o755)
+
+
+def test_a_file_that_is_not_a_study_is_refused_without_being_changed(tmp_path):
+    """Opening another program's SQLite file (or an empty one) read-write switched it to WAL mode — header bytes
+    18–19 from 1 to 2 — before saying it was not a study. Now it is checked through a read-only connection first."""
+    import hashlib
+    import sqlite3
+
+    from ropekit.study.store import open_study
+
+    foreign, empty = tmp_path / "foreign", tmp_path / "empty"
+    foreign.mkdir()
+    empty.mkdir()
+    db = sqlite3.connect(foreign / "study.sqlite")
+    db.execute("CREATE TABLE foo (x)")
+    db.commit()
+    db.close()
+    (empty / "study.sqlite").write_bytes(b"")
+    before = hashlib.sha256((foreign / "study.sqlite").read_bytes()).hexdigest()
+    for directory, words in ((foreign, "an SQLite file but not a ropekit study"), (empty, "an empty database")):
+        with pytest.raises(RopekitError, match=words):
+            open_study(directory)
+    assert hashlib.sha256((foreign / "study.sqlite").read_bytes()).hexdigest() == before
+    assert (foreign / "study.sqlite").read_bytes()[18:20] == b"\x01\x01"  # still a rollback-journal file
+    assert (empty / "study.sqlite").stat().st_size == 0
+    assert sorted(p.name for p in foreign.iterdir()) == ["study.sqlite"]

@@ -424,6 +424,8 @@ class StudyStore:
         #: Opened for reading only: a study published on a read-only filesystem or directory (``status``,
         #: ``report --out elsewhere``), where SQLite cannot create the WAL's ``-shm`` and ``-wal`` files.
         self.read_only = not create and not os.access(self.path.parent, os.W_OK)
+        if not self.read_only:
+            self._refuse_another_file(create)  # before the read-write connection turns any file into WAL mode
         if self.read_only:
             self._conn = self._connect_read_only(timeout)
         else:
@@ -451,6 +453,28 @@ class StudyStore:
         self._one_machine = str(mode).lower() == "wal"
 
     # ---- plumbing ---------------------------------------------------------------------------------------
+    def _refuse_another_file(self, create: bool) -> None:
+        """Refuse, through a connection that cannot write, a file that is not a study's database (another program's
+        SQLite file, an empty file where a study was expected, not SQLite at all): opening it read-write would switch
+        it to WAL mode, changing its header, before :meth:`_init_schema` says it is not ours."""
+        if not self.path.exists() or (create and self.path.stat().st_size == 0):
+            return
+        probe = None
+        try:
+            probe = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+            version = probe.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in probe.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as e:
+            raise RopekitError(f"'{self.path}' is not a ropekit study database ({e})",
+                               "pass a study directory or its study.sqlite") from None
+        finally:
+            if probe is not None:
+                probe.close()
+        if version == 0 and tables:
+            raise RopekitError(f"'{self.path}' is an SQLite file but not a ropekit study", "pass a study directory")
+        if version == 0 and not create:
+            raise RopekitError(f"'{self.path}' is an empty database", "run `ropekit study` first")
+
     def _connect_read_only(self, timeout: float) -> sqlite3.Connection:
         """A connection that never writes: ``immutable=1`` (https://sqlite.org/uri.html) reads the file without
         the locks and shared-memory index a read-only place cannot hold. It ignores a write-ahead log, so a
