@@ -87,6 +87,13 @@ evals:
     (["study", "CONFIG"], "cannot name the default directory study-NAME"),
     (["study", "--preset", "quick", "--out", "OUT", "--backend", "ray", "--workers", "2"], "--workers sets the local"),
     (["train", "--example", "tiny-pose", "--json"], "--json applies to `--example list`"),
+    # from a sweep of export/verify/report: --out replaced the source's weights; an empty --outtype meant f16
+    (["export", "DIR", "--format", "gguf", "-o", "DIR/model.safetensors", "--overwrite"], "is not a .gguf file name"),
+    (["export", "DIR", "--format", "gguf", "-o", "OUT/"], "is not a .gguf file name"),
+    (["export", "DIR", "--format", "gguf", "--outtype", "", "-o", "OUT.gguf"], "--outtype '' is not one of"),
+    (["export", "/nonexistent/model", "--format", "gguf"], "does not exist"),
+    (["verify", "tiny", "--engine", "transformers"], "'tiny' is not a model directory"),
+    (["verify", "DIR", "--engine", "transformers", "--tolerance", "inf"], "--tolerance inf is not a finite number"),
 ])
 def test_a_flag_the_command_would_not_use_is_refused(run_cli, tmp_path, monkeypatch, args, words):
     """Each of these was accepted and silently unused (or, for ``export tiny``, wrote ./tiny/model-f16.gguf; for a
@@ -98,7 +105,8 @@ def test_a_flag_the_command_would_not_use_is_refused(run_cli, tmp_path, monkeypa
     (tmp_path / "dir" / "config.json").write_text("{}")
     before = _files(tmp_path)
     swap = {"OUT": str(tmp_path / "out"), "DIR": str(tmp_path / "dir"), "CONFIG": str(config)}
-    code, _, err = run_cli(*[swap.get(a, a) for a in args])
+    code, _, err = run_cli(*[swap.get(a, a) if a in swap else a.replace("DIR/", swap["DIR"] + "/").replace(
+        "OUT", swap["OUT"]) for a in args])
     _one_line(code, err, words)
     assert _files(tmp_path) == before
 
@@ -192,3 +200,11 @@ def test_ropekit_warnings_are_one_line(run_cli):
     warned = [line for line in err.splitlines() if "do not fit" in line]
     assert warned == ["warning: ropekit manyshot: 0, 2 shots do not fit in 64 tokens; skipped"], err
     assert "UserWarning" not in err and ".py:" not in err
+
+
+def test_verify_refuses_an_export_its_engine_cannot_load(run_cli, tmp_path):
+    """A Self-Extend export is in ropekit's own format: `verify -e transformers` ended in "KeyError:
+    'ropekit_self_extend'" from inside the engine. Now refused before anything starts."""
+    assert run_cli("extend", "tiny", "-m", "self_extend", "-o", str(tmp_path / "se"))[0] == 0
+    code, _, err = run_cli("verify", str(tmp_path / "se"), "--engine", "transformers")
+    _one_line(code, err, "holds self_extend in ropekit's own format, which transformers cannot load")

@@ -494,3 +494,12 @@ def test_a_gguf_whose_rope_scaling_transformers_drops_is_refused(tmp_path, metho
     assert direct.config.rope_parameters.get("rope_type", "default") == "default"
     with pytest.raises(RopekitError, match=f"scales its RoPE .*{words}"):
         load_model(str(tmp_path / "m.gguf"))
+
+
+def test_a_freeze_length_for_a_static_method_is_refused_in_a_gguf_too(tmp_path):
+    """YaRN's frequencies do not depend on the length: --freeze-length 1000 wrote the same tensors with the declared
+    context changed to 1000 tokens (eight times the extended window); a huge one was an internal error."""
+    for length, words in ((1000, "changes nothing for yarn"), (10**20, "past")):
+        with pytest.raises(RopekitError, match=words):
+            _write(tmp_path, "yarn", freeze_length=length, factor=2.0)
+        assert not (tmp_path / "m.gguf").exists()

@@ -136,8 +136,13 @@ def test_verify_against_plain_transformers(tmp_path, run_cli):
     assert code == 2 and out == "" and "--freeze-length applies only to --engine llamacpp" in err
     assert len(err.strip().splitlines()) == 1
     only = _export(tmp_path, "self_extend", group_size=4, window_size=16)
+    # what plain transformers makes of it (a process without ropekit): it cannot build the rope type
+    config = json.loads((only / "config.json").read_text())
+    assert config["ropekit"]["export"]["format"] == "ropekit"
+    assert str(config["rope_parameters"].get("rope_type", "")).startswith("ropekit_")
+    # so verify refuses it before starting the engine (it ended in the engine's "KeyError: 'ropekit_self_extend'")
     code, _, err = run_cli("verify", str(only), "--engine", "transformers")
-    assert code == 2 and "transformers failed" in err and "ropekit_self_extend" in err
+    assert code == 2 and "in ropekit's own format, which transformers cannot load" in err
     assert len([line for line in err.splitlines() if line.strip()]) == 1
 
 

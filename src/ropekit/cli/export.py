@@ -48,12 +48,18 @@ def export_cmd(
                                "export a method vLLM computes exactly (see docs/methods.md)")
         out.print(serving.command, soft_wrap=True, highlight=False)
         return
-    dtype = dtype or "f16"
+    dtype = dtype if dtype is not None else "f16"
     if dtype not in GGUF_DTYPES:
         raise RopekitError(f"--outtype {dtype!r} is not one of {', '.join(GGUF_DTYPES)}", "pass e.g. --outtype f16")
     if out_path is None and not Path(directory).is_dir():  # a built-in name, a .gguf or a hub id: no folder to write in
+        from ..models.loading import resolve_model
+
+        resolve_model(directory)  # a path that does not exist: said as such
         raise RopekitError(f"'{directory}' is not a directory to write the GGUF into",
                            f"pass --out FILE.gguf (e.g. --out model-{dtype}.gguf)")
+    if out_path is not None and Path(out_path).suffix.lower() != ".gguf":
+        # a GGUF is one file named .gguf: any other name (the source's model.safetensors, a directory) is refused
+        raise RopekitError(f"--out '{out_path}' is not a .gguf file name", "pass e.g. --out model-f16.gguf")
     target = out_path or Path(directory) / f"model-{dtype}.gguf"
     from ..install.gguf_export import saved_freeze_length, write_gguf
     from ..runtime.atomic import check_target

@@ -101,6 +101,25 @@ def engine_cannot_run(engine: str, model, python: str | Path | None = None) -> s
     return ""
 
 
+def _require_engine_directory(directory: Path, engine: str) -> None:
+    """transformers and vLLM load the export directory themselves: refuse, before anything starts, a path that is not
+    a model directory, and an export written in ropekit's own format, which neither can load (``ropekit.load`` can)."""
+    config = directory / "config.json"
+    if not config.is_file():
+        raise RopekitError(f"'{directory}' is not a model directory (no config.json), which {engine} loads itself",
+                           "pass a directory written by `ropekit extend` (or save_pretrained)")
+    try:
+        written = json.loads(config.read_text())
+    except (OSError, ValueError) as e:
+        raise RopekitError(f"'{config}' is not readable JSON ({e})", "pass a directory written by `ropekit extend`") from None
+    record = written.get("ropekit") if isinstance(written, dict) else None
+    fmt = ((record or {}).get("export") or {}).get("format") if isinstance(record, dict) else None
+    if fmt == "ropekit":
+        raise RopekitError(f"'{directory}' holds {record.get('method')} in ropekit's own format, which {engine} cannot "
+                           "load (only ropekit.load runs it)", "verify an export plain transformers loads (`ropekit "
+                           "inspect DIR` says which), or --engine llamacpp for a frequency method")
+
+
 def _written_rope(directory: Path) -> dict[str, Any]:
     """The ``rope_parameters`` of the directory's config.json (``{}`` for a file that is not a directory)."""
     path = Path(directory) / "config.json"
@@ -161,6 +180,10 @@ def verify(directory: str | Path, engine: str, *, length: int | None = None, tol
         # only the GGUF verify writes takes a freeze length; the other engines read the directory as it is
         raise RopekitError(f"--freeze-length applies only to --engine llamacpp (the GGUF verify writes), not {chosen.name}",
                            "for the other engines freeze the export itself: `ropekit extend ... --freeze-length N`")
+    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
+        raise RopekitError(f"--tolerance {tolerance} is not a finite number ≥ 0", "pass e.g. --tolerance 1e-3, or leave it out")
+    if chosen.name != "llamacpp":  # these engines load the directory itself (llama.cpp gets a GGUF written here)
+        _require_engine_directory(Path(directory).expanduser(), chosen.name)
     engine_python(chosen, python)  # a missing engine is refused before the model loads
     directory = Path(directory).expanduser()
     if directory.exists():  # the engine runs in another working directory: a relative path would miss there

@@ -287,7 +287,7 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
     data["rope_parameters"] = copy.deepcopy(record["base"]["rope_parameters"])
     data["max_position_embeddings"] = record["base"]["max_position_embeddings"]
     if freeze_length is not None:
-        check_freeze_length(model, m, info, params, freeze_length, static_too=True)
+        check_freeze_length(model, m, info, params, freeze_length)
     rope, chosen, why = None, "ropekit", ""
     if rope_format in ("auto", "native") and freeze_length is None:
         rope, why = _encode(model, m, record, data, "native", None)

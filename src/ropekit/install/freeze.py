@@ -7,17 +7,21 @@ from typing import Any
 
 import torch
 
+from ..core.schema import MAX_POSITIONS
 from ..errors import InvalidParameterError
 from .model_rope import rotary_modules
 
 
-def check_freeze_length(model, m, info, params: dict[str, Any], freeze_length: int, *, static_too: bool) -> None:
+def check_freeze_length(model, m, info, params: dict[str, Any], freeze_length: int) -> None:
     """Refuse a ``freeze_length`` that would export something other than what the user meant: one at which the
-    installed frequencies are still the base model's (the unextended model, written without a word), and — with
-    ``static_too`` (a config.json, where a frozen set is written as longrope) — one given for a method whose
-    frequencies never depend on the length (its native, unfrozen form is the exact one)."""
+    installed frequencies are still the base model's (the unextended model, written without a word), and one given
+    for a method whose frequencies never depend on the length (a config.json would hold a longrope copy of its exact
+    native form, a GGUF the same frequencies with its declared context changed to that length)."""
     kind, _ = m.length_dependence(info, params)
-    if kind == "static" and static_too:
+    if freeze_length > MAX_POSITIONS:
+        raise InvalidParameterError(f"freeze_length {freeze_length} is past {MAX_POSITIONS:,} tokens, the most positions "
+                                    "ropekit computes", "freeze at the target length")
+    if kind == "static":
         raise InvalidParameterError(f"freeze_length changes nothing for {m.name} with these parameters: its frequencies "
                                     "do not depend on the input length", "leave the freeze length out (--freeze-length, or "
                                     "freeze_length in Python)")

@@ -243,7 +243,7 @@ def _installed_frequencies(model, m, info, params, freeze_length: int | None, or
     kind, length = m.length_dependence(info, params)
     rotary = rotary_modules(model)[0][2]
     if freeze_length is not None:
-        check_freeze_length(model, m, info, params, freeze_length, static_too=False)  # a GGUF's context length is set by it
+        check_freeze_length(model, m, info, params, freeze_length)
         at = int(freeze_length)
     elif kind == "static":
         at = None
