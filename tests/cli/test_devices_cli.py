@@ -98,3 +98,19 @@ def test_a_study_says_where_its_pieces_run_before_they_start(run_cli, monkeypatc
     lines = [line for line in stderr.splitlines() if line.startswith("running on ")]
     assert lines == ["running on cpu in float32 (auto: a small model (1.1M parameters) stays in float32, bfloat16 is "
                      "for models of 20M or more), attention sdpa"], stderr
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
+def test_attn_auto_falls_back_to_eager_for_a_family_without_sdpa(run_cli, family):
+    """`inspect tiny-gemma2` failed with "attention implementation 'sdpa' is not available": --attn auto asked for
+    sdpa outright. Now auto is transformers' own pick (sdpa where the family has it), said in the placement line."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ropekit.models.tiny import build_tiny_model
+
+    expected = AutoModelForCausalLM.from_config(AutoConfig.for_model(**build_tiny_model(family).config.to_dict()))
+    code, _, err = run_cli("inspect", f"tiny-{family}")
+    assert code == 0, err
+    assert f"attention {expected.config._attn_implementation}" in err and "attention sdpa" not in err, err
+    code, _, err = run_cli("inspect", f"tiny-{family}", "--attn", "sdpa")  # asked for: refused, with the way out
+    assert code == 2 and "pass --attn auto (or eager)" in err

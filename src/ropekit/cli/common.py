@@ -7,6 +7,8 @@ function that needs it, so that ``ropekit --help`` never loads torch or transfor
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import sys
@@ -124,10 +126,13 @@ def load_model(model: str, device: Optional[str] = None, dtype: Optional[str] = 
     wanted = dtype or "auto"
     plan = resolve_placement(device or "auto", wanted, attn or "auto", device_map,
                              model_parameters=parameter_count(model) if wanted == "auto" else None)
-    PLACEMENT_NOTES.append(plan.describe())
     with err.status(f"loading {model} ({plan.device}, {plan.dtype}, {plan.attn})…"):
-        return load(model, device=plan.device if plan.device_map is None else "auto", dtype=plan.dtype,
-                    attn_implementation=plan.attn, device_map=plan.device_map)
+        # attn auto is the loader's to settle: sdpa falls back to eager for families without it (Gemma 2, gpt-oss)
+        loaded = load(model, device=plan.device if plan.device_map is None else "auto", dtype=plan.dtype,
+                      attn_implementation="auto" if (attn or "auto") == "auto" else plan.attn, device_map=plan.device_map)
+    attention = (loaded.info.get("placement") or {}).get("attn") or plan.attn
+    PLACEMENT_NOTES.append(dataclasses.replace(plan, attn=attention).describe())
+    return loaded
 
 
 class TaskProgress:

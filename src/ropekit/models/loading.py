@@ -18,6 +18,7 @@ Local loads always pass ``local_files_only=True``, so loading a directory or a G
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import inspect
@@ -463,13 +464,13 @@ def _load_tiny(family: str, attn_implementation: str, dtype):
     from .tiny import build_tiny_model
 
     model = build_tiny_model(family)
-    if attn_implementation != hf.attn_implementation(model.config):
+    if attn_implementation is not None and attn_implementation != hf.attn_implementation(model.config):
         try:
             model.set_attn_implementation(attn_implementation)
         except Exception as e:
             raise InvalidParameterError(
-                f"attention implementation '{attn_implementation}' is not available: {_first_line(e)}",
-                "use sdpa or eager",
+                f"attention implementation '{attn_implementation}' is not available for this model "
+                f"({_first_line(e).split('. ')[0]})", "pass --attn auto (or eager)",
             ) from None
     if isinstance(dtype, torch.dtype):
         model = model.to(dtype)
@@ -717,6 +718,7 @@ def load_model(
     asked = dtype  # None/"auto": a GGUF's weights are saved in the file's precision class, not the compute dtype
     kind, target = resolve_model(spec)
     plan = None
+    family_default = attn_implementation in (None, "auto")
     if device is not None or device_map is not None or attn_implementation == "auto":
         from ..runtime.devices import resolve_devices
 
@@ -724,6 +726,8 @@ def load_model(
         plan = resolve_devices(device or "auto", wanted, attn_implementation, device_map,
                                model_parameters=parameter_count(spec) if wanted == "auto" else None)
         dtype, attn_implementation = plan.dtype, plan.attn
+    if family_default and attn_implementation == "sdpa":
+        attn_implementation = None  # transformers' own pick: sdpa where the family has it, eager where not
     dtype = _resolve_dtype(dtype)
     info: dict[str, Any] = {}
     if kind == "tiny":
@@ -743,6 +747,9 @@ def load_model(
     else:
         model, tokenizer = _load_hub(target, dtype=dtype, attn_implementation=attn_implementation, with_tokenizer=with_tokenizer)
     if plan is not None:
+        actual = hf.attn_implementation(model.config)
+        if family_default and actual and actual != plan.attn:  # the family has no sdpa: eager, said as such
+            plan = dataclasses.replace(plan, attn=actual)
         model = _place(model, plan)
         info["placement"] = plan.as_dict()
     model.eval()
