@@ -94,6 +94,8 @@ evals:
     (["export", "/nonexistent/model", "--format", "gguf"], "does not exist"),
     (["verify", "tiny", "--engine", "transformers"], "'tiny' is not a model directory"),
     (["verify", "DIR", "--engine", "transformers", "--tolerance", "inf"], "--tolerance inf is not a finite number"),
+    (["pretrain-base", "--seed", "99999999999999999999"], "is outside 0 … 2³² − 1"),  # was an internal error
+    (["pretrain-base", "--threads", "4"], "--threads sets the pre-training's threads"),  # the shipped model: unused
 ])
 def test_a_flag_the_command_would_not_use_is_refused(run_cli, tmp_path, monkeypatch, args, words):
     """Each of these was accepted and silently unused (or, for ``export tiny``, wrote ./tiny/model-f16.gguf; for a
@@ -208,3 +210,12 @@ def test_verify_refuses_an_export_its_engine_cannot_load(run_cli, tmp_path):
     assert run_cli("extend", "tiny", "-m", "self_extend", "-o", str(tmp_path / "se"))[0] == 0
     code, _, err = run_cli("verify", str(tmp_path / "se"), "--engine", "transformers")
     _one_line(code, err, "holds self_extend in ropekit's own format, which transformers cannot load")
+
+
+def test_shipping_the_shipped_model_leaves_it_as_it_is(tmp_path):
+    """`pretrain-base --ship` when the shipped model matched copied each file onto itself (SameFileError)."""
+    from ropekit.train.builtin_base import ship_model
+
+    (tmp_path / "config.json").write_text("{}")
+    assert ship_model(tmp_path, shipped_dir=tmp_path) == tmp_path
+    assert _files(tmp_path) == ["config.json"]

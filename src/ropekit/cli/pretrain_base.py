@@ -22,9 +22,17 @@ def pretrain_base_cmd(
 ):
     """Print the study's built-in base model directory: the shipped model when it matches the settings, else a
     cached one, else pre-trained here now (--force always pre-trains, deterministically)."""
+    from ..errors import RopekitError
     from ..runtime import quiet_transformers as quiet
-    from ..train.builtin_base import describe, pretrain_base, ship_model
+    from ..train.builtin_base import base_model_path, describe, is_cached, pretrain_base, ship_model
 
+    if not 0 <= seed < 2**32:  # the seed reaches numpy's and torch's generators
+        raise RopekitError(f"--seed {seed} is outside 0 … 2³² − 1", "pass e.g. --seed 0")
+    if threads is not None and not force:
+        if is_cached(base_model_path(seed, steps=steps)):
+            # nothing is trained: the shipped (or cached) model is returned, and --threads would be silently unused
+            raise RopekitError("--threads sets the pre-training's threads, and this model is already there (nothing "
+                               "is trained)", "drop --threads, or add --force to train it again")
     with quiet():
         path = pretrain_base(seed, steps=steps, use_cache=not force, threads=threads)
     if ship:

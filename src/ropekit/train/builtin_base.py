@@ -393,6 +393,8 @@ def ship_model(path: Path, shipped_dir: Path | None = None) -> Path:
     import shutil
 
     target = Path(shipped_dir) if shipped_dir is not None else SHIPPED_DIR
+    if Path(path).resolve() == target.resolve():  # the shipped model itself matched: it is shipped already
+        return target
     target.mkdir(parents=True, exist_ok=True)
     for name in SHIPPED_FILES[:-1]:
         if (Path(path) / name).is_file():
