@@ -95,6 +95,8 @@ evals:
     (["verify", "tiny", "--engine", "transformers"], "'tiny' is not a model directory"),
     (["verify", "DIR", "--engine", "transformers", "--tolerance", "inf"], "--tolerance inf is not a finite number"),
     (["pretrain-base", "--seed", "99999999999999999999"], "is outside 0 … 2³² − 1"),  # was an internal error
+    # /proc passes permission checks as root; the error named ropekit's temporary file, after the work
+    (["export", "tiny", "--format", "gguf", "-o", "/proc/x.gguf"], "cannot create files in '/proc'"),
     (["pretrain-base", "--threads", "4"], "--threads sets the pre-training's threads"),  # the shipped model: unused
 ])
 def test_a_flag_the_command_would_not_use_is_refused(run_cli, tmp_path, monkeypatch, args, words):

@@ -25,6 +25,7 @@ import re
 import secrets
 import shutil
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,6 +157,13 @@ def check_target(path: str | os.PathLike, *, what: str = "--out", kind: str = "a
         raise RopekitError(f"{what} '{_shown(path)}' is on a read-only filesystem", "pass a path on a writable filesystem")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise RopekitError(f"{what} '{_shown(path)}': no permission to write in '{ancestor}'", "pass a path you can write")
+    try:  # permission bits do not tell everything (root under /proc, a full disk): make and remove an empty file
+        fd, probe = tempfile.mkstemp(prefix=".ropekit-probe-", dir=ancestor)
+    except OSError as e:
+        raise RopekitError(f"{what} '{_shown(path)}': cannot create files in '{ancestor}' ({e.strerror})",
+                           "pass a path you can write") from None
+    os.close(fd)
+    os.unlink(probe)
     return target
 
 
