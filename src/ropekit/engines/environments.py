@@ -108,8 +108,11 @@ def engine_python(engine: Engine, python: str | os.PathLike | None = None) -> Pa
     the file system: it answers at once."""
     if python is not None:
         path = Path(python).expanduser()
-        if not path.is_file():
-            raise RopekitError(f"--python '{path}' does not exist", f"pass the python of an environment with {engine.title}")
+        if not str(python).strip() or not path.is_file():
+            what = ("is empty" if not str(python).strip() else "is a directory, not a Python executable" if path.is_dir()
+                    else "does not exist")
+            raise RopekitError(f"--python '{python}' {what}", f"pass the python of an environment with {engine.title}, "
+                               "e.g. --python ~/venvs/engine/bin/python")
         return path
     if engine.venv is None:
         return Path(sys.executable)
