@@ -60,6 +60,14 @@ def _files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
+def _train_config(run_cli, path: Path) -> Path:
+    """The tiny-pose example recipe written to ``path``."""
+    code, text, err = run_cli("train", "--example", "tiny-pose")
+    assert code == 0, err
+    path.write_text(text)
+    return path
+
+
 TINY_STUDY = """name: NAME
 model: tiny
 target_length: 128
@@ -130,8 +138,7 @@ def test_a_directory_of_someone_elses_files_is_refused(run_cli, tmp_path, comman
     if command[0] == "study":
         config.write_text(TINY_STUDY.replace("NAME", "tiny-study"))
     else:
-        code, text, _ = run_cli("train", "--example", "tiny-pose")
-        config.write_text(text)
+        _train_config(run_cli, config)
     swap = {"OCCUPIED": str(occupied), "CONFIG": str(config)}
     code, _, err = run_cli(*[swap.get(a, a) for a in command])
     _one_line(code, err, "holds files")
@@ -139,9 +146,8 @@ def test_a_directory_of_someone_elses_files_is_refused(run_cli, tmp_path, comman
 
 
 def test_a_dry_run_refuses_what_the_run_would(run_cli, tmp_path):
-    code, text, _ = run_cli("train", "--example", "tiny-pose")
-    config = tmp_path / "c.yaml"
-    config.write_text(text)
+    config = _train_config(run_cli, tmp_path / "c.yaml")
+    text = config.read_text()
     a_file = tmp_path / "file"
     a_file.write_text("x")
     code, _, err = run_cli("train", str(config), "--dry-run", "--out", str(a_file))
@@ -164,8 +170,7 @@ def test_a_run_may_keep_its_own_config_in_its_directory(run_cli, tmp_path):
     assert (study_dir / "study.sqlite").is_file()
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    code, text, _ = run_cli("train", "--example", "tiny-pose")
-    (run_dir / "train.yaml").write_text(text)
+    _train_config(run_cli, run_dir / "train.yaml")
     code, _, err = run_cli("train", str(run_dir / "train.yaml"), "--out", str(run_dir), "--max-steps", "1")
     assert code == 0, err
     assert (run_dir / "final").is_dir()
@@ -178,18 +183,14 @@ def test_train_refuses_someone_elses_directory_also_on_resume_and_dry_run(run_cl
     occupied = tmp_path / "occupied"
     occupied.mkdir()
     (occupied / "keep.txt").write_text("mine")
-    code, text, _ = run_cli("train", "--example", "tiny-pose")
-    config = tmp_path / "c.yaml"
-    config.write_text(text)
+    config = _train_config(run_cli, tmp_path / "c.yaml")
     code, _, err = run_cli("train", str(config), "--out", str(occupied), "--max-steps", "1", *flags)
     _one_line(code, err, "holds files no training run wrote (keep.txt)")
     assert _files(occupied) == ["keep.txt"]
 
 
 def test_a_dry_run_refuses_an_earlier_run_without_resume(run_cli, tmp_path):
-    code, text, _ = run_cli("train", "--example", "tiny-pose")
-    config = tmp_path / "c.yaml"
-    config.write_text(text)
+    config = _train_config(run_cli, tmp_path / "c.yaml")
     assert run_cli("train", str(config), "--out", str(tmp_path / "run"), "--max-steps", "1")[0] == 0
     code, _, err = run_cli("train", str(config), "--out", str(tmp_path / "run"), "--dry-run")
     _one_line(code, err, "already holds an earlier run")
