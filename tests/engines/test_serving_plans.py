@@ -477,6 +477,16 @@ def test_engines_live_in_the_per_user_data_directory(tmp_path, monkeypatch, run_
     assert code == 2 and "unknown engine 'bogus'" in err
 
 
+def test_engines_directory_that_is_a_file_is_refused_before_installing(tmp_path, monkeypatch, run_cli):
+    """$ROPEKIT_ENGINES naming a file is one line naming the variable; nothing is made beside it."""
+    (tmp_path / "afile").write_text("kept")
+    monkeypatch.setenv("ROPEKIT_ENGINES", str(tmp_path / "afile"))
+    code, _, err = run_cli("engines", "install", "transformers4")
+    assert code == 2 and "$ROPEKIT_ENGINES names" in err and "not a directory" in err
+    assert len(err.strip().splitlines()) <= 2 and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"] and (tmp_path / "afile").read_text() == "kept"
+
+
 def test_vllms_dynamic_is_dynamic_ntk_frozen_at_factor_times_window():
     """vLLM's DynamicNTKScalingRotaryEmbedding: max_len = C·s, base = b·(s·max_len/C − (s − 1))^(d/(d−2)), which the
     refusal names as Dynamic NTK frozen at s·C tokens (what --freeze-length s·C exports)."""

@@ -85,7 +85,13 @@ def engines_root() -> Path:
     """Where ``ropekit engines install`` puts the environments: ``$ROPEKIT_ENGINES``, else the per-user data
     directory (:func:`user_engines_dir`)."""
     env = os.environ.get("ROPEKIT_ENGINES")
-    return Path(env).expanduser() if env else user_engines_dir()
+    if not env:
+        return user_engines_dir()
+    root = Path(env).expanduser()
+    if root.exists() and not root.is_dir():
+        raise RopekitError(f"$ROPEKIT_ENGINES names '{root}', which is not a directory",
+                           "point it at a directory (made if missing), or unset it to use the per-user one")
+    return root
 
 
 def engine_roots() -> list[Path]:
