@@ -229,6 +229,11 @@ def test_accuracy_interval_matches_the_exact_bootstrap_distribution():
         bound = z * z / (n + z * z)  # Wilson at p̂ = 0: [0, z²/(n + z²)]; at p̂ = 1 its mirror
         assert row["ci95"] == pytest.approx([1 - bound, 1.0] if score else [0.0, bound], abs=1e-12)
     assert stats.aggregate([acc_record("pi", 128, 0.0, i) for i in range(20)])[0]["ci95"][1] == pytest.approx(0.1611, abs=1e-4)
+    # partial credit, the same fraction on every prompt: Wilson's interval at p̂ = 0.5, written out
+    (row,) = stats.aggregate([acc_record("pi", 128, 0.5, i) for i in range(20)])
+    half = z / (1 + z * z / 20) * (0.25 / 20 + z * z / 1600) ** 0.5
+    assert row["value"] == 0.5 and row["ci95"] == pytest.approx([0.5 - half, 0.5 + half], abs=1e-12)
+    assert row["ci95"][0] == pytest.approx(0.2993, abs=1e-4)
     # one prompt, or one document: no interval at all
     (row,) = stats.aggregate([acc_record("pi", 128, 1.0, 0)])
     assert row["ci95"] is None and row["n"] == 1

@@ -257,7 +257,7 @@ def percentile_interval(values: np.ndarray, level: float = 0.95) -> tuple[float,
 Z_95 = 1.959963984540054
 
 
-def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+def wilson_interval(successes: float, n: int, z: float = Z_95) -> tuple[float, float]:
     """Wilson's score interval for ``successes`` of ``n`` (Wilson 1927): the proportions ``p`` with
     ``|p̂ − p| ≤ z·√(p(1 − p)/n)``."""
     p = successes / n
@@ -267,15 +267,18 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
 
 
 def _all_alike_interval(metric: _Metric, observed: np.ndarray, draws: int) -> tuple[float, float] | None:
-    """Where every prompt of a cell scored 0 (or every one 1), every bootstrap resample is that score again and the
-    percentile interval is a point, which reads as certainty: "0 of 20" is then given Wilson's score interval,
+    """Where every prompt of a cell scored the same, every bootstrap resample is that score again and the
+    percentile interval is a point, which reads as certainty. "0 of 20" is then given Wilson's score interval,
     [0, 16 %] for 20 prompts — over ``draws`` independent ones, the clusters where prompts come in clusters (each
-    cluster then scored all 0 or all 1). Only for pass/fail scores, one per prompt and seed."""
+    cluster then scored all 0 or all 1). A partial-credit score (RULER's multi-value needles, NIAH recall) that
+    came out the same fraction ``p`` on every prompt gets Wilson's interval at ``p̂ = p`` too: a score in [0, 1]
+    with mean ``p`` has variance at most ``p(1 − p)`` (Bhatia & Davis 2000), the Bernoulli one, so the interval is
+    conservative. Only for scores in [0, 1], one per prompt and seed."""
     den = metric.den[:, observed]
     scores = metric.num[:, observed] / np.where(den > 0, den, 1)
-    if not np.all(den == 1) or not np.all((scores == 0) | (scores == 1)) or len(set(scores.ravel().tolist())) != 1:
+    if not np.all(den == 1) or not np.all((scores >= 0) & (scores <= 1)) or len(set(scores.ravel().tolist())) != 1:
         return None
-    return wilson_interval(int(scores[0, 0]) * draws, draws)
+    return wilson_interval(float(scores[0, 0]) * draws, draws)
 
 
 @dataclass
