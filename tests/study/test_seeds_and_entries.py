@@ -50,11 +50,21 @@ def test_every_seed_trains_and_evaluates_the_fine_tuned_variants_once_and_frozen
     ({"seeds": [-1]}, "seeds[0]"),
     ({"evals": {"ppl-x": {"task": "pplx", "lengths": [64]}}}, "evals.ppl-x.task is not an evaluation task"),
     ({"evals": {"ppl-x": {"task": "ppl", "lengths": [64], "depths": [0.5]}}}, "ppl-x.depths"),
+    # a LongBench cell is a mean over datasets: named in the config, from one suite (LongBench-E's are LongBench's)
+    ({"evals": {"lb": {"task": "longbench", "lengths": [64]}}}, "evals.lb.tasks is missing"),
+    ({"evals": {"lb": {"task": "longbench", "lengths": [64], "tasks": ["trec", "trec_e"]}}},
+     "evals.lb.tasks mixes LongBench and LongBench-E"),
 ])
 def test_bad_seeds_and_entries_are_one_line(change, words):
     with pytest.raises(RopekitError) as err:
         parse_study(_seeded(**change))
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_longbench_cell_of_one_suite_is_accepted():
+    for datasets in (["trec", "hotpotqa"], ["trec_e"]):
+        config = parse_study(_seeded(evals={"lb": {"task": "longbench", "lengths": [64], "tasks": datasets}}))
+        assert config.as_dict()["evals"]["lb"]["tasks"] == datasets
 
 
 def test_a_seeded_study_with_a_control_and_two_perplexity_protocols(tmp_path):

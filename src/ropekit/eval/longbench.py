@@ -398,19 +398,24 @@ def _order(name: str) -> int:
 
 def summarize(records: list[dict]) -> list[dict]:
     """Rows per (budget, dataset) with ``accuracy`` (mean item score) and ``score`` (×100, 2 decimals, as
-    LongBench reports), per LongBench-E bucket for the ``_e`` datasets, and an ``average`` row per budget:
-    the mean over datasets of their accuracy (LongBench averages dataset scores, not items)."""
+    LongBench reports), per LongBench-E bucket for the ``_e`` datasets, and per budget an ``average`` row over the
+    LongBench datasets and an ``average_e`` row over the LongBench-E ones: the mean over datasets of their accuracy
+    (LongBench averages dataset scores, not items). The two suites are averaged apart because LongBench-E's
+    datasets are LongBench's again, resampled by length: one average over both would count a dataset twice."""
     groups: dict[tuple[int, str], list[dict]] = {}
     for r in records:
         groups.setdefault((r["length"], r["dataset"]), []).append(r)
     rows: list[dict] = []
     for length in sorted({k[0] for k in groups}):
         names = sorted((k[1] for k in groups if k[0] == length), key=lambda n: (_order(n), n))
-        per_dataset = []
+        per_suite: dict[str, list[float]] = {"average": [], "average_e": []}
+        counted: dict[str, int] = {"average": 0, "average_e": 0}
         for name in names:
             recs = groups[(length, name)]
             acc = mean(float(r["score"]) for r in recs)
-            per_dataset.append(acc)
+            suite = "average_e" if name.endswith("_e") else "average"
+            per_suite[suite].append(acc)
+            counted[suite] += len(recs)
             rows.append({"length": length, "dataset": name, "bucket": None, "accuracy": acc,
                          "score": round(100 * acc, 2), "n": len(recs)})
             if name.endswith("_e"):
@@ -420,7 +425,9 @@ def summarize(records: list[dict]) -> list[dict]:
                         acc_b = mean(inside)
                         rows.append({"length": length, "dataset": name, "bucket": bucket, "accuracy": acc_b,
                                      "score": round(100 * acc_b, 2), "n": len(inside)})
-        avg = mean(per_dataset)
-        rows.append({"length": length, "dataset": "average", "bucket": None, "accuracy": avg,
-                     "score": round(100 * avg, 2), "n": sum(len(groups[(length, n)]) for n in names)})
+        for suite, scores in per_suite.items():
+            if scores:
+                avg = mean(scores)
+                rows.append({"length": length, "dataset": suite, "bucket": None, "accuracy": avg,
+                             "score": round(100 * avg, 2), "n": counted[suite]})
     return rows

@@ -422,6 +422,20 @@ class _Claims(StrictModel):
         return items
 
 
+def _one_longbench_suite(name: str, datasets: Any) -> None:
+    """A study's LongBench cell is the mean over its datasets, so they are named in the config (the files in a
+    folder would otherwise decide what a cell means, machine by machine) and come from one suite: LongBench-E's
+    ``_e`` datasets are LongBench's resampled by length, and one mean over both counts a dataset twice."""
+    if not datasets:
+        raise _problem("is missing", "name the datasets of this cell, e.g. `tasks: [hotpotqa, qasper]`",
+                       key=f"{name}.tasks")
+    suites = {str(d).endswith("_e") for d in datasets}
+    if len(suites) > 1:
+        raise _problem("mixes LongBench and LongBench-E (_e) datasets, whose mean would count a dataset twice",
+                       "make two evaluations, e.g. `longbench-e: {task: longbench, tasks: [hotpotqa_e], lengths: …}`",
+                       key=f"{name}.tasks")
+
+
 class _Study(StrictModel):
     """A study config as written (module doc)."""
 
@@ -544,6 +558,8 @@ class _Study(StrictModel):
             except RopekitError as err:
                 raise _problem(_as_config_keys(err.problem), _as_config_keys(err.fix or "fix the option"),
                                key=name) from None
+            if task == "longbench":
+                _one_longbench_suite(name, options.get("tasks"))
         return evals
 
     @field_validator("device")
