@@ -172,7 +172,7 @@ def print_table(rows: list[dict[str, Any]], console=None, title: str | None = No
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or Console(emoji=False)
     lengths = list(rows[0]["loss"]) if rows else []
     base = rows[0]["loss"] if rows and rows[0]["method"] == "base" else None
     table = Table(title=title or "tiny llama: next-token loss by length", caption=CAPTION, caption_justify="left")
@@ -204,7 +204,7 @@ def main(method: str | None = None, json_out: bool = False) -> list[dict[str, An
     from rich.console import Console
 
     chosen = [get_method(method)] if method is not None else None  # unknown names fail before training
-    err = Console(stderr=True)
+    err = Console(stderr=True, emoji=False)
     started = time.perf_counter()
     model = pretrain_tiny()
     info = model.ropekit_demo

@@ -338,3 +338,19 @@ def test_sigint_of_a_training_run_exits_130_without_a_traceback(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted", err
+
+
+def test_labels_and_ids_are_printed_as_written_not_as_emoji(capsys):
+    """Rich reads `:a:` or `:up:` as emoji codes: a study variant labelled `a` printed `train🅰`. Every console
+    ropekit prints through keeps such text literal."""
+    from ropekit.cli.common import err, out
+    from ropekit.runtime.progress import progress
+
+    out.print("failed train:a: and eval:up:x")
+    err.print("eval:ok:base")
+    with progress("t", total=1, enabled=True) as bar:
+        bar.log("done: train:a:")
+    captured = capsys.readouterr()
+    assert "failed train:a: and eval:up:x" in captured.out
+    assert "eval:ok:base" in captured.err and "train:a:" in captured.err
+    assert not any(ord(c) > 0x2000 for c in captured.out + captured.err if c not in "━─…→×≈·")

@@ -472,6 +472,10 @@ BAD_CALLS = {
     "harpe too many bases": (("harpe",), {"bases": [1e4, 2e4, 3e4]}, "3 bases"),
     "beta order": (("yarn",), {"factor": 2.0, "beta_fast": 1.0, "beta_slow": 32.0}, "beta_slow"),
     "bad choice": (("yarn",), {"factor": 2.0, "ramp": "cubic"}, "ramp"),
+    # a scale method given no scale computed the model's own RoPE (factor 1) and called it extended
+    "yarn without a scale": (("yarn",), {}, "yarn needs a scale"),
+    "pi without a scale": (("pi",), {}, "pi needs a scale"),
+    "dynamic_ntk without a scale": (("dynamic_ntk",), {}, "dynamic_ntk needs a scale"),
 }
 
 
@@ -488,6 +492,15 @@ def test_bad_input_raises_one_line_and_leaves_model_alone(name, llama, make_ids)
     assert ropekit.installed(llama) is None
     assert llama.config.max_position_embeddings == WINDOW
     assert torch.equal(_logits(llama, ids), plain)
+
+
+def test_a_factor_of_one_written_out_is_accepted_as_a_control(llama, make_ids):
+    """Only a scale left out is refused: factor=1 written out is the model's own RoPE, on purpose."""
+    ids = make_ids(100)
+    plain = _logits(llama, ids)
+    ropekit.extend(llama, "yarn", factor=1.0)
+    assert ropekit.installed(llama)["params"]["factor"] == 1.0
+    assert torch.allclose(_logits(llama, ids), plain, atol=1e-6)
 
 
 def test_unknown_method_suggests_the_near_miss(llama):

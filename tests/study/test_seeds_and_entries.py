@@ -54,6 +54,18 @@ def test_every_seed_trains_and_evaluates_the_fine_tuned_variants_once_and_frozen
     ({"evals": {"lb": {"task": "longbench", "lengths": [64]}}}, "evals.lb.tasks is missing"),
     ({"evals": {"lb": {"task": "longbench", "lengths": [64], "tasks": ["trec", "trec_e"]}}},
      "evals.lb.tasks mixes LongBench and LongBench-E"),
+    # what the study sets for every training, in a variant's finetune: as in the recipe (it was dropped silently)
+    ({"variants": [{"label": "x", "method": "pi", "params": {"factor": 2}, "finetune": {"model": {"name": "tiny"}}}]},
+     "variants[0].finetune.model.name is set by the study itself"),
+    ({"variants": [{"label": "x", "method": "pi", "params": {"factor": 2}, "finetune": {"output": {"dir": "/tmp/y"}}}]},
+     "variants[0].finetune.output.dir is set by the study itself"),
+    ({"variants": [{"label": "x", "method": "pi", "params": {"factor": 2}, "finetune": {"output": {"log_every": 7}}}]},
+     "output.log_every is set by the study itself"),
+    # a bad override names its variant
+    ({"variants": [{"label": "x", "method": "pi", "params": {"factor": 2}, "finetune": {"train": {"max_steps": -3}}}]},
+     "variant 'x': train.max_steps"),
+    # the built-in base model's window is known before anything runs
+    ({"model": "builtin-base", "target_length": 200}, "target_length 200 is not beyond the window 256"),
 ])
 def test_bad_seeds_and_entries_are_one_line(change, words):
     with pytest.raises(RopekitError) as err:
@@ -144,3 +156,20 @@ def test_pretrain_asks_for_the_base_model_to_be_rebuilt_without_changing_the_stu
         with pytest.raises(RuntimeError):
             pieces.execute_piece(config, None, piece, tmp_path)
     assert asked == [True, False]  # the shipped model, then a model trained here
+
+
+def test_a_scale_method_given_no_factor_extends_to_the_studys_target_length_everywhere():
+    """Left to each evaluation, YaRN without a factor was sized to that evaluation's longest length (×8 in one
+    piece, ×2 in another, under one label); left to training, it was not extended at all (factor 1)."""
+    from ropekit.study.config import train_config_for
+
+    config = parse_study(_seeded(variants=[{"label": "yarn", "method": "yarn"},
+                                           {"label": "yarn-ft", "method": "yarn", "finetune": True},
+                                           {"label": "abf-ft", "method": "abf", "params": {"rope_theta": 5e4},
+                                            "finetune": True},
+                                           {"label": "pi", "method": "pi", "params": {"factor": 2}}]))
+    params = {v.label: v.params for v in config.variants}
+    assert params["yarn"]["target_length"] == params["yarn-ft"]["target_length"] == config.target_length == 256
+    assert "target_length" not in params["abf-ft"] and "target_length" not in params["pi"]  # no scale, or given
+    trained = train_config_for(config, config.variant("yarn-ft"), "tiny", "unused")
+    assert trained.method.params["target_length"] == 256

@@ -158,3 +158,23 @@ def test_a_missing_data_path_or_an_unwritable_output_is_one_line_before_the_run_
     code, _, err = run_cli("train", str(good), "--out", str(afile))
     assert code == 2 and "exists and is a file" in err and err.strip().count("\n") == 0, err
     assert afile.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("source, needle", [
+    (lambda p: (p / "empty.txt").write_text(""), "holds no text"),
+    (lambda p: (p / "wrong.jsonl").write_text('{"body": "a"}\n'), "has no 'text' field"),
+])
+def test_unusable_training_data_writes_nothing_and_the_fixed_command_runs(run_cli, tmp_path, source, needle):
+    """The data is read before the run writes its config copy and metrics file: a bad file is one line, and the
+    directory is not left looking like "an earlier run" that the fixed command then refuses."""
+    source(tmp_path)
+    data = next(p for p in tmp_path.iterdir())
+    raw = {"model": "tiny", "data": {"seq_len": 32, "sources": [{"path": str(data)}]}, "train": {"max_steps": 1}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(raw))
+    code, _, err = run_cli("train", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "out"))
+    assert code == 2 and needle in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    text = "some text to train on. " * 40
+    data.write_text(json.dumps({"text": text}) + "\n" if data.suffix == ".jsonl" else text)
+    code, _, err = run_cli("train", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "out"))
+    assert code == 0, err

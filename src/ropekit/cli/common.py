@@ -25,8 +25,8 @@ from ..errors import InvalidParameterError, RopekitError
 #: Results (tables, JSON) go to stdout; progress, notes and errors to stderr, so ``--json`` output pipes cleanly.
 #: Printed lines are never broken by rich (soft wrap): a path or a status line stays one line in a log or a pipe,
 #: where rich would otherwise wrap at 80 columns; a terminal wraps them on screen itself. Tables keep their width.
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True, emoji=False)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 #: The MODEL argument's help, the same for every command that takes one.
 MODEL_HELP = "Local transformers directory, .gguf file, hub id, or a built-in name (tiny)."

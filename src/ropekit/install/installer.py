@@ -61,6 +61,17 @@ def _factor_from(info: RopeInfo, factor: float | None, target_length: int | None
     return target_length / info.window
 
 
+def _require_scale(m: Method, given: dict[str, Any]) -> None:
+    """A method whose only reach is its scale ``s`` (PI, NTK, YaRN, …: ``factor`` defaults to 1) computes the model's
+    own RoPE when given no factor and no target length; ``factor: 1`` written out is accepted (a control), left out it
+    is refused, as a run that would extend nothing."""
+    scale = next((p for p in m.params if p.name == "factor"), None)
+    if m.uses_factor and scale is not None and scale.default == 1.0 and "factor" not in given:
+        raise InvalidParameterError(
+            f"{m.name} needs a scale: without factor or target_length it computes the model's own RoPE",
+            "give a factor (--factor 4, factor=4) or the length to reach (--target-length N, target_length=N)")
+
+
 def resolve_params(
     model: PreTrainedModel, method: str | Method, *, factor=None, target_length=None, **params
 ) -> tuple[Method, RopeInfo, dict[str, Any]]:
@@ -74,6 +85,7 @@ def resolve_params(
     given = dict(params)
     if f is not None:
         given["factor"] = f
+    _require_scale(m, given)
     return m, info, m.resolve(info, given)
 
 
@@ -165,6 +177,7 @@ def extend(
         info = rope_info(model, layer_type)
         factor_given = _factor_from(info, factor, target_length)
         given[layer_type] = {**params, **({"factor": factor_given} if factor_given is not None else {})}
+        _require_scale(m, given[layer_type])
     return install_resolved(model, m, given)
 
 

@@ -141,7 +141,7 @@ def progress(description: str, total: int | None = None, *, completed: int = 0, 
     if console is None and enabled:
         from rich.console import Console
 
-        console = Console(stderr=True)
+        console = Console(stderr=True, emoji=False)
     rich = enabled and console is not None and console.is_terminal
     task = ProgressTask(description, total, completed, console, interval, rich, heartbeat if enabled else None)
     if not enabled:

@@ -283,6 +283,7 @@ class _Variant(StrictModel):
         for key in RECIPE_FORBIDDEN:
             if key in (finetune or {}):
                 raise _problem("is set by the study itself", "drop it (the variant's method is its own key)", key=key)
+        _study_owned_sections(finetune or {})
         return finetune
 
     @model_validator(mode="after")
@@ -312,6 +313,34 @@ class _Variant(StrictModel):
         search = None if self.search is None else self.search.model_dump(exclude_none=True)
         return Variant(label=self.label, method=self.method, params=self.params, finetune=copy.deepcopy(self.finetune),
                        note=str(self.note) if self.note else None, search=search)
+
+
+def _study_owned_sections(recipe: dict[str, Any]) -> None:
+    """The recipe's keys the study sets for every training (the recipe's and each variant's ``finetune:``): the base
+    model, where a run goes and that it logs every step (the report reads every step's loss)."""
+    for section, key, fix in (("model", "name", "drop it: the study's `model:` is every variant's base"),
+                              ("output", "dir", "drop it: runs go to DIR/runs/LABEL"),
+                              ("output", "log_every", "drop it: a study records every step's loss")):
+        part = recipe.get(section)
+        if part is not None and not isinstance(part, dict):
+            raise ConfigProblem(f"must be a mapping of keys to values, got {part!r}",
+                                f"write it as `{section}:` with indented keys", key=section)
+        if key in (part or {}):
+            raise _problem("is set by the study itself", fix, key=f"{section}.{key}")
+
+
+def _scale_to_target(variant: _Variant, target_length: int) -> None:
+    """A variant of a method whose reach is its scale (PI, NTK, YaRN, …) given neither ``factor`` nor
+    ``target_length`` extends to the study's ``target_length``, in training and in every evaluation alike (left
+    to each evaluation, it was sized to that evaluation's longest length; left to training, not extended at all)."""
+    if variant.method is None or "factor" in variant.params or "target_length" in variant.params:
+        return
+    from ..methods import get_method  # not at the top: the methods import torch
+
+    method = get_method(variant.method)
+    scale = next((p for p in method.params if p.name == "factor"), None)
+    if method.uses_factor and scale is not None and scale.default == 1.0:
+        variant.params["target_length"] = target_length
 
 
 class _Ask(StrictModel):
@@ -467,14 +496,7 @@ class _Study(StrictModel):
         for key in RECIPE_FORBIDDEN:
             if key in recipe:
                 raise _problem("is set by the study itself", "drop it: each variant brings its own method", key=key)
-        for section, key, fix in (("model", "name", "drop it: the study's `model:` is every variant's base"),
-                                  ("output", "dir", "drop it: runs go to DIR/runs/LABEL")):
-            part = recipe.get(section)
-            if part is not None and not isinstance(part, dict):
-                raise ConfigProblem(f"must be a mapping of keys to values, got {part!r}",
-                                    f"write it as `{section}:` with indented keys", key=section)
-            if key in (part or {}):
-                raise _problem("is set by the study itself", fix, key=f"{section}.{key}")
+        _study_owned_sections(recipe)
         return recipe
 
     @field_validator("seeds")
@@ -573,10 +595,16 @@ class _Study(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> _Study:
-        if self.window is not None and self.target_length <= self.window:
-            raise _problem(f"{self.target_length} is not beyond the window {self.window}",
+        window = self.window
+        if window is None and self.model == BUILTIN_BASE:
+            from ..train.builtin_base import SETTINGS  # not at the top: ropekit.train imports torch
+
+            window = SETTINGS["window"]
+        if window is not None and self.target_length <= window:
+            raise _problem(f"{self.target_length} is not beyond the window {window}",
                            "choose a target length larger than the window", key="target_length")
         for i, variant in enumerate(self.variants):
+            _scale_to_target(variant, self.target_length)
             starts = variant.search.start_tokens if variant.search is not None else None
             if isinstance(starts, int | list) and max(starts if isinstance(starts, list) else [starts],
                                                        default=0) >= self.target_length:
@@ -651,12 +679,13 @@ def train_config_for(config: StudyConfig, variant: Variant, model_path: str, out
 
 def _check_recipe(config: StudyConfig) -> None:
     """Parse every fine-tuned variant's training config now, so a bad recipe fails before hours of work."""
-    try:
-        for v in config.variants:
-            if v.trained:
+    for v in config.variants:
+        if v.trained:
+            try:
                 train_config_for(config, v, "tiny", "unused")
-    except RopekitError as err:
-        raise StudyConfigError(err.problem, err.fix) from None
+            except RopekitError as err:
+                # the recipe and the variant's finetune: merged; say which variant's training it is
+                raise StudyConfigError(f"variant '{v.label}': {err.problem}", err.fix) from None
 
 
 # ---- presets ------------------------------------------------------------------------------------------------

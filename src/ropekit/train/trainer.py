@@ -175,7 +175,7 @@ class Trainer:
         if console is None:
             from rich.console import Console
 
-            console = Console(stderr=True)
+            console = Console(stderr=True, emoji=False)
         self.console = console
         self.guard = LossGuard(cfg.train.guard)
         self.tokens_seen = 0
@@ -527,6 +527,9 @@ class Trainer:
             self._note(f"resuming {self.out} from step {self.step} ({found[1].name})")
         elif self.resume:
             self._note(f"no checkpoint in {self.out}: starting at step 0")
+        # the data of the stage it starts in, read before anything is written: a data file that is empty or has no
+        # text is one line with the output directory as it was, and the fixed command is not "an earlier run"
+        self._dataset(self.plan[stage_index])
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             import yaml
