@@ -369,3 +369,72 @@ def test_inspect_of_plain_rope_prints_no_existing_scaling(run_cli, monkeypatch):
     monkeypatch.setattr(common.out, "_width", 400)
     code, out, _ = run_cli("inspect", "tiny")
     assert code == 0 and "existing scaling" not in out and "effective window" not in out
+
+
+# ---- families whose attention ropekit cannot reach everywhere ------------------------------------------------
+def _from_config(model_type, **extra):
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, pad_token_id=0, bos_token_id=1,
+                  eos_token_id=2)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(CONFIG_MAPPING[model_type](**{**common, **extra})).eval()
+
+
+ATTENTION_SIDE = ["harpe", "self_extend", "lm_infinite", "dual_chunk", "landmark"]
+
+
+@pytest.mark.parametrize("model_type, extra, nope", [
+    ("smollm3", {"no_rope_layer_interval": 2}, (1, 3)),  # no_rope_layers [1, 0, 1, 0]: 1 = RoPE
+    ("exaone4", {"sliding_window": 32, "sliding_window_pattern": 2}, (1, 3)),  # global layers are NoPE
+    ("cohere2", {"sliding_window": 32, "layer_types": ["sliding_attention", "full_attention"] * 2}, (1, 3)),
+])
+def test_layers_without_rope_refuse_the_methods_that_re_rotate_them(model_type, extra, nope):
+    """Self-Extend, HARPE, Dual Chunk… re-rotate queries and keys in each layer they change: on a layer that applies
+    no RoPE that rotates vectors the model never rotated (EXAONE 4 got Self-Extend only on its NoPE layers). The
+    NoPE layers here are read off the model files' own conditions, written out by hand."""
+    from ropekit.install.capabilities import model_features
+
+    model = _from_config(model_type, **extra)
+    assert model_features(model).nope_layers == nope
+    ids = torch.randint(3, 120, (1, 40))
+    with torch.no_grad():
+        plain = model(ids).logits
+    for method in ATTENTION_SIDE:
+        with pytest.raises(RopekitError) as err:
+            ropekit.extend(model, method, **_example(method, model))
+        assert "apply no RoPE" in str(err.value) and "\n" not in str(err.value), method
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, plain)  # all or nothing
+    ropekit.extend(model, "yarn", factor=2.0)  # a frequency method changes only the layers with RoPE
+
+
+def test_a_family_whose_attention_bypasses_the_attention_interface_refuses_attention_side_methods():
+    """Falcon's attention does not dispatch through AttentionInterface: ropekit's attention was recorded and saved
+    but never ran (Self-Extend gave the plain model's logits; HARPE, whose per-head rotation is that attention,
+    left a model with no positions at all)."""
+    model = _from_config("falcon", new_decoder_architecture=True, num_kv_heads=2, alibi=False)
+    ids = torch.randint(3, 120, (1, 40))
+    with torch.no_grad():
+        plain = model(ids).logits
+    for method in ATTENTION_SIDE + ["entropy_abf", "longlora"]:
+        with pytest.raises(RopekitError) as err:
+            ropekit.extend(model, method, **_example(method, model))
+        assert "AttentionInterface" in str(err.value), method
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, plain)
+    ropekit.extend(model, "pi", factor=2.0)  # frequencies live in the rotary module, which Falcon does use
+    assert ropekit.installed(model)["method"] == "pi"
+
+
+def test_switching_to_ropekits_attention_is_checked_not_assumed(monkeypatch):
+    """The last guard: when a model does not take ropekit's attention implementation (transformers only logs it),
+    installing refuses in one line and the model is left as it was."""
+    model = build_tiny_model("llama", num_layers=2)
+    monkeypatch.setattr(type(model), "set_attn_implementation", lambda self, impl: None)
+    with pytest.raises(RopekitError) as err:
+        ropekit.extend(model, "self_extend", **_example("self_extend", model))
+    assert "did not take ropekit's attention" in str(err.value)
+    assert ropekit.installed(model) is None

@@ -83,7 +83,7 @@ def _assert_same(a: dict, b: dict) -> None:
 
 # ---- config ----------------------------------------------------------------------------------------------
 def test_plan_orders_pieces_by_variant_with_prerequisites():
-    cfg = parse_study({**SMALL, "model": "builtin-base"})
+    cfg = parse_study({**SMALL, "model": "builtin-base", "target_length": 512})
     pieces = plan(cfg)
     ids = [p.id for p in pieces]
     assert ids == ["pretrain:base", "eval:ppl:base", "eval:passkey:base", "eval:ppl:pi", "eval:passkey:pi",

@@ -138,7 +138,7 @@ def test_the_report_keeps_two_perplexity_protocols_apart_and_judges_the_window_o
 def test_pretrain_asks_for_the_base_model_to_be_rebuilt_without_changing_the_studys_identity(monkeypatch, tmp_path):
     from ropekit.study import pieces
 
-    raw = {**copy.deepcopy(SMALL), "model": "builtin-base"}
+    raw = {**copy.deepcopy(SMALL), "model": "builtin-base", "target_length": 512}
     plain, rebuilt = parse_study(raw), parse_study({**raw, "pretrain": True})
     assert plain.as_dict() == rebuilt.as_dict()  # the same study: where the base model comes from is not its identity
     assert rebuilt.as_dict(placement=True)["pretrain"] is True

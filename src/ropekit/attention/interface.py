@@ -17,6 +17,7 @@ import torch
 
 from ..adapters import transformers as hf
 from ..adapters.transformers import attention_modules
+from ..errors import UnsupportedModelError
 from .kernels import pair_scores
 from .masks import AttentionMask, counts_left_padding, without_unwritten_keys
 
@@ -161,5 +162,10 @@ def install_transforms(
         module.ropekit_transforms = tuple(make(module.layer_idx))
         module.ropekit_attend = make_attend(module.layer_idx) if make_attend is not None else None
     current = hf.attn_implementation(model.config)
-    model.set_attn_implementation(attention_implementation_for(current))
+    wanted = attention_implementation_for(current)
+    model.set_attn_implementation(wanted)
+    if hf.attn_implementation(model.config) != wanted:  # transformers only logs when a family cannot switch
+        raise UnsupportedModelError(
+            f"{type(model).__name__} did not take ropekit's attention ({wanted}): its attention does not run through "
+            "transformers' AttentionInterface", "use a method that changes only the RoPE frequencies (pi, ntk, yarn, …)")
     return len(modules)

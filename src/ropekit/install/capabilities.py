@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..adapters.transformers import model_file_global, rotary_attention_factor
+from ..adapters.transformers import attention_modules, model_file_global, rotary_attention_factor
 from ..core.base_rope import length_dependence
 from ..core.rope_info import RopeInfo, layer_rope_types
 from ..errors import RopekitError
@@ -42,6 +42,8 @@ class ModelFeatures:
     full_layers: tuple[int, ...]
     layer_rope_types: tuple[str, ...]
     length_dependence: str
+    attention_interface: bool = True  # its attention runs through transformers' AttentionInterface
+    nope_layers: tuple[int, ...] = ()  # layers whose attention applies no RoPE
 
     def describe(self) -> dict:
         """JSON-ready facts for ``ropekit inspect``."""
@@ -53,6 +55,8 @@ class ModelFeatures:
             "attention_sinks": self.sinks,
             "sliding_window_layers": list(self.sliding_layers),
             "rope_per_layer_type": list(self.layer_rope_types),
+            "attention_interface": self.attention_interface,
+            "layers_without_rope": list(self.nope_layers),
             "rope_length_dependence": self.length_dependence,
         }
 
@@ -88,6 +92,21 @@ def _rotary_output(model) -> str:
     return "standard" if standard else "other"
 
 
+def _nope_layers(model, family: str) -> tuple[int, ...]:
+    """The layers whose attention applies no RoPE, as the model files decide: ``use_rope`` off (SmolLM3's and
+    Llama 4's ``no_rope_layers``), and the full-attention layers of the hybrids whose global layers are NoPE
+    (EXAONE 4: RoPE when there is no sliding window or the layer slides; Cohere 2: RoPE only where it slides)."""
+    found = []
+    for module in attention_modules(model):
+        window = getattr(module, "sliding_window", None)
+        nope = (not getattr(module, "use_rope", True)
+                or family == "exaone4" and window is not None and not getattr(module, "is_sliding", True)
+                or family == "cohere2" and window is None)
+        if nope:
+            found.append(int(module.layer_idx))
+    return tuple(sorted(found))
+
+
 def _layer_kinds(config) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``(sliding, full)`` layer indices: from ``layer_types``, else every layer slides when a window is set."""
     layers = int(config.num_hidden_layers)
@@ -121,6 +140,9 @@ def model_features(model) -> ModelFeatures:
         full_layers=full,
         layer_rope_types=layer_rope_types(config),
         length_dependence=length_dependence(info)[0],
+        # the family's flag for attention that dispatches through AttentionInterface (Falcon's does not)
+        attention_interface=bool(getattr(type(model), "_supports_attention_backend", False)),
+        nope_layers=_nope_layers(model, info.model_type),
     )
 
 
@@ -193,6 +215,23 @@ def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dic
                 f"with RoPE per layer type ({', '.join(features.layer_rope_types)})",
                 static_alternative,
                 "RoPE per layer type",
+            )
+    if access or "logit_scale_per_position" in method.changes:
+        if not features.attention_interface:
+            return Refusal(
+                f"{method.name} on {family}: its attention does not run through transformers' AttentionInterface, "
+                f"so {method.name}'s own attention would be recorded but never run",
+                frequency_alternative,
+                "no AttentionInterface",
+            )
+        if features.nope_layers and "rotates" in access:
+            layers = features.nope_layers
+            shown = ", ".join(map(str, layers[:6])) + (", …" if len(layers) > 6 else "")
+            return Refusal(
+                f"{method.name} on {family}: layers {shown} apply no RoPE (NoPE), and {method.name} re-rotates "
+                "queries and keys in every layer it changes",
+                frequency_alternative,
+                "layers without RoPE",
             )
     per_position = params is not None and method.position_dependent_rotation(params) is not None
     if (method.replaces_rotary_output or per_position) and features.rotary_output != "standard":
