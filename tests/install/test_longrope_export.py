@@ -212,3 +212,25 @@ def test_a_freeze_length_that_would_export_something_else_is_refused(tmp_path, m
         b_new = b * ((2.0 * 65 / 64) - 1.0) ** (d / (d - 2))
         expected = [(b_new / b) ** (2 * i / d) for i in range(d // 2)]  # λ_i = θ_i / θ'_i
         assert rope["long_factor"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_phi3_whose_top_level_original_window_differs_is_written_as_longrope_that_transformers_reads(tmp_path):
+    """Phi3Config overwrites the RoPE's original_max_position_embeddings with its own top-level key (default 4096):
+    a Phi-3 whose window is not 4096 (a fine-tune, a tiny one) was written ropekit-only although inspect promised
+    longrope. The export writes the top-level key too, and plain transformers computes the extended model."""
+    from transformers import Phi3Config
+
+    config = Phi3Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    assert config.original_max_position_embeddings == 4096  # the family's default, unlike its window
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    ropekit.extend(model, "yarn", factor=2.0)
+    ropekit.save_pretrained(model, tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["rope_parameters"]["rope_type"] == "longrope" and saved["original_max_position_embeddings"] == 128
+    plain = _plain(tmp_path / "out")
+    for length in (100, 250):  # inside the window and past it
+        ids = torch.randint(3, 120, (1, length), generator=torch.Generator().manual_seed(length))
+        torch.testing.assert_close(_logits(model, ids), _logits(plain, ids), rtol=2e-5, atol=2e-5)

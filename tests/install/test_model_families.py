@@ -438,3 +438,25 @@ def test_switching_to_ropekits_attention_is_checked_not_assumed(monkeypatch):
         ropekit.extend(model, "self_extend", **_example("self_extend", model))
     assert "did not take ropekit's attention" in str(err.value)
     assert ropekit.installed(model) is None
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen3_vl"])
+def test_multimodal_rope_is_refused_before_anything_changes(model_type):
+    """Qwen2-VL's M-RoPE splits the rotary channels among (time, height, width) positions, and the vision tower has a
+    rotary module of its own, which rope_info read (rotary_dim 8 of the text's 16); extend then broke the forward."""
+    from transformers import CONFIG_MAPPING, AutoModelForImageTextToText
+
+    text = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+    vision = {"depth": 1, "hidden_size": 32, "embed_dim": 32, "num_heads": 2, "out_hidden_size": 64, "intermediate_size": 32}
+    config = CONFIG_MAPPING[model_type](text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items() if "inv_freq" in k}
+    with pytest.raises(RopekitError) as err:
+        ropekit.extend(model, "pi", factor=2.0)
+    assert "multimodal RoPE (mrope_section" in str(err.value) and "\n" not in str(err.value)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    with pytest.raises(RopekitError):
+        ropekit.rope_info(model)

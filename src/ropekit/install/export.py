@@ -31,7 +31,7 @@ from .card import card_body, write_card
 from .legacy import legacy_keys, with_engine_keys
 from .freeze import check_freeze_length
 from .model_rope import base_info, rotary_modules, text_config
-from .rope_types import transformers_builds
+from .rope_types import transformers_builds, with_top_level_original
 from .vllm import engine_keys, vllm_serving
 from .weights import cast_state, plan_weights, quantizer_set_aside
 
@@ -321,6 +321,7 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
         saved = json.loads(config_path.read_text())
         if rope is not None:
             saved["rope_parameters"] = rope
+            with_top_level_original(saved, rope)
             # transformers' `dynamic` reads max_position_embeddings as the original window C of its rule
             saved["max_position_embeddings"] = (int(params["original_max_position_embeddings"])
                                                 if rope.get("rope_type") == "dynamic" else _served_window(config, freeze_length))

@@ -29,6 +29,14 @@ def rope_info(model, layer_type: str | None = None) -> RopeInfo:
     """The RoPE facts of ``model`` (of ``layer_type``'s layers, on a model with RoPE per layer type); a model
     without RoPE raises a one-line :class:`UnsupportedModelError`."""
     config = text_config(model)
+    rope = getattr(config, "rope_parameters", None) or {}
+    if isinstance(rope, dict) and "mrope_section" in rope:
+        # Qwen2-VL's M-RoPE (Wang et al. 2024, "Qwen2-VL"): positions are (time, height, width) triples, the rotary
+        # channels split among them; a model with a vision tower also has a rotary module of its own there
+        raise UnsupportedModelError(
+            f"model type '{getattr(config, 'model_type', '?')}' uses multimodal RoPE (mrope_section "
+            f"{rope['mrope_section']}): 3-D positions that ropekit's methods do not scale",
+            "use a text-only model of the family (Qwen2.5, Qwen3)")
     info = RopeInfo.from_config(config, layer_type)
     if not isinstance(model, torch.nn.Module):
         return info

@@ -94,12 +94,20 @@ def transformers_builds(data: dict[str, Any], rope: dict[str, Any]) -> bool:
     register_rope_types()  # a ropekit_<name> rope type is built like any other
     trial = copy.deepcopy({k: v for k, v in data.items() if k != "ropekit"})
     trial["rope_parameters"] = copy.deepcopy(rope)
+    with_top_level_original(trial, rope)
     try:
         with _quiet_transformers():  # its warnings about keys other readers need (vLLM's short_mscale) are not ours
             built = CONFIG_MAPPING[data["model_type"]].from_dict(trial)
     except Exception:  # any refusal means plain transformers cannot build it
         return False
     return _holds(built.rope_parameters or {}, rope)
+
+
+def with_top_level_original(saved: dict[str, Any], rope: dict[str, Any]) -> None:
+    """Phi-3's config class overwrites ``rope_parameters["original_max_position_embeddings"]`` with its own top-level
+    key (default 4096): where the saved config has that key, it is written with the RoPE's value, in place."""
+    if "original_max_position_embeddings" in saved and "original_max_position_embeddings" in rope:
+        saved["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
 
 
 @contextlib.contextmanager
