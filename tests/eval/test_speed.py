@@ -170,7 +170,10 @@ def test_speed_records_report_throughput_against_a_measured_peak(tmp_path):
     from ropekit.eval.speed import matmul_peak, prefill_flops
 
     model = build_tiny_model("llama")
-    rows = run_speed(model, methods=["yarn"], lengths=[64], decode_tokens=0, out=str(tmp_path / "s.jsonl"))
+    with pytest.raises(RopekitError, match="yarn needs a factor"):  # inside the window no factor can be inferred
+        run_speed(model, methods=["yarn"], lengths=[64], decode_tokens=0)
+    rows = run_speed(model, methods=["yarn"], lengths=[64], params={"yarn.factor": "2"}, decode_tokens=0,
+                     out=str(tmp_path / "s.jsonl"))
     for row in rows:
         assert row["dtype"] == "float32" and row["peak_tflops"] > 0
         # the rate is the model's FLOPs over the measured time, and the fraction is that rate over the peak

@@ -160,6 +160,7 @@ class Trainer:
                  notes: Iterable[str] = (), own_files: Iterable[Path] = ()):
         self.cfg = cfg
         self.notes = list(notes)
+        self._held_note: str | None = None
         self.own_files = list(own_files)
         self.acc = accelerator
         self.strategy = AccelerateStrategy(accelerator, cfg.train.context_parallel)
@@ -315,8 +316,13 @@ class Trainer:
             self._note(choice.describe(str(device)))
         return choice.on
 
-    def _dataset(self, stage: StagePlan):
+    def _dataset(self, stage: StagePlan, *, hold_note: bool = False):
+        """The stage's data (kept while the stage runs). ``hold_note``: its one-line summary is said when the stage
+        begins, not now (the run reads its first stage's data before it has set anything up)."""
         if stage.index in self._datasets:
+            if not hold_note and self._held_note:
+                self._note(self._held_note)
+            self._held_note = None
             return self._datasets[stage.index]
         source = self.dataset_source
         if source is None:
@@ -331,8 +337,12 @@ class Trainer:
             if self.is_main and summary is not None:
                 self.out.mkdir(parents=True, exist_ok=True)
                 ckpt.write_json_atomic(self.out / f"data-{stage.name}.json", json_safe(summary))
-                self._note(f"data for stage {stage.name}: {summary.get('items')} sequences of {stage.config.seq_len} tokens "
-                           f"({summary.get('mode')}); details in {self.out / f'data-{stage.name}.json'}")
+                said = (f"data for stage {stage.name}: {summary.get('items')} sequences of {stage.config.seq_len} tokens "
+                        f"({summary.get('mode')}); details in {self.out / f'data-{stage.name}.json'}")
+                if hold_note:
+                    self._held_note = said
+                else:
+                    self._note(said)
         elif callable(source) and not isinstance(source, torch.utils.data.Dataset):
             dataset = source(stage.config, self.tokenizer)
         else:
@@ -529,7 +539,7 @@ class Trainer:
             self._note(f"no checkpoint in {self.out}: starting at step 0")
         # the data of the stage it starts in, read before anything is written: a data file that is empty or has no
         # text is one line with the output directory as it was, and the fixed command is not "an earlier run"
-        self._dataset(self.plan[stage_index])
+        self._dataset(self.plan[stage_index], hold_note=True)
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             import yaml
