@@ -259,3 +259,25 @@ def test_min_lr_ratio_and_constant():
     assert got == pytest.approx(want, rel=1e-12)
     cfg = parse_config(with_("train", {"max_steps": 5, "lr": 0.5, "warmup_steps": 2}))
     assert [lr_at(cfg.train, cfg.stages[0], n) for n in range(1, 6)] == [0.25, 0.5, 0.5, 0.5, 0.5]
+
+
+def test_landmark_sequences_must_hold_a_block_and_tokens_after_it():
+    """A landmark after every mem_freq tokens is trained through later tokens retrieving its block: with seq_len ≤
+    mem_freq no token follows a block (the run trained, and the landmark embedding stayed as initialised)."""
+    raw = good()
+    raw["method"] = {"name": "landmark", "params": {"mem_freq": 100}}
+    raw["data"]["seq_len"] = 64
+    with pytest.raises(ConfigError, match="no token follows a block"):
+        parse_config(raw)
+    raw["data"]["seq_len"] = 100
+    with pytest.raises(ConfigError, match="mem_freq 100 in sequences of 100 tokens"):
+        parse_config(raw)
+    raw["data"]["seq_len"] = 202
+    assert parse_config(raw).stages[0].method.params["mem_freq"] == 100
+    # the method's default (50) counts too, and a stage says which
+    raw = good()
+    raw["method"] = {"name": "landmark"}
+    raw["stages"] = [{"steps": 5, "seq_len": 256}, {"name": "short", "steps": 5, "seq_len": 32}]
+    del raw["train"]["max_steps"]
+    with pytest.raises(ConfigError, match=r"stages\[1\] \(short\): landmark with mem_freq 50"):
+        parse_config(raw)

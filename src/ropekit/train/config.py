@@ -541,8 +541,25 @@ def parse_config(raw: Any, source: str = "config") -> TrainConfig:
         except RopekitError as err:
             where = f"stages[{i}] ({stage.name}): " if curriculum else ""
             raise ConfigError(f"{where}{err.problem}", err.fix) from None
+        _landmarks_fit(stage, f"stages[{i}] ({stage.name}): " if curriculum else "")
     return TrainConfig(model=written.model, method=written.method, data=written.data, train=train,
                        output=written.output, stages=stages, curriculum=curriculum)
+
+
+def _landmarks_fit(stage: StageConfig, where: str) -> None:
+    """Landmark training needs a block and tokens after it in every sequence: the landmark after each ``mem_freq``
+    tokens is trained only through the later tokens that retrieve its block (Mohtashami & Jaggi 2023, §3). A
+    sequence of at most ``mem_freq`` tokens holds none that could, and the landmark would stay untrained."""
+    if stage.method.name != "landmark":
+        return
+    from ..methods import get_method
+
+    mem_freq = stage.method.params.get("mem_freq", get_method("landmark").param("mem_freq").default)
+    if stage.seq_len <= int(mem_freq):
+        raise ConfigError(f"{where}landmark with mem_freq {mem_freq} in sequences of {stage.seq_len} tokens: no token "
+                          "follows a block, so the landmark is never trained",
+                          f"make data.seq_len larger than mem_freq (several blocks: e.g. {4 * (int(mem_freq) + 1)}), "
+                          "or lower mem_freq")
 
 
 def _resolve_stage(i: int, stage: _Stage, data: dict, top: _TrainFile) -> StageConfig:
