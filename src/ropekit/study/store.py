@@ -215,6 +215,24 @@ def _same_protocol(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     return all(before.get(v.get("label"), v) == v for v in new.get("variants") or [])
 
 
+def _first_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """The first setting two study configs disagree on, in words: a variant by its label (variants may be added or
+    dropped; one defined twice differently is what makes two protocols)."""
+    from ..train.checkpoint import config_diff
+
+    rest = config_diff({k: v for k, v in old.items() if k != "variants"},
+                       {k: v for k, v in new.items() if k != "variants"})
+    if rest:
+        return rest.replace(" in the run, ", " in the study, ")
+    before = {v.get("label"): v for v in old.get("variants") or []}
+    for variant in new.get("variants") or []:
+        label = variant.get("label")
+        if label in before and before[label] != variant:
+            found = config_diff(before[label], variant, f"variant '{label}'")
+            return (found or f"variant '{label}'").replace(" in the run, ", " in the study, ")
+    return "the variants"
+
+
 def placement_label(where: Mapping[str, Any]) -> str:
     """One placement (:func:`ropekit.runtime.devices.computed_on`) in words: ``bfloat16, sdpa attention, on
     NVIDIA H200``; a training's autocast precision is named beside its weights' dtype."""
@@ -578,7 +596,7 @@ class StudyStore:
         old = self.get_manifest("config")
         if old is not None and old != config and not _same_protocol(old, config):
             raise RopekitError(
-                f"study '{self.path.parent}' was started with another configuration",
+                f"study '{self.path.parent}' was started with another configuration: {_first_difference(old, config)}",
                 "use a new study directory, or resume with the same configuration",
             )
 
