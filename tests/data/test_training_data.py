@@ -269,3 +269,12 @@ def test_whole_documents_mode_refuses_a_source_that_is_mostly_too_short(tmp_path
     assert len(build_training_data(spec(some_short), tok, 50, seed=0)) == 3
     # windows of the joined text use every token: 19 × 10 + 100 bytes (with separators) make one 200-token window
     assert len(build_training_data(spec(mostly_short, documents="packed"), tok, 50, seed=0)) == 1
+
+
+def test_a_section_naming_no_source_reads_the_built_in_corpus_with_its_other_keys():
+    """`data: {seq_len: 64}` read the built-in corpus, but adding `pose:` or `num_sequences:` made sources
+    required: a section without sources is the built-in corpus whatever else it sets."""
+    spec = validate_data_spec({"pose": {"target_length": 256}, "num_sequences": 7}, 64)
+    assert [s.path for s in spec.sources] == ["builtin"]
+    assert spec.positions.method == "pose" and spec.positions.target_length == 256 and spec.num_sequences == 7
+    assert validate_data_spec(None, 64).sources == spec.sources

@@ -3,7 +3,7 @@
 ``spec`` is the ``data:`` section of a training YAML::
 
     data:
-      sources:                       # one or more; required
+      sources:                       # one or more; default: [{path: builtin}], the built-in corpus
         - path: builtin              # or a .txt/.jsonl/.parquet file, a directory, a saved datasets dir
           kind: text                 # text (default) | sft (conversations, see ropekit.data.sft)
           weight: 1.0                # share of the training rows, relative to the other sources
@@ -224,8 +224,9 @@ def validate_data_spec(spec: dict | None, seq_len: int) -> DataSpec:
     """Check the ``data:`` section (module doc) against ``seq_len`` and return it normalised."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
         raise RopekitError(f"sequence length {seq_len!r} is not an integer ≥ 2", "train on sequences of at least 2 tokens")
-    if spec is None:
-        spec = {"sources": [{"path": "builtin"}]}
+    if spec is None or isinstance(spec, dict) and "sources" not in spec:
+        # no source named: the built-in corpus, with whatever else the section sets (pose:, num_sequences: …)
+        spec = {"sources": [{"path": "builtin"}], **(spec or {})}
     try:
         parsed = _Spec.model_validate(spec)
     except ValidationError as err:
