@@ -7,7 +7,7 @@ A study config is a YAML mapping (``ropekit study CONFIG.yaml``, or a preset: ``
     model: builtin-base        # the built-in base model (pre-trained on first use), or any model ropekit loads
     seed: 0
     seeds: [0, 1, 2]           # optional: train (and search) every such variant once per seed; frozen ones once
-    target_length: 1024        # the length every method extends to (factors are set for it)
+    target_length: 1024        # the length every method extends to (a scale method without a factor gets it)
     recipe:                    # the ONE training recipe of every fine-tuned variant: a [train] config
       data: {seq_len: 1024, sources: [{path: builtin}]}     #   without model/method/output
       train: {max_steps: 60, lr: 5.0e-4, micro_batch_size: 2}
