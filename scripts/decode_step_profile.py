@@ -28,7 +28,7 @@ def main(argv=None) -> None:
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--methods", default="self_extend")
-    parser.add_argument("--factor", type=float, default=None, help="factor for every method (default: ropekit's)")
+    parser.add_argument("--factor", type=float, default=None, help="factor for every method (default: each method's own default; a scale method such as yarn needs one)")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
 

@@ -251,6 +251,10 @@ def test_a_mean_over_lengths_whose_prompts_all_passed_gets_wilsons_interval():
     mixed = stats.Analysis(recs[:20] + [acc_record("dyn", 256, float(i % 2), i) for i in range(20)])
     lo, hi = mixed.mean_interval("dyn", "passkey", [128, 256], "accuracy")
     assert lo < 0.75 < hi < 1.0
+    # one partial-credit fraction everywhere: Wilson's interval at p̂ = 0.5 over the 40 (it truncated 0.5 to 0)
+    half = stats.Analysis([acc_record("dyn", L, 0.5, i) for L in (128, 256) for i in range(20)])
+    w = 1.959963984540054 / (1 + z2 / 40) * (0.25 / 40 + z2 / 6400) ** 0.5
+    assert half.mean_interval("dyn", "passkey", [128, 256], "accuracy") == pytest.approx([0.5 - w, 0.5 + w])
 
 
 def test_manyshot_weighs_each_shot_count_alike():

@@ -281,3 +281,15 @@ def test_landmark_sequences_must_hold_a_block_and_tokens_after_it():
     del raw["train"]["max_steps"]
     with pytest.raises(ConfigError, match=r"stages\[1\] \(short\): landmark with mem_freq 50"):
         parse_config(raw)
+
+
+def test_a_scale_method_without_its_scale_is_refused_when_the_config_is_read():
+    """`method: yarn` without factor trained YaRN ×1 (the model's own RoPE) under YaRN's name; --dry-run passed it."""
+    raw = good()
+    raw["method"] = {"name": "yarn"}
+    with pytest.raises(ConfigError, match="method yarn needs a scale"):
+        parse_config(raw)
+    raw["method"] = {"name": "yarn", "params": {"target_length": 1024}}
+    assert parse_config(raw).method.params == {"target_length": 1024}
+    raw["method"] = {"name": "self_extend"}  # its group size has the paper's default
+    assert parse_config(raw).method.name == "self_extend"

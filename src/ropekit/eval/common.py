@@ -47,7 +47,7 @@ def prepare_model(model, method: str | None, params: dict[str, Any] | None, leng
     info = rope_info(model)
     kwargs = dict(params or {})
     longest = max(lengths)
-    if spec.uses_factor and "factor" not in kwargs and "target_length" not in kwargs:
+    if spec.sized_by_target(kwargs):
         if longest <= info.window:
             raise RopekitError(
                 f"{spec.name} needs a factor, and the lengths evaluated (up to {longest}) are within the "

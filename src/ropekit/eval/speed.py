@@ -190,13 +190,14 @@ def _prepare(model, case: SpeedCase, max_length: int):
     info = rope_info(variant)
     method = get_method(case.method)
     kwargs = dict(case.params)
-    if method.uses_factor and "factor" not in kwargs and "target_length" not in kwargs:
-        if max_length <= info.window:
+    if method.sized_by_target(kwargs):
+        if max_length > info.window:
+            kwargs["target_length"] = max_length
+        elif method.scale_only:
             raise RopekitError(
                 f"{method.name} needs a factor, and the lengths measured (up to {max_length}) are within the "
                 f"model's {info.window}-token window, so none can be inferred",
                 f"pass --param {method.name}.factor=F (e.g. 2; the cost does not depend on it)")
-        kwargs["target_length"] = max_length
     return extend(variant, method, **kwargs)
 
 

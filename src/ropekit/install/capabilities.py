@@ -9,6 +9,9 @@ refusal is one line naming the family, the feature and what to use instead.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -92,18 +95,54 @@ def _rotary_output(model) -> str:
     return "standard" if standard else "other"
 
 
-def _nope_layers(model, family: str) -> tuple[int, ...]:
-    """The layers whose attention applies no RoPE, as the model files decide: ``use_rope`` off (SmolLM3's and
-    Llama 4's ``no_rope_layers``), and the full-attention layers of the hybrids whose global layers are NoPE
-    (EXAONE 4: RoPE when there is no sliding window or the layer slides; Cohere 2: RoPE only where it slides)."""
+def _dispatches_attention(cls) -> bool:
+    """Whether the family's attention runs through transformers' AttentionInterface (Falcon's does not): its flag
+    for custom attention functions, or transformers' own test of whether the implementation can be switched (which
+    reads the model file for the interface call; StableLM uses the interface without the flag)."""
+    if getattr(cls, "_supports_attention_backend", False):
+        return True
+    can_set = getattr(cls, "_can_set_attn_implementation", None)
+    return bool(can_set()) if callable(can_set) else False
+
+
+#: The conditions under which transformers' model files apply RoPE in an attention module (the ``if`` right before
+#: ``apply_rotary_pos_emb``), and when a module under each applies none.
+_ROPE_GUARDS = {
+    # SmolLM3, Llama 4, Mistral Large 4: `no_rope_layers`
+    "self.use_rope": lambda m: not m.use_rope,
+    # EXAONE 4 / 4.5 / MoE: global NoPE in hybrid models
+    "self.sliding_window is None or self.is_sliding": lambda m: m.sliding_window is not None and not m.is_sliding,
+    # Cohere 2: RoPE only where the layer slides
+    "self.sliding_window is not None": lambda m: m.sliding_window is None,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _rope_guard(cls) -> str | None:
+    """The condition ``cls.forward`` applies RoPE under, read off its source (None: always, or unreadable)."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return None
+    for guard in _ROPE_GUARDS:
+        # the guard's `if`, then the rotation inside its block (indented deeper, before the block ends)
+        found = re.search(rf"^(\s*)if {re.escape(guard)}:\n((?:\1\s+.*\n|\s*\n)*?)\1\s+.*apply_rotary_pos_emb\(",
+                          source, re.MULTILINE)
+        if found:
+            return guard
+    return None
+
+
+def _nope_layers(model) -> tuple[int, ...]:
+    """The layers whose attention applies no RoPE, as the model file decides (:data:`_ROPE_GUARDS`)."""
     found = []
     for module in attention_modules(model):
-        window = getattr(module, "sliding_window", None)
-        nope = (not getattr(module, "use_rope", True)
-                or family == "exaone4" and window is not None and not getattr(module, "is_sliding", True)
-                or family == "cohere2" and window is None)
-        if nope:
-            found.append(int(module.layer_idx))
+        guard = _rope_guard(type(module))
+        try:
+            if guard is not None and _ROPE_GUARDS[guard](module):
+                found.append(int(module.layer_idx))
+        except AttributeError:  # a module without the attributes its own condition names: take it as RoPE
+            continue
     return tuple(sorted(found))
 
 
@@ -140,9 +179,8 @@ def model_features(model) -> ModelFeatures:
         full_layers=full,
         layer_rope_types=layer_rope_types(config),
         length_dependence=length_dependence(info)[0],
-        # the family's flag for attention that dispatches through AttentionInterface (Falcon's does not)
-        attention_interface=bool(getattr(type(model), "_supports_attention_backend", False)),
-        nope_layers=_nope_layers(model, info.model_type),
+        attention_interface=_dispatches_attention(type(model)),
+        nope_layers=_nope_layers(model),
     )
 
 

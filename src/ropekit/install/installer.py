@@ -62,14 +62,14 @@ def _factor_from(info: RopeInfo, factor: float | None, target_length: int | None
 
 
 def _require_scale(m: Method, given: dict[str, Any]) -> None:
-    """A method whose only reach is its scale ``s`` (PI, NTK, YaRN, …: ``factor`` defaults to 1) computes the model's
-    own RoPE when given no factor and no target length; ``factor: 1`` written out is accepted (a control), left out it
-    is refused, as a run that would extend nothing."""
-    scale = next((p for p in m.params if p.name == "factor"), None)
-    if m.uses_factor and scale is not None and scale.default == 1.0 and "factor" not in given:
+    """A method whose only reach is its scale ``s`` (:attr:`~ropekit.methods.base.Method.scale_only`) computes the
+    model's own RoPE when given no factor and no target length; ``factor: 1`` written out is accepted (a control),
+    left out it is refused, as a run that would extend nothing."""
+    if m.scale_only and m.sized_by_target(given):
         raise InvalidParameterError(
             f"{m.name} needs a scale: without factor or target_length it computes the model's own RoPE",
-            "give a factor (--factor 4, factor=4) or the length to reach (--target-length N, target_length=N)")
+            "give a factor or the length to reach (factor=4 / target_length=N; on the command line --factor, "
+            "--target-length or --param factor=4)")
 
 
 def resolve_params(

@@ -166,6 +166,18 @@ class Method(abc.ABC):
     replaces_rotary_output: ClassVar[bool] = False
 
     # ---- parameters -------------------------------------------------------------------------
+    @property
+    def scale_only(self) -> bool:
+        """Whether the scale ``s`` is the method's whole reach: ``factor`` defaults to 1, where the method computes
+        the model's own RoPE (PI, NTK, YaRN, …), so a factor left out extends nothing."""
+        scale = next((p for p in self.params if p.name == "factor"), None)
+        return self.uses_factor and scale is not None and scale.default == 1.0
+
+    def sized_by_target(self, params: dict[str, Any]) -> bool:
+        """Whether ``params`` (as given) still leave the method's size to a target length: a factor-driven method
+        given neither ``factor`` nor ``target_length`` (nor a parameter of its own that sets its reach)."""
+        return self.uses_factor and "factor" not in params and "target_length" not in params
+
     def param(self, name: str) -> Param:
         for p in self.params:
             if p.name == name:

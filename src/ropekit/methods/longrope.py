@@ -110,6 +110,9 @@ class LongRoPE(Method):
 
     family = "YaRN & LongRoPE"
 
+    def sized_by_target(self, params):
+        return False  # its rescale factors (searched, or given) are its size; `factor` only declares the window
+
     def demo_params(self, info, factor):
         """NTK's per-pair factors ``λ_i = s^(2i/(d−2))``, where LongRoPE's search starts."""
         d = info.rotary_dim

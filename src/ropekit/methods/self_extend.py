@@ -75,6 +75,10 @@ class SelfExtend(Method):
 
     family = "Attention-side"
 
+    def sized_by_target(self, params):
+        # a group size given sets the reach G·(C − W + ⌊W/G⌋) on its own
+        return super().sized_by_target(params) and "group_size" not in params
+
     def settings_line(self, info, params, requested=None):
         return f"G={params['group_size']}, W={params['window_size']} (reach {self.reach(info, params)})"
 

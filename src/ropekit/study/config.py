@@ -330,16 +330,14 @@ def _study_owned_sections(recipe: dict[str, Any]) -> None:
 
 
 def _scale_to_target(variant: _Variant, target_length: int) -> None:
-    """A variant of a method whose reach is its scale (PI, NTK, YaRN, …) given neither ``factor`` nor
-    ``target_length`` extends to the study's ``target_length``, in training and in every evaluation alike (left
-    to each evaluation, it was sized to that evaluation's longest length; left to training, not extended at all)."""
-    if variant.method is None or "factor" in variant.params or "target_length" in variant.params:
+    """A variant whose method takes its size from a target (PI, NTK, YaRN, Self-Extend without a group size, …) and
+    is given none extends to the study's ``target_length``, in training and in every evaluation alike (left to each
+    evaluation, it was sized to that evaluation's longest length; left to training, not extended at all)."""
+    if variant.method is None or variant.search is not None:
         return
     from ..methods import get_method  # not at the top: the methods import torch
 
-    method = get_method(variant.method)
-    scale = next((p for p in method.params if p.name == "factor"), None)
-    if method.uses_factor and scale is not None and scale.default == 1.0:
+    if get_method(variant.method).sized_by_target(variant.params):
         variant.params["target_length"] = target_length
 
 

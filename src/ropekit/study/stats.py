@@ -704,8 +704,8 @@ class Analysis:
         return list(ci) if ci else None
 
     def _all_alike_over(self, method: str, task: str, lengths: Sequence[Any]) -> tuple[float, float] | None:
-        """Wilson's interval over the prompts of several lengths when every one of them passed (or failed): the
-        pooled counterpart of :func:`_all_alike_interval`."""
+        """Wilson's interval over the prompts of several lengths when every one of them scored the same (all
+        passed, all failed, or one partial-credit fraction): the pooled counterpart of :func:`_all_alike_interval`."""
         units = self.units[task]
         n, values, seen = 0, set(), np.zeros(len(units.keys), dtype=bool)
         for length in lengths:
@@ -718,7 +718,7 @@ class Analysis:
             seen |= observed
         if units.clusters is not None:  # a cluster (one haystack, one query) at several lengths is still one draw
             n = units.independent(seen)
-        return wilson_interval(int(values.pop()) * n, n) if len(values) == 1 and n >= 2 else None
+        return wilson_interval(values.pop() * n, n) if len(values) == 1 and n >= 2 else None
 
     def curve_intervals(self, method: str, length: Any) -> tuple[list, list] | None:
         """Per-bucket 95 % intervals of the mean-NLL-by-position curve (documents resampled; first seed's

@@ -541,9 +541,24 @@ def parse_config(raw: Any, source: str = "config") -> TrainConfig:
         except RopekitError as err:
             where = f"stages[{i}] ({stage.name}): " if curriculum else ""
             raise ConfigError(f"{where}{err.problem}", err.fix) from None
-        _landmarks_fit(stage, f"stages[{i}] ({stage.name}): " if curriculum else "")
+        where = f"stages[{i}] ({stage.name}): " if curriculum else ""
+        _landmarks_fit(stage, where)
+        _scale_given(stage, where)
     return TrainConfig(model=written.model, method=written.method, data=written.data, train=train,
                        output=written.output, stages=stages, curriculum=curriculum)
+
+
+def _scale_given(stage: StageConfig, where: str) -> None:
+    """A scale method (PI, NTK, YaRN, …) trained without ``factor`` or ``target_length`` would train the model's own
+    RoPE under its name (``ropekit.extend`` refuses it too; here before a model loads, for ``--dry-run`` as well)."""
+    if not stage.method.name:
+        return
+    from ..methods import get_method
+
+    method = get_method(stage.method.name)
+    if method.scale_only and method.sized_by_target(stage.method.params):
+        raise ConfigError(f"{where}method {method.name} needs a scale: without factor or target_length it trains the "
+                          "model's own RoPE", f"write e.g. `method: {{name: {method.name}, params: {{factor: 4}}}}`")
 
 
 def _landmarks_fit(stage: StageConfig, where: str) -> None:
