@@ -167,8 +167,11 @@ def test_a_scale_method_given_no_factor_extends_to_the_studys_target_length_ever
                                            {"label": "yarn-ft", "method": "yarn", "finetune": True},
                                            {"label": "abf-ft", "method": "abf", "params": {"rope_theta": 5e4},
                                             "finetune": True},
-                                           {"label": "pi", "method": "pi", "params": {"factor": 2}}]))
+                                           {"label": "pi", "method": "pi", "params": {"factor": 2}},
+                                           {"label": "se", "method": "self_extend"},
+                                           {"label": "se-g", "method": "self_extend", "params": {"group_size": 4}}]))
     params = {v.label: v.params for v in config.variants}
+    assert params["se"] == {"target_length": 256} and params["se-g"] == {"group_size": 4}  # a group size is a size
     assert params["yarn"]["target_length"] == params["yarn-ft"]["target_length"] == config.target_length == 256
     assert "target_length" not in params["abf-ft"] and "target_length" not in params["pi"]  # no scale, or given
     trained = train_config_for(config, config.variant("yarn-ft"), "tiny", "unused")
