@@ -178,6 +178,11 @@ class Method(abc.ABC):
         given neither ``factor`` nor ``target_length`` (nor a parameter of its own that sets its reach)."""
         return self.uses_factor and "factor" not in params and "target_length" not in params
 
+    def training_problem(self, params: dict[str, Any], seq_len: int) -> tuple[str, str] | None:
+        """``(problem, fix)`` when training with ``params`` (as written; defaults not filled) on sequences of
+        ``seq_len`` tokens could not train the method, checked when a training config is read; None when it can."""
+        return None
+
     def param(self, name: str) -> Param:
         for p in self.params:
             if p.name == name:

@@ -133,6 +133,16 @@ class Landmark(Method):
         """Remove the hooks; the landmark token's embedding row stays (removing a method never touches weights)."""
         remove_landmark_inputs(model)
 
+    def training_problem(self, params, seq_len):
+        """A landmark after every ``mem_freq`` tokens is trained through the later tokens that retrieve its block
+        (§3): a sequence of at most ``mem_freq`` tokens holds none that could, and the landmark stays untrained."""
+        mem_freq = int(params.get("mem_freq", self.param("mem_freq").default))
+        if seq_len > mem_freq:
+            return None
+        return (f"landmark with mem_freq {mem_freq} in sequences of {seq_len} tokens: no token follows a block, so the "
+                "landmark is never trained",
+                f"make data.seq_len larger than mem_freq (several blocks: e.g. {4 * (mem_freq + 1)}), or lower mem_freq")
+
     def training_batch(self, batch, params):
         """The trainer's batches get a landmark after every ``mem_freq`` tokens (:func:`insert_landmarks_in_batch`)."""
         return insert_landmarks_in_batch(batch, int(params["mem_freq"]), int(params["landmark_token_id"]))

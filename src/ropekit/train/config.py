@@ -542,7 +542,7 @@ def parse_config(raw: Any, source: str = "config") -> TrainConfig:
             where = f"stages[{i}] ({stage.name}): " if curriculum else ""
             raise ConfigError(f"{where}{err.problem}", err.fix) from None
         where = f"stages[{i}] ({stage.name}): " if curriculum else ""
-        _landmarks_fit(stage, where)
+        _trainable(stage, where)
         _scale_given(stage, where)
     return TrainConfig(model=written.model, method=written.method, data=written.data, train=train,
                        output=written.output, stages=stages, curriculum=curriculum)
@@ -561,20 +561,16 @@ def _scale_given(stage: StageConfig, where: str) -> None:
                           "model's own RoPE", f"write e.g. `method: {{name: {method.name}, params: {{factor: 4}}}}`")
 
 
-def _landmarks_fit(stage: StageConfig, where: str) -> None:
-    """Landmark training needs a block and tokens after it in every sequence: the landmark after each ``mem_freq``
-    tokens is trained only through the later tokens that retrieve its block (Mohtashami & Jaggi 2023, §3). A
-    sequence of at most ``mem_freq`` tokens holds none that could, and the landmark would stay untrained."""
-    if stage.method.name != "landmark":
+def _trainable(stage: StageConfig, where: str) -> None:
+    """What the stage's method says cannot train on its sequences (:meth:`~ropekit.methods.base.Method.training_problem`:
+    Landmark's blocks longer than the sequence), refused when the config is read."""
+    if not stage.method.name:
         return
     from ..methods import get_method
 
-    mem_freq = stage.method.params.get("mem_freq", get_method("landmark").param("mem_freq").default)
-    if stage.seq_len <= int(mem_freq):
-        raise ConfigError(f"{where}landmark with mem_freq {mem_freq} in sequences of {stage.seq_len} tokens: no token "
-                          "follows a block, so the landmark is never trained",
-                          f"make data.seq_len larger than mem_freq (several blocks: e.g. {4 * (int(mem_freq) + 1)}), "
-                          "or lower mem_freq")
+    problem = get_method(stage.method.name).training_problem(stage.method.params, stage.seq_len)
+    if problem is not None:
+        raise ConfigError(f"{where}{problem[0]}", problem[1])
 
 
 def _resolve_stage(i: int, stage: _Stage, data: dict, top: _TrainFile) -> StageConfig:
