@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import json
 import os
 import random
@@ -609,6 +611,19 @@ def test_a_missing_eval_data_file_is_refused_up_front_unless_its_pieces_are_done
     data.unlink()
     again = run_study(parse_study(raw), tmp_path / "out", progress=False)  # every ppl piece is done: accepted
     assert again["by_status"]["done"] == pieces
+
+
+def test_a_missing_training_data_file_is_refused_up_front_naming_the_variant(run_cli, tmp_path):
+    """A variant's fine-tuning data that does not exist is one line before anything is written (it was a failed
+    piece, exit 1, after the other pieces had run), as `ropekit train` refuses it."""
+    raw = copy.deepcopy(SMALL)
+    raw["variants"] = [{"label": "base"}, {"label": "pi-ft", "method": "pi", "params": {"factor": 4},
+                                           "finetune": {"data": {"sources": [{"path": str(tmp_path / "nope.txt")}]}}}]
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    code, _, stderr = run_cli("study", str(config), "--out", str(tmp_path / "never"))
+    assert code == 2 and "Traceback" not in stderr and not (tmp_path / "never").exists()
+    assert f"variant 'pi-ft': data source '{tmp_path / 'nope.txt'}' does not exist" in stderr
 
 
 def test_a_trained_model_missing_on_this_machine_is_refused_found_when_moved_and_retrained_on_request(run_cli, tmp_path):

@@ -39,19 +39,6 @@ def _examples(name: str, json_out: bool) -> None:
     sys.stdout.write(example_yaml(name))  # raw: the YAML is meant to be redirected into a file
 
 
-def _require_local_sources(cfg) -> None:
-    """A data source path that does not exist, in one line before the run directory is written."""
-    from ..data.training_data import validate_data_spec
-    from ..train.data import data_spec
-
-    for i, stage in enumerate(cfg.stages):
-        for source in validate_data_spec(data_spec(stage.data.spec, stage.data.shuffle), stage.seq_len).sources:
-            if source.path.strip().lower() != "builtin" and not Path(source.path).expanduser().exists():
-                where = f"stages[{i}] ({stage.name}): " if cfg.curriculum else ""
-                raise RopekitError(f"{where}data source '{source.path}' does not exist",
-                                   "pass an existing file or directory, or 'builtin'")
-
-
 def _plan_rows(cfg) -> list[dict[str, Any]]:
     """One row per stage: the steps it covers (after --max-steps), its sequence length, method and batch."""
     world = _world_size()
@@ -240,7 +227,9 @@ def train_cmd(
 
         check_target(cfg.require_output(), what="output.dir", kind="dir")  # a file, a read-only place: one line
         check_run_dir(cfg.require_output(), resume, own_files=[config])  # an earlier run, someone else's files
-    _require_local_sources(cfg)
+    from ..train.data import require_local_sources
+
+    require_local_sources(cfg)
     if cfg.model.name != "tiny-pretrained":  # built here on first use
         require_reachable(cfg.model.name)  # a missing path, or a hub id not cached on an offline machine
     if dry_run:

@@ -39,7 +39,7 @@ from ..install import rope_info
 from ..models.loading import load_model
 from ..runtime import default_threads, quiet_transformers, torch_threads
 from ..runtime.devices import worker_device
-from .config import StudyConfig, parse_study
+from .config import StudyConfig, parse_study, train_config_for
 from .pieces import (
     PRETRAIN,
     RUNS_DIR,
@@ -264,19 +264,34 @@ def require_eval_data(config: StudyConfig, study_dir: Path, only: Sequence[str] 
                and not Path(options["data"]).expanduser().exists()}
     if not missing:
         return
-    done: set[str] = set()
-    if (study_dir / DB_NAME).is_file():
-        store = open_study(study_dir)
-        try:
-            done = {p["id"] for p in store.pieces() if p["status"] == "done"}
-        finally:
-            store.close()
+    done = _done_pieces(study_dir)
     for piece in select_pieces(config, only):
         if piece.kind == "eval" and piece.task in missing and piece.id not in done:
             raise RopekitError(f"evaluation '{piece.task}' reads '{missing[piece.task]}', which does not exist "
                                f"(relative paths are read from {Path.cwd()})",
                                "write that file first (the study's YAML may say how it was made), or run the study "
                                "from the directory that holds it")
+
+
+def require_training_data(config: StudyConfig, study_dir: Path, only: Sequence[str] | None = None) -> None:
+    """Refuse, before anything is written, a training whose data file does not exist while its piece is unfinished
+    (:func:`require_eval_data`'s rule for the recipe and each variant's ``finetune:`` data)."""
+    from ..train.data import require_local_sources
+
+    pending = [p for p in select_pieces(config, only) if p.kind == "train" and p.id not in _done_pieces(study_dir)]
+    for label in dict.fromkeys(p.label for p in pending):
+        variant = config.variant(label)
+        require_local_sources(train_config_for(config, variant, "tiny", "unused"), where=f"variant '{label}': ")
+
+
+def _done_pieces(study_dir: Path) -> set[str]:
+    if not (study_dir / DB_NAME).is_file():
+        return set()
+    store = open_study(study_dir)
+    try:
+        return {p["id"] for p in store.pieces() if p["status"] == "done"}
+    finally:
+        store.close()
 
 
 def _producers(config: StudyConfig, only: Sequence[str] | None = None) -> dict[str, tuple[PlannedPiece, list[PlannedPiece]]]:
@@ -360,7 +375,6 @@ def corpus_warning(config: StudyConfig, study_dir: Path, only: Sequence[str] | N
     on other documents than the rest, and their comparison would mix two data sets. None otherwise (also when
     the finished trainings recorded no corpus: they ran before ropekit kept it)."""
     from ..data.training_data import builtin_corpus_digest, uses_builtin
-    from .config import train_config_for
 
     if not (study_dir / DB_NAME).is_file():
         return None
@@ -533,6 +547,7 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
         require_ray()  # a missing package fails here, before the study directory exists
     placement(config)  # an impossible device/dtype/attn fails here, in one line, before anything loads
     require_eval_data(config, study_dir, only)
+    require_training_data(config, study_dir, only)
     require_models(config, study_dir, only=only)
     fresh = not study_dir.exists()
     store = initialize(study_dir, config)

@@ -186,6 +186,21 @@ def build_dataset(spec: dict[str, Any], tokenizer, seq_len: int, seed: int, cach
     return build_training_data(data_spec(spec, shuffle), tokenizer, seq_len, seed, cache_dir)
 
 
+def require_local_sources(cfg, where: str = "") -> None:
+    """A data source path of ``cfg`` (a :class:`~ropekit.train.config.TrainConfig`) that does not exist, in one line
+    (prefixed by ``where``) before anything is written or loaded."""
+    from pathlib import Path
+
+    from ..data.training_data import validate_data_spec
+
+    for i, stage in enumerate(cfg.stages):
+        for source in validate_data_spec(data_spec(stage.data.spec, stage.data.shuffle), stage.seq_len).sources:
+            if source.path.strip().lower() != "builtin" and not Path(source.path).expanduser().exists():
+                at = f"stages[{i}] ({stage.name}): " if cfg.curriculum else ""
+                raise RopekitError(f"{where}{at}data source '{source.path}' does not exist",
+                                   "pass an existing file or directory, or 'builtin'")
+
+
 def validate_spec(spec: dict[str, Any], seq_len: int, shuffle: bool = True) -> None:
     """Check a ``data:`` section for ``seq_len`` without reading any data (one-line errors)."""
     from ..data.training_data import validate_data_spec
