@@ -83,3 +83,20 @@ def test_speed_measures_the_three_methods_against_the_plain_model(run_cli):
     measured = {r["method"] for r in rows}
     assert set(METHODS) <= measured and "plain" in measured
     assert all(r["prefill_s"] > 0 for r in rows), rows
+
+
+def test_a_method_installed_for_evaluation_is_held_to_its_reach_on_the_base_window():
+    """Self-Extend's reach G·(C − W + ⌊W/G⌋) is on the pretrained window C = 64: 2·(64 − 16 + 8) = 112. Read off
+    the extended model (whose window is already 112) it came to 208, and a 120-token evaluation ran past the reach.
+    A group size given is the method's size: no target is inferred from the lengths."""
+    import ropekit
+    from ropekit.errors import RopekitError
+    from ropekit.eval.common import prepare_model
+    from ropekit.models.tiny import build_tiny_model
+
+    model = build_tiny_model("llama")
+    assert ropekit.rope_info(model).window == 64
+    variant, params = prepare_model(model, "self_extend", {"group_size": 2, "window_size": 16}, [100])
+    assert params["group_size"] == 2 and params["factor"] is None
+    with pytest.raises(RopekitError, match=r"length 120 exceeds what self_extend supports .*\(reach 112 tokens\)"):
+        prepare_model(model, "self_extend", {"group_size": 2, "window_size": 16}, [120])

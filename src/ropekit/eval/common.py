@@ -57,7 +57,7 @@ def prepare_model(model, method: str | None, params: dict[str, Any] | None, leng
         kwargs["target_length"] = longest
     variant = extend(copy.deepcopy(model), spec, **kwargs)
     resolved = dict(variant.config.ropekit["params"])
-    reach = spec.reach(rope_info(variant), resolved)
+    reach = spec.reach(info, resolved)  # the base model's window C: the extended one is the reach itself
     if reach is not None and longest > reach:
         raise RopekitError(
             f"length {longest} exceeds what {spec.name} supports with {resolved} (reach {reach} tokens)",
