@@ -201,6 +201,12 @@ def test_bad_input_is_one_line_and_writes_nothing(run_cli, tmp_path):
         code, _, err = run_cli(*argv)
         assert code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
         assert not (tmp_path / "s").exists()
+    # an extended model (a ropekit export: frozen, or trained): every candidate would install LongRoPE over the
+    # method (an internal RecursionError, and a search.sqlite left behind)
+    assert run_cli("extend", "tiny", "--method", "yarn", "--factor", "2", "--out", str(tmp_path / "yarn"))[0] == 0
+    code, _, err = run_cli("search", str(tmp_path / "yarn"), "--target-length", "256", "--out", str(tmp_path / "s"))
+    assert code == 2 and "already extended with 'yarn'" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "s").exists()
     afile = tmp_path / "afile"
     afile.write_text("keep me")
     code, _, err = run_cli("search", "tiny", "--target-length", "256", "--out", str(afile))

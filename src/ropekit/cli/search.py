@@ -43,7 +43,7 @@ def search_cmd(
     from ..models.loading import load_model, parameter_count, resolve_model
     from ..runtime import default_threads, quiet_transformers
     from ..search.longrope import (SearchSettings, SearchStore, check_search_dir, check_settings, parse_start_tokens,
-                                   pool_evaluator, run_search, worker_init)
+                                   pool_evaluator, require_base_model, run_search, worker_init)
 
     starts = parse_start_tokens(start_tokens, target_length)  # a malformed value fails before any loading
     if model == BUILTIN_BASE:
@@ -70,6 +70,7 @@ def search_cmd(
         loaded = load_model(path, device=plan.device, dtype=plan.dtype, attn_implementation=plan.attn)
     from ..install import rope_info
 
+    require_base_model(loaded.model)
     info = rope_info(loaded.model)
     check_settings(settings, info.window, info.rotary_dim // 2)  # before the worker processes start
     err.print(plan.describe(), highlight=False, soft_wrap=True)

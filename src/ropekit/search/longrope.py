@@ -44,9 +44,9 @@ from ..data.corpora import existing_corpus, is_builtin, iter_documents
 from ..data.local_text import stdlib_documents
 from ..data.packing import PackedStream
 from ..core.schema import MAX_POSITIONS
-from ..errors import InvalidParameterError, RopekitError
+from ..errors import InvalidParameterError, RopekitError, UnsupportedModelError
 from ..eval.perplexity import score_windows
-from ..install import extend, rope_info, save_pretrained, uninstall
+from ..install import extend, installed, rope_info, save_pretrained, uninstall
 from ..methods.longrope import LongRoPE
 from ..methods.longrope_search import (PAPER_START_TOKENS, Candidate, ceiling_of, initial_population,
                                       next_generation, seed_candidate, seed_factors, split)
@@ -293,6 +293,7 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
     ``evaluate`` maps a generation's new candidates to ``(candidate, objective, seconds)`` as each finishes
     (the CLI passes a worker pool); by default they are evaluated here, one after another.
     """
+    require_base_model(model)
     info = rope_info(model)
     check_settings(settings, info.window, info.rotary_dim // 2)
     out = Path(out_dir)
@@ -372,6 +373,16 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
     return result
 
 
+
+
+def require_base_model(model) -> None:
+    """Each candidate is LongRoPE installed on ``model``, and a method goes on a model not extended by ropekit (an
+    export of ``ropekit extend`` or ``train`` carries its method): one line otherwise."""
+    record = installed(model)
+    if record:
+        raise UnsupportedModelError(f"the model is already extended with '{record['method']}'",
+                                    "search on the base model it was extended from: LongRoPE's factors replace the "
+                                    "method's")
 
 
 def check_search_dir(out: Path) -> None:
