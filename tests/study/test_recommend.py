@@ -395,3 +395,30 @@ def test_a_rerun_with_fewer_candidates_measures_nothing_again(run_cli, tmp_path,
     label = third["candidates"][0]["label"]
     assert label.startswith("yarn-") and third["candidates"][0]["params"]["factor"] == 3.0
     assert ran == [f"eval:ppl:{label}"]  # only the new variant is measured
+
+
+def test_ruler_counts_as_fitting_a_length_only_when_every_prompt_the_study_may_draw_fits():
+    """Each RULER prompt is drawn with its own seed and shrunk to fit; on the built-in base model at its 256-token
+    window the first prompts fit and prompt 6 does not. The plan probed only the first, so the study's RULER pieces
+    failed after the budget was spent, and again on every rerun."""
+    from ropekit.eval.ruler import prepare
+    from ropekit.models.loading import load_model
+    from ropekit.study.recommend import MAX_SAMPLES, STUDY_SEED, _fits
+    from ropekit.train.builtin_base import pretrain_base
+
+    tokenizer = load_model(str(pretrain_base())).tokenizer
+    (plan,), _, _ = prepare(tokenizer, lengths=[256], tasks=["niah_single_1"], samples=1, seed=STUDY_SEED)
+    plan.sample(0)  # the probe the plan made passes
+    why = _fits("ruler", tokenizer, 256)
+    assert why is not None and "sample 6 does not fit in 256 tokens" in why
+    assert _fits("ruler", tokenizer, 1024) is None  # at the target every one of the MAX_SAMPLES prompts fits
+    assert MAX_SAMPLES >= 7
+
+
+def test_a_ratio_and_its_interval_are_written_with_the_digits_that_tell_them_apart():
+    """A ratio of 1.0004 [1.0001, 1.0007] was printed "1 [1, 1]" beside "significantly higher"."""
+    from ropekit.study.recommend_rule import _fmt
+
+    assert _fmt({"estimate": 1.0004, "ci95": [1.0001, 1.0007], "n": 21}) == "1.0004 [1.0001, 1.0007] (n=21)"
+    assert _fmt({"estimate": 1.23, "ci95": [1.1, 1.4], "n": 5}) == "1.23 [1.1, 1.4] (n=5)"
+    assert _fmt(None) == "not measured"

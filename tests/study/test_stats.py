@@ -229,6 +229,7 @@ def test_accuracy_interval_matches_the_exact_bootstrap_distribution():
         bound = z * z / (n + z * z)  # Wilson at p̂ = 0: [0, z²/(n + z²)]; at p̂ = 1 its mirror
         assert row["ci95"] == pytest.approx([1 - bound, 1.0] if score else [0.0, bound], abs=1e-12)
     assert stats.aggregate([acc_record("pi", 128, 0.0, i) for i in range(20)])[0]["ci95"][1] == pytest.approx(0.1611, abs=1e-4)
+    assert stats.wilson_interval(0, 20)[0] == 0.0 and stats.wilson_interval(20, 20)[1] == 1.0  # exactly, not 3e-18
     # partial credit, the same fraction on every prompt: Wilson's interval at p̂ = 0.5, written out
     (row,) = stats.aggregate([acc_record("pi", 128, 0.5, i) for i in range(20)])
     half = z / (1 + z * z / 20) * (0.25 / 20 + z * z / 1600) ** 0.5

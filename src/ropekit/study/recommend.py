@@ -62,6 +62,8 @@ RULER_SINGLE_NEEDLE = "niah_single_1"
 #: Samples per evaluation and length: at least this many (fewer cannot call a paired difference), at most that many.
 MIN_SAMPLES = max(MIN_PAIRED, 5)
 MAX_SAMPLES = 64
+#: The seed of the study recommend runs (its config leaves ``seed`` at the default): RULER's prompts are drawn with it.
+STUDY_SEED = 0
 #: A generated answer (passkey, RULER) costs about this many forward passes at its length: one prefill and a
 #: handful of decoding steps that reuse the cache (each far cheaper than the prefill).
 GENERATION_FORWARDS = 1.5
@@ -376,7 +378,11 @@ def _fits(task: str, tokenizer, length: int) -> str | None:
         else:
             from ..eval.ruler import prepare
 
-            prepare(tokenizer, lengths=[length], tasks=[RULER_SINGLE_NEEDLE], samples=1)
+            # a sample whose own draw does not fit fails only when it is generated (RULER shrinks each prompt's
+            # haystack to fit, down to the smallest): every prompt the study may draw is built now, with its seed
+            for plan in prepare(tokenizer, lengths=[length], tasks=[RULER_SINGLE_NEEDLE], samples=1, seed=STUDY_SEED)[0]:
+                for index in range(MAX_SAMPLES):
+                    plan.sample(index)
     except RopekitError as err:
         return err.problem
     return None

@@ -61,8 +61,11 @@ def _fmt(cmp: dict[str, Any] | None) -> str:
     if not cmp:
         return "not measured"
     ci = cmp.get("ci95")
-    band = f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else ""
-    return f"{cmp['estimate']:.3g}{band} (n={cmp['n']})"
+    values = [cmp["estimate"], *(ci or [])]
+    # enough digits that the estimate and its interval read apart (a ratio of 1.0004 [1.0001, 1.0007] is not "1 [1, 1]")
+    digits = next((d for d in range(3, 8) if len({f"{v:.{d}g}" for v in values}) == len(set(values))), 8)
+    band = f" [{ci[0]:.{digits}g}, {ci[1]:.{digits}g}]" if ci else ""
+    return f"{cmp['estimate']:.{digits}g}{band} (n={cmp['n']})"
 
 
 def _cell(analysis: Analysis, label: str, task: str, length: int, metric: str) -> dict[str, Any] | None:

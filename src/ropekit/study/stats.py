@@ -263,7 +263,8 @@ def wilson_interval(successes: float, n: int, z: float = Z_95) -> tuple[float, f
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at p̂ = 0 (or 1) the bound is 0 (or 1) exactly; rounding left 3e-18 there
+    return (0.0 if p == 0 else max(0.0, centre - half)), (1.0 if p == 1 else min(1.0, centre + half))
 
 
 def _all_alike_interval(metric: _Metric, observed: np.ndarray, draws: int) -> tuple[float, float] | None:
