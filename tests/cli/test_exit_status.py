@@ -114,6 +114,18 @@ def test_ctrl_c_in_a_long_command_exits_130_in_one_line(run_cli, monkeypatch, tm
     assert not (tmp_path / "m").exists() and not [n for n in os.listdir(tmp_path) if n.endswith(".part")]
 
 
+@pytest.mark.parametrize("args", [(), ("eval",), ("engines",)])
+def test_a_bare_command_prints_its_help_and_exits_0(run_cli, args):
+    # no arguments asks for the help, as --help does (click 8.2+ calls it a usage error, exit 2)
+    code, out, err = run_cli(*args)
+    assert code == 0 and "Usage:" in out and err == ""
+
+
+def test_a_subcommand_missing_its_argument_is_still_exit_2(run_cli):
+    code, _, err = run_cli("eval", "passkey")
+    assert code == 2 and "Missing argument" in _one_error_line(err)
+
+
 # ---- input errors: exit 2, one line, nothing written --------------------------------------------------------------
 @pytest.mark.parametrize("args, words", [
     (["extend", "tiny", "-m", "yarn", "-f", "1e300", "--out", "m"], "factor"),

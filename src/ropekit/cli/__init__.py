@@ -185,9 +185,12 @@ def _run_app() -> None:
     except (typer.Abort, KeyboardInterrupt):
         raise SystemExit(_interrupted()) from None
     except Exception as e:  # click usage errors and anything unexpected
+        if type(e).__name__ == "NoArgsIsHelpError":
+            # bare `ropekit` (or `ropekit eval`) asked for the help that was just printed: as --help, that is success
+            raise SystemExit(0) from None
         if isinstance(e, TyperException) or hasattr(e, "format_message"):  # typer's vendored click errors
             message = e.format_message().strip()
-            if message:  # empty when help was already printed (no arguments)
+            if message:
                 _error_line(message)
             raise SystemExit(getattr(e, "exit_code", 2) or 2) from None
         user = filesystem_error(e)
