@@ -315,6 +315,28 @@ def test_the_byte_tokenizer_becomes_a_token_id_model(tmp_path):
     assert "tokenizer.ggml.tokens" not in reader.fields and report["vocabulary"].startswith("none")
 
 
+def test_tokens_beyond_the_embeddings_are_named_with_the_class_that_added_them(tmp_path):
+    """transformers 5 loads a saved Qwen2 directory's tokenizer as Qwen2Tokenizer whatever tokenizer_config.json says,
+    and that class adds '<|endoftext|>' after the 256 byte ids: the refusal names the token and the class."""
+    from transformers import AutoTokenizer
+
+    from ropekit.errors import UnsupportedModelError
+    from ropekit.install.gguf_vocab import gguf_vocabulary
+
+    model = build_tiny_model("qwen2")
+    model.save_pretrained(tmp_path)
+    byte_tokenizer().save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    extra = [i for i in range(len(reloaded)) if i >= model.config.vocab_size]
+    assert extra, "transformers no longer adds tokens to this tokenizer: the test needs another case"
+    with pytest.raises(UnsupportedModelError) as refused:
+        gguf_vocabulary(reloaded, model.config.vocab_size)
+    line = refused.value.one_line()
+    assert type(reloaded).__name__ in line and repr(reloaded.convert_ids_to_tokens(extra[0])) in line
+    assert f"{len(extra)} token(s)" in line and "\n" not in line
+    gguf_vocabulary(reloaded, len(reloaded))  # with an embedding per id the same tokenizer is written
+
+
 def test_a_byte_level_bpe_is_a_gpt2_vocabulary(tmp_path):
     import json
 

@@ -232,6 +232,22 @@ def _pad(tokens: list, types: list, scores: list | None, vocab_size: int) -> Non
             scores.append(-1000.0)
 
 
+def _beyond_embeddings(tokenizer, spec: dict, vocab_size: int) -> UnsupportedModelError:
+    """The refusal for a tokenizer with ids the model has no embedding for, naming those tokens and the class that
+    holds them: transformers 5 loads some model types' tokenizers as that type's class whatever
+    tokenizer_config.json says (Qwen2, Phi-3: ``MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS``), and the class may add
+    special tokens the saved vocabulary never had."""
+    ids = {**(spec.get("model") or {}).get("vocab", {}), **{t["content"]: t["id"] for t in spec.get("added_tokens") or []}}
+    beyond = sorted((i, token) for token, i in ids.items() if i >= vocab_size)
+    named = ", ".join(f"{token!r} = {i}" for i, token in beyond[:3]) + (" …" if len(beyond) > 3 else "")
+    return UnsupportedModelError(
+        f"the tokenizer transformers loads for this model ({type(tokenizer).__name__}) has {len(beyond)} token(s) "
+        f"beyond the model's {vocab_size} embeddings ({named})",
+        "resize the model to its tokenizer before saving (model.resize_token_embeddings(len(tokenizer))), or save it "
+        "with a tokenizer whose ids all have embeddings",
+    )
+
+
 def gguf_vocabulary(tokenizer, vocab_size: int) -> GGUFVocab:
     """llama.cpp's vocabulary for ``tokenizer`` (a transformers fast tokenizer) in a model of ``vocab_size``
     embeddings, or a one-line :class:`~ropekit.errors.UnsupportedModelError` (see the module text for which
@@ -250,8 +266,7 @@ def gguf_vocabulary(tokenizer, vocab_size: int) -> GGUFVocab:
     largest = max([*(model.get("vocab") or {}).values(), *(t["id"] for t in spec.get("added_tokens") or [])],
                   default=-1)
     if largest >= vocab_size:
-        raise UnsupportedModelError(f"the tokenizer has ids up to {largest}, the model only {vocab_size} embeddings",
-                                    "save the model with its own tokenizer")
+        raise _beyond_embeddings(tokenizer, spec, vocab_size)
     if model.get("type") != "BPE":
         raise _refuse(f"a {model.get('type')} model")
     if not model.get("byte_fallback") and decoders == ["ByteLevel"]:
