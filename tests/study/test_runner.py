@@ -759,6 +759,49 @@ def test_only_runs_the_pieces_of_some_variants_now_and_the_rest_later(reference_
     assert "choose among: base, pi, pi-ft" in stderr and not (tmp_path / "never").exists()
 
 
+def test_a_training_found_finished_after_a_crash_keeps_its_placement_and_cost(run_cli, tmp_path):
+    """A study killed after a training exported its model but before the store recorded it: the rerun finds the run
+    finished and records where it trained from the run's own record (not this machine), and its cost from the
+    steps' logged time (not the seconds the rerun spent finding it)."""
+    from ropekit.train.export import FINAL_DIR, TRAIN_INFO
+
+    raw = {**SMALL, "variants": [{"label": "base"},
+                                 {"label": "pi-ft", "method": "pi", "params": {"factor": 4}, "finetune": True}],
+           "evals": {"ppl": {"lengths": [64], "samples": 1, "score_mode": "truncate"}}}
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    code, _, stderr = run_cli("study", str(config), "--out", str(out), "--only", "pi-ft", "--no-report")
+    assert code == 0, stderr
+    db = sqlite3.connect(out / "study.sqlite")
+    (first,) = db.execute("SELECT value FROM manifest WHERE key = 'placement:train:pi-ft'").fetchone()
+    assert json.loads(first)["hardware"].startswith(_cpu_model_name())
+    # the crash: the export is on disk, the store never heard of it; the run trained on another machine
+    info_path = next(out.rglob(f"pi-ft*/{FINAL_DIR}/{TRAIN_INFO}"))
+    info = json.loads(info_path.read_text())
+    assert info["trained_on"]["device"] == "cpu"
+    info_path.write_text(json.dumps({**info, "trained_on": {"device": "cuda:0", "hardware": "NVIDIA H200"}}))
+    db.execute("UPDATE pieces SET status = 'pending', started = NULL, finished = NULL, seconds = NULL "
+               "WHERE id = 'train:pi-ft'")
+    db.execute("DELETE FROM manifest WHERE key = 'placement:train:pi-ft'")
+    db.execute("DELETE FROM train_metrics WHERE piece = 'train:pi-ft'")
+    db.commit()
+    db.close()
+    steps = [json.loads(line) for line in (info_path.parent.parent / "metrics.jsonl").read_text().splitlines() if line]
+    code, _, stderr = run_cli("study", str(config), "--out", str(out), "--only", "pi-ft", "--no-report")
+    assert code == 0, stderr
+    db = sqlite3.connect(out / "study.sqlite")
+    (value,) = db.execute("SELECT value FROM manifest WHERE key = 'placement:train:pi-ft'").fetchone()
+    (status, seconds) = db.execute("SELECT status, seconds FROM pieces WHERE id = 'train:pi-ft'").fetchone()
+    (logged,) = db.execute("SELECT count(*) FROM train_metrics WHERE piece = 'train:pi-ft'").fetchone()
+    db.close()
+    where = json.loads(value)
+    assert status == "done" and where["device"] == "cuda:0" and where["hardware"] == "NVIDIA H200"
+    assert where["dtype"] == "float32" and where["precision"] == "fp32"
+    assert logged == len(steps) == raw["recipe"]["train"]["max_steps"]
+    assert seconds >= sum(row["seconds"] for row in steps) > 0
+
+
 def test_trainings_on_another_pythons_builtin_corpus_are_called_out(run_cli, tmp_path):
     """The built-in training split is the running Python's standard library: a training records which one it read,
     and a study continued where the trainings still to run would read another says so in one line (the comparison

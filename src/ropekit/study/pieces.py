@@ -9,6 +9,7 @@ import copy
 import io
 import json
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,10 +214,15 @@ def _run_train(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path,
             if line.strip():
                 metrics.append(json.loads(line))
     artifacts = {"model": str(result.final_dir)} if result.final_dir else {}
-    where = (computed_on(device=result.device, dtype=cfg.model.dtype, precision=cfg.train.precision,
-                         corpus=trained_corpus(out))
-             if result.device else None)  # None: trained by an earlier run, which recorded nothing here
-    return {"artifacts": artifacts, "metrics": metrics, "placement": where}
+    placed = result.trained_on  # the run's own record, also when an earlier process trained and exported it
+    where = (computed_on(device=placed["device"], dtype=cfg.model.dtype, precision=cfg.train.precision,
+                         corpus=trained_corpus(out), hardware=placed.get("hardware"))
+             if placed else None)  # None: exported by a ropekit that recorded no placement
+    # a training resumed from a checkpoint, or found finished after a crash, cost more than this call: the step
+    # time of the steps earlier processes ran is added to the piece's seconds
+    ran_here = {step for step, _ in result.losses} if result.device else set()
+    before = sum(float(row.get("seconds") or 0.0) for row in metrics if row.get("step") not in ran_here)
+    return {"artifacts": artifacts, "metrics": metrics, "placement": where, "seconds_before": before}
 
 
 def trained_corpus(run_dir: Path) -> str | None:
@@ -319,7 +325,8 @@ def execute_piece(config: StudyConfig, store, piece: PlannedPiece, study_dir: Pa
                   threads: int | None = None, device: str | None = None, writer=None) -> dict[str, Any]:
     """Compute one piece: ``{"metrics": …, "artifacts": …, "placement": …}`` (where it computed:
     :func:`ropekit.runtime.devices.computed_on`; evaluation samples go to ``writer``, by default
-    straight into ``store``). ``store`` only needs ``artifacts(piece)`` when ``writer`` is given."""
+    straight into ``store``), and for a training ``seconds_before``, the step time earlier processes spent on it
+    (:func:`piece_seconds`). ``store`` only needs ``artifacts(piece)`` when ``writer`` is given."""
     if piece.kind == "pretrain":
         return _run_pretrain(config, store, piece, report, threads)
     if piece.kind == "train":
@@ -327,6 +334,12 @@ def execute_piece(config: StudyConfig, store, piece: PlannedPiece, study_dir: Pa
     if piece.kind == "search":
         return _run_search(config, store, piece, study_dir, report, threads, device)
     return _run_eval(config, store, piece, report, device, writer, study_dir)
+
+
+def piece_seconds(out: dict[str, Any], started: float) -> float:
+    """A finished piece's cost: this process's wall time since ``started`` (``time.perf_counter``) plus what
+    earlier processes spent on it (``seconds_before``: a training's steps before the checkpoint it resumed from)."""
+    return time.perf_counter() - started + float(out.get("seconds_before") or 0.0)
 
 
 def piece_error(err: BaseException) -> str | BaseException:

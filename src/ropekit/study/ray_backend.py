@@ -29,7 +29,7 @@ from typing import Any
 from ..errors import RopekitError
 from ..eval.records import RecordWriter
 from .config import StudyConfig, parse_study
-from .pieces import PlannedPiece, blocked, execute_piece, piece_error, select_pieces
+from .pieces import PlannedPiece, blocked, execute_piece, piece_error, piece_seconds, select_pieces
 from .store import StudyStore, key_fields_for
 
 #: Ray retries a task this many times when its worker process dies.
@@ -75,8 +75,7 @@ def run_remote_piece(config_dict: dict[str, Any], study_dir: str, piece: Planned
     except Exception as err:  # noqa: BLE001 - returned to the driver, which records it on the piece
         out, error = {}, piece_error(err)
         error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    return {"out": out, "samples": writer.new if writer else [], "error": error,
-            "seconds": time.perf_counter() - started}
+    return {"out": out, "samples": writer.new if writer else [], "error": error, "seconds": piece_seconds(out, started)}
 
 
 def _resources(config: StudyConfig, kind: str) -> dict[str, float]:

@@ -49,6 +49,7 @@ from .pieces import (
     blocked,
     execute_piece,
     piece_error,
+    piece_seconds,
     placement,
     plan,
     produced_model,
@@ -75,7 +76,7 @@ def run_piece(config: StudyConfig, store: StudyStore, piece: PlannedPiece, study
         store.fail_piece(piece.id, piece_error(err))
         return
     store.finish_piece(piece.id, metrics=out.get("metrics", ()), artifacts=out.get("artifacts"),
-                       seconds=time.perf_counter() - started, placement=out.get("placement"))
+                       seconds=piece_seconds(out, started), placement=out.get("placement"))
 
 
 # ---- scheduling --------------------------------------------------------------------------------------------

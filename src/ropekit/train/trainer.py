@@ -43,7 +43,7 @@ from ..methods import get_method
 from ..models.byte_tokenizer import byte_tokenizer
 from ..models.loading import load_model
 from ..runtime import cache_root, default_threads
-from ..runtime.devices import free_memory
+from ..runtime.devices import free_memory, hardware_name
 from ..runtime.atomic import PART_SUFFIX, atomic_file
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -120,6 +120,10 @@ class TrainResult:
     seconds: float = 0.0
     #: Where this call trained (``cuda:0``, ``cpu``); None when it found the run already finished.
     device: str | None = None
+    #: Where the run that exported ``final_dir`` trained: ``{"device", "hardware"}`` as its
+    #: ``ropekit_train.json`` records it — also when this call found the run finished (a study killed between a
+    #: training's export and its bookkeeping still knows where the model came from); None before ropekit kept it.
+    trained_on: dict[str, str] | None = None
 
 
 def no_decay(name: str, param: torch.Tensor) -> bool:
@@ -212,6 +216,17 @@ class Trainer:
                                "resume with the config file the run started from (DIR/config.yaml lists its resolved "
                                "settings), or start a new --out")
         return found
+
+    def _trained_on(self) -> dict[str, str]:
+        device = str(self.acc.device)
+        return {"device": device, "hardware": hardware_name(device)}
+
+    def _recorded_placement(self) -> dict[str, str] | None:
+        try:
+            recorded = json.loads((self.out / FINAL_DIR / TRAIN_INFO).read_text()).get("trained_on")
+        except (OSError, json.JSONDecodeError):
+            return None
+        return recorded if isinstance(recorded, dict) and recorded.get("device") else None
 
     def _finished_already(self) -> bool:
         info = self.out / FINAL_DIR / TRAIN_INFO
@@ -499,7 +514,8 @@ class Trainer:
     def _export(self, directory: Path) -> None:
         info = {"step": self.step, "stage": self.plan[locate(self.plan, max(0, self.step - 1))[0]].name,
                 "tokens_seen": self.tokens_seen, "skipped": self.skipped,
-                "ema": directory.name == FINAL_EMA_DIR, "config": json_safe(self.cfg.to_dict())}
+                "ema": directory.name == FINAL_EMA_DIR, "config": json_safe(self.cfg.to_dict()),
+                "trained_on": self._trained_on()}
         export_model(directory, strategy=self.strategy, model=self.model, unwrapped=self.unwrapped,
                      rebuild=self._rebuilt, tokenizer=self.tokenizer, info=info)
 
@@ -524,7 +540,7 @@ class Trainer:
         if self._finished_already():
             self._note(f"{self.out} is already trained to step {cfg.last_step}; nothing to do")
             return TrainResult(out_dir=self.out, step=cfg.last_step, final_dir=self.out / FINAL_DIR,
-                               losses=logged_losses(self.out, cfg.last_step)[-1:])
+                               losses=logged_losses(self.out, cfg.last_step)[-1:], trained_on=self._recorded_placement())
         self.acc.wait_for_everyone()
         start_step = found[0] if found else 0
         stage_index, _ = locate(self.plan, start_step)
@@ -549,7 +565,8 @@ class Trainer:
             self.metrics = MetricsFile(self.out, self.step)
             self._trackers, self._closers = start_trackers(cfg.output, self.out, self.step, cfg.to_dict())
         self.acc.wait_for_everyone()
-        result = TrainResult(out_dir=self.out, step=self.step, resumed_from=resumed_from, device=str(self.acc.device))
+        result = TrainResult(out_dir=self.out, step=self.step, resumed_from=resumed_from, device=str(self.acc.device),
+                             trained_on=self._trained_on())
         for note in self.notes:  # said once the run is set up: a refusal before it stays the one line on stderr
             self._note(note)
         try:
