@@ -422,6 +422,28 @@ def test_a_mistral_with_a_sliding_window_is_refused(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_mistral_window_shorter_than_a_frozen_length_is_refused(tmp_path):
+    """Dynamic NTK keeps max_position_embeddings at the original window, so a window equal to it passes the plain
+    check; frozen at 2× the file declares 128 tokens, and transformers' window then changes the logits (shown here)
+    where llama.cpp would attend to everything."""
+    model = build_tiny_model("mistral")
+    window = int(model.config.max_position_embeddings)
+    model.config.sliding_window = window
+    ropekit.extend(model, "dynamic_ntk", factor=2.0)
+    ids = torch.randint(0, 256, (1, 2 * window))
+    with torch.no_grad():
+        windowed = model(ids).logits[0, -1]
+        model.config.sliding_window = None
+        whole = model(ids).logits[0, -1]
+        model.config.sliding_window = window
+    assert (windowed - whole).abs().max() > 1e-3  # the window matters at this length
+    with pytest.raises(RopekitError, match=f"sliding window of {window} tokens, shorter than the {2 * window}"):
+        write_gguf(model, byte_tokenizer(), tmp_path / "m.gguf", freeze_length=2 * window)
+    assert not any(tmp_path.iterdir())
+    model.config.sliding_window = 2 * window  # a window that covers the declared context: written
+    write_gguf(model, byte_tokenizer(), tmp_path / "m.gguf", freeze_length=2 * window)
+
+
 def test_cli_extend_writes_a_gguf_and_refuses_to_overwrite(run_cli, tmp_path):
     target = tmp_path / "yarn.gguf"
     code, out, err = run_cli("extend", "tiny", "--method", "yarn", "--factor", "2", "--format", "gguf",
@@ -525,3 +547,32 @@ def test_a_freeze_length_for_a_static_method_is_refused_in_a_gguf_too(tmp_path):
         with pytest.raises(RopekitError, match=words):
             _write(tmp_path, "yarn", freeze_length=length, factor=2.0)
         assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_frozen_export_is_written_at_its_own_freeze_length_and_no_other(run_cli, tmp_path):
+    """A directory saved frozen holds the frequencies of that length (ropekit.load gives them back as they are):
+    its GGUF declares that length; another --freeze-length would declare a length its frequencies are not of.
+    The reference: Dynamic NTK's base at 256 tokens, written directly, has other divisors than the 128 file."""
+    frozen = tmp_path / "dn128"
+    code, _, err = run_cli("extend", "tiny", "--method", "dynamic_ntk", "--factor", "2", "--freeze-length", "128",
+                           "--out", str(frozen))
+    assert code == 0, err
+    code, _, err = run_cli("export", str(frozen), "--format", "gguf", "--freeze-length", "256", "--outtype", "f32",
+                           "--out", str(tmp_path / "at256.gguf"))
+    assert code == 2 and "frozen at 128 tokens" in err and len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.glob("*.gguf*"))
+    code, _, err = run_cli("export", str(frozen), "--format", "gguf", "--outtype", "f32", "--out", str(tmp_path / "a.gguf"))
+    assert code == 0, err
+    reader = gguf.GGUFReader(str(tmp_path / "a.gguf"))
+    assert _value(reader, "llama.context_length") == 128
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["dynamic"](_hf_config({"rope_type": "dynamic", "factor": 2.0}), None, 128)
+    np.testing.assert_allclose(_tensor(reader, "rope_freqs.weight"), _plain_theta() / inv_freq.double().numpy(), rtol=2e-6)
+
+
+def test_a_freeze_length_past_a_static_base_window_is_refused(tmp_path):
+    """The plain model's frequencies are the same at every length: a freeze length past its window only declared a
+    longer context in the file."""
+    model = build_tiny_model("llama")
+    with pytest.raises(RopekitError, match="changes nothing for this model's own RoPE"):
+        write_gguf(model, byte_tokenizer(), tmp_path / "m.gguf", freeze_length=4 * WINDOW)
+    assert not any(tmp_path.iterdir())

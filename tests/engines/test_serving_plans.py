@@ -6,6 +6,7 @@ slow tests in test_engines_slow.py run it.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
@@ -144,6 +145,24 @@ def test_verify_against_plain_transformers(tmp_path, run_cli):
     code, _, err = run_cli("verify", str(only), "--engine", "transformers")
     assert code == 2 and "in ropekit's own format, which transformers cannot load" in err
     assert len([line for line in err.splitlines() if line.strip()]) == 1
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")])
+def test_an_engine_that_returns_a_non_finite_logprob_fails_verify(tmp_path, run_cli, monkeypatch, bad):
+    """An engine that breaks past the original window often does so with NaN or -inf: one such token fails the
+    check (a NaN not first in the list used to slip past Python's max)."""
+    verify_module = importlib.import_module("ropekit.engines.verify")
+    real = verify_module.run_engine
+
+    def breaks_at_70(engine, request, python=None):
+        response = real(engine, request, python=python)
+        response["logprobs"][0][70] = bad
+        return response
+
+    monkeypatch.setattr(verify_module, "run_engine", breaks_at_70)
+    code, out, err = run_cli("verify", str(_export(tmp_path, "yarn", factor=4.0)), "--engine", "transformers", "--json")
+    report = json.loads(out)
+    assert code == 1 and report["passed"] is False and report["max_abs_diff"] == float("inf")
 
 
 def test_verify_compares_a_dynamic_export_past_its_original_window(tmp_path, run_cli):

@@ -69,9 +69,8 @@ def export_cmd(
         raise RopekitError(f"'{target}' exists", "pass another --out, or --overwrite")
     from .common import load_model
 
+    freeze_length = saved_freeze_length(directory, freeze_length)  # an export saved frozen keeps its length
     loaded = load_model(directory)
-    if freeze_length is None:  # an export saved with --freeze-length keeps it
-        freeze_length = saved_freeze_length(directory)
     gguf_source = loaded.path if loaded.source in ("gguf", "smollm2") else None
     report = write_gguf(loaded.model, loaded.tokenizer, target, outtype=dtype, freeze_length=freeze_length,
                         tokenizer_gguf=gguf_source, overwrite=overwrite)

@@ -68,6 +68,14 @@ def text_ids(tokenizer, vocab_size: int, length: int) -> list[int]:
     return [i for i in ids[:length] if i < vocab_size] if tokenizer is None else ids[:length]
 
 
+def logprob_differences(ours: list[float | None], theirs: list[float | None]) -> list[float]:
+    """``|ours − theirs|`` per token after the first (which has no log-probability), skipping a pair with a
+    missing side; a NaN or infinite value on either side is an infinite difference, so no tolerance passes it
+    (Python's ``max`` would skip a NaN that is not first)."""
+    return [abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf
+            for a, b in zip(ours[1:], theirs[1:]) if a is not None and b is not None]
+
+
 def ropekit_logprobs(model, ids: list[int]) -> list[float | None]:
     """``[None, log p(t_1 | t_0), …]`` from ropekit's own model (float32 logits, float64 log-softmax)."""
     tokens = torch.tensor([ids])
@@ -192,8 +200,7 @@ def verify(directory: str | Path, engine: str, *, length: int | None = None, tol
     loaded = load_model(str(directory), dtype="float32", attn_implementation=None)
     model = loaded.model
     record = installed(model)
-    if freeze_length is None:
-        freeze_length = saved_freeze_length(directory)
+    freeze_length = saved_freeze_length(directory, freeze_length)
     original = record["base"]["max_position_embeddings"] if record else rope_info(model).original_window
     extended = int(model.config.max_position_embeddings)
     written = _written_rope(directory)
@@ -219,7 +226,7 @@ def verify(directory: str | Path, engine: str, *, length: int | None = None, tol
         request, details = _engine_request(chosen, directory, loaded, ids, threads, Path(tmp), freeze_length, python)
         response = run_engine(chosen, request, python=python)
     theirs = response["logprobs"][0]
-    diffs = [abs(a - b) for a, b in zip(ours[1:], theirs[1:]) if a is not None and b is not None]
+    diffs = logprob_differences(ours, theirs)
     if len(diffs) != len(ids) - 1:
         raise RopekitError(f"{chosen.title} returned {len(theirs)} log-probabilities for {len(ids)} tokens",
                            "check the engine's log")

@@ -191,6 +191,18 @@ def _reproduces(rope: GGUFRope) -> bool:
 # ------------------------------------------------------------------------------------------------------------
 
 
+def _refuse_a_sliding_window_within(config, context: int) -> None:
+    """transformers' Mistral applies ``sliding_window`` at every length past it; llama.cpp's Llama graph never does.
+    The file declares ``context`` tokens (a frozen length may lie past ``max_position_embeddings``, which Dynamic
+    NTK leaves at the original window), so a window shorter than that would make the two models differ."""
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "model_type", None) == "mistral" and window is not None and int(window) < int(context):
+        raise UnsupportedModelError(
+            f"this Mistral model attends within a sliding window of {window} tokens, shorter than the {context} "
+            "tokens the GGUF would declare, and llama.cpp's Llama graph does not apply it",
+            "export a Mistral model without a sliding window (v0.2 and later), or a freeze length within the window")
+
+
 def _check_architecture(model) -> tuple[Any, str]:
     """``(text config, GGUF architecture)``, or a one-line refusal of what llama.cpp's graph for it does not do."""
     config = text_config(model)
@@ -202,10 +214,6 @@ def _check_architecture(model) -> tuple[Any, str]:
             "export one of those (e.g. tiny or smollm2), or serve this one with vLLM or transformers")
     arch = ARCHITECTURES[model_type]
     window = getattr(config, "sliding_window", None)
-    if model_type == "mistral" and window is not None and int(window) < int(config.max_position_embeddings):
-        raise UnsupportedModelError(
-            f"this Mistral model attends within a sliding window of {window} tokens, which llama.cpp's Llama graph "
-            "does not apply", "export a Mistral model without a sliding window (v0.2 and later)")
     if arch in ("qwen2", "qwen3"):
         # transformers applies the window where layer_types says so (use_sliding_window fills it in); llama.cpp's
         # qwen2/qwen3 graphs attend to the whole context
@@ -268,6 +276,12 @@ def _base_frequencies(info, freeze_length: int | None):
         raise UnsupportedModelError(
             f"this model's own RoPE ('{info.rope_type}') depends on the input length past {length} tokens, and a "
             "GGUF holds one set of frequencies", "pass --freeze-length N to write them as they are at N tokens")
+    if kind == "static" and freeze_length is not None and freeze_length > info.window:
+        # the frequencies are the same at every length: the file would only declare a context past the window
+        raise InvalidParameterError(
+            f"freeze_length {freeze_length} changes nothing for this model's own RoPE ('{info.rope_type}'): its "
+            f"frequencies do not depend on the input length, and its window is {info.window} tokens",
+            "leave the freeze length out (--freeze-length, or freeze_length in Python)")
     inv_freq, attention_factor = base_frequencies(info, freeze_length)
     return inv_freq, float(attention_factor), freeze_length
 
@@ -308,6 +322,7 @@ def gguf_rope(model, freeze_length: int | None = None) -> GGUFRope:
         inv_freq, attention_factor, frozen = _base_frequencies(info, freeze_length)
     theta = inv_freq.detach().to(torch.float64).cpu().numpy()
     context = frozen if frozen is not None else window
+    _refuse_a_sliding_window_within(config, context)
     common = {"architecture": arch, "rotary_dim": info.rotary_dim, "context_length": int(context), "inv_freq": theta,
               "attention_factor": attention_factor, "frozen_at": frozen, "method": method, "params": params}
 
@@ -468,16 +483,25 @@ def _vocab_from_gguf(path: Path, vocab_size: int) -> GGUFVocab:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def saved_freeze_length(directory: str | Path) -> int | None:
+def saved_freeze_length(directory: str | Path, given: int | None = None) -> int | None:
     """The freeze length a directory was saved with (``save_pretrained(…, freeze_length=N)``, recorded under
-    ``ropekit.export`` in ``config.json``), or ``None``. ``ropekit.load`` restores the method itself, which follows
-    the input length again; a GGUF of that directory is written at the same length."""
+    ``ropekit.export`` in ``config.json``), or ``given`` when it was not frozen. A frozen directory holds the
+    frequencies as they were at that length (``ropekit.load`` gives them back as they are, as transformers does), so
+    a GGUF of it is written at the same length, and ``given`` another length is refused in one line: the file would
+    declare that length with the frequencies of the saved one."""
     try:
         saved = json.loads((Path(directory) / "config.json").read_text())
     except (OSError, ValueError):
-        return None
+        return given
     value = ((saved.get("ropekit") or {}).get("export") or {}).get("freeze_length") if isinstance(saved, dict) else None
-    return int(value) if value else None
+    if not value:
+        return given
+    if given is not None and int(given) != int(value):
+        raise InvalidParameterError(
+            f"'{directory}' was saved with its frequencies frozen at {int(value)} tokens; --freeze-length {given} "
+            "would declare that length with those frequencies",
+            f"leave --freeze-length out, or extend the original model again with --freeze-length {given}")
+    return int(value)
 
 _FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
 

@@ -128,7 +128,7 @@ def round_trip(model, tokenizer, directory: Path, weights_dtype: str | None = No
 
     import torch
 
-    from ..engines.verify import TOLERANCES, ropekit_logprobs, text_ids
+    from ..engines.verify import TOLERANCES, logprob_differences, ropekit_logprobs, text_ids
     from ..install import load
     from ..install.model_rope import installed
 
@@ -146,7 +146,7 @@ def round_trip(model, tokenizer, directory: Path, weights_dtype: str | None = No
     length = min(int(reloaded.config.max_position_embeddings), int(original * 1.5))
     ids = text_ids(tokenizer, int(reloaded.config.vocab_size), length)
     ours, theirs = ropekit_logprobs(model.eval(), ids), ropekit_logprobs(reloaded, ids)
-    diffs = [abs(a - b) for a, b in zip(ours[1:], theirs[1:])]
+    diffs = logprob_differences(ours, theirs)
     limit = TOLERANCES["transformers"]
     return {"ran": True, "passed": max(diffs) <= limit, "engine_version": "ropekit.load round trip",
             "tokens": len(ids), "max_abs_diff": max(diffs), "mean_abs_diff": sum(diffs) / len(diffs),
