@@ -11,6 +11,7 @@ import torch
 from kernel_masks import FORMATS, kernel_mask
 from pair_reference import rule_attention
 
+from ropekit.attention import interface
 from ropekit.methods.dual_chunk_attention import DualChunkAttention
 from ropekit.methods.landmark_attention import (
     LANDMARKS_KWARG,
@@ -123,3 +124,45 @@ def test_the_rule_reads_every_mask_format_alike(method):
     for fmt in ("flash", "eager", "flex"):
         got = rule_attention(attend, module, q, k, v, kernel_mask(fmt, real, LENGTH), scaling=0.3, **dict(kwargs))
         torch.testing.assert_close(got[rows], want[rows], rtol=0, atol=1e-12, msg=lambda m, fmt=fmt: f"{fmt}: {m}")
+
+
+@pytest.mark.parametrize("boundaries", [False, True], ids=["flash_wrapper_position_ids", "cu_seq_lens"])
+@pytest.mark.parametrize("method", ["self_extend", "lm_infinite", "dual_chunk", "s2_attn"])
+def test_a_padding_free_packed_row_attends_within_its_documents(method, boundaries):
+    """What a flash kernel gets for a padding-free packed batch (DataCollatorWithFlattening): one row, no mask,
+    positions restarting per document (and cu_seq_lens). transformers' flash kernel attends within each document;
+    so must the methods (they attended across documents before). The reference: the method's rule given the
+    block-diagonal causal mask transformers builds for the same row under sdpa."""
+    make, mode, _, _ = METHODS[method]
+    attend = make()
+    module = torch.nn.Module().train(mode == "train")
+    sizes = (30, LENGTH - 30)
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(1, HEADS, LENGTH, DIM, generator=gen) * 1.5
+    k = torch.randn(1, KV_HEADS, LENGTH, DIM, generator=gen) * 1.5
+    v = torch.randn(1, KV_HEADS, LENGTH, DIM, generator=gen)
+    pos = torch.cat([torch.arange(n) for n in sizes])[None]
+    document = torch.cat([torch.full((n,), i) for i, n in enumerate(sizes)])
+    block_diagonal = (document[:, None] == document[None, :]) & torch.ones(LENGTH, LENGTH).tril().bool()
+    kwargs = {"position_ids": pos}
+    if boundaries:  # DataCollatorWithFlattening's kwargs, straight to the layer attention
+        cu = torch.tensor([0, sizes[0], LENGTH], dtype=torch.int32)
+        kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(sizes), max_length_k=max(sizes))
+
+        def run(values):
+            return attend(module, q, k, values, None, scaling=DIM ** -0.5, dropout=0.0, kernel=_no_kernel,
+                          **dict(kwargs))[0]
+    else:  # restarting positions alone, through ropekit's flash_attention_2 function (it finds the documents)
+        module.ropekit_transforms, module.ropekit_attend = (), attend
+        flash = interface._make_attention("flash_attention_2")
+
+        def run(values):
+            return flash(module, q, k, values, None, scaling=DIM ** -0.5, dropout=0.0, **dict(kwargs))[0]
+    out = run(v)
+    want = rule_attention(attend, module, q, k, v, block_diagonal[None, None], scaling=DIM ** -0.5, **dict(kwargs))
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=ATOL)
+    # teeth: the second document's outputs do not move when only the first one's values change
+    moved = v.clone()
+    moved[:, :, :sizes[0]] += 10.0
+    assert torch.equal(run(moved)[:, sizes[0]:], out[:, sizes[0]:])
+

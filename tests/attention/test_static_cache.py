@@ -92,6 +92,34 @@ def test_generate_with_a_static_cache_equals_the_dynamic_one():
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
 
 
+@pytest.mark.parametrize("method", ["self_extend", "harpe"])
+def test_generates_automatic_compilation_of_a_static_cache_is_off_for_these_methods(method):
+    """On a GPU, generate compiles the decoding step of a static cache by itself; a compiled graph cannot read the
+    written slots (written_keys), so the methods' key positions came out shifted by the unwritten ones (logits off
+    by ~0.6). ropekit turns that automatic compilation off: forced here on the CPU (transformers' own switch for
+    it), the static cache's generate equals the dynamic one's, and a plain model still compiles."""
+    from transformers import CompileConfig
+
+    model = _model(method, "sdpa")
+    assert model.generation_config.disable_compile is True
+    ids = torch.randint(3, 200, (1, 40), generator=torch.Generator().manual_seed(3))
+    compile_config = CompileConfig(backend="aot_eager")
+    compile_config._compile_all_devices = True  # what a CUDA device gets without asking
+    kw = {"max_new_tokens": 6, "do_sample": False, "output_logits": True, "return_dict_in_generate": True,
+          "pad_token_id": 0}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dynamic = model.generate(ids, **kw)
+        static = model.generate(ids, cache_implementation="static", compile_config=compile_config, **kw)
+    for a, b in zip(static.logits, dynamic.logits):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
+    plain = build_tiny_model("llama", window=WINDOW)
+    cache = StaticCache(config=plain.config, max_cache_len=64)
+    criteria = {"cache": cache, cache_argument(plain): cache}
+    assert plain._valid_auto_compile_criteria(criteria, plain.generation_config.__class__(compile_config=compile_config))
+    assert not model._valid_auto_compile_criteria(criteria, model.generation_config)
+
+
 def test_written_keys_reads_each_mask_format():
     """Against masks written out by hand: 6 of 10 slots written, the last 2 of them the queries."""
     q_len, k_len, written = 2, 10, 6

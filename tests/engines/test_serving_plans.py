@@ -187,6 +187,14 @@ def test_vllm_refusal_names_the_reason(tmp_path, run_cli):
     code, out, err = run_cli("export", str(directory), "--format", "vllm", "--out", str(tmp_path / "x.gguf"))
     assert code == 2 and out == "" and "--out applies to --format gguf" in err and "\n" not in err.strip()
     assert not (tmp_path / "x.gguf").exists()
+    # --json prints the plan and still exits 2 with the refusal's line: a script cannot take it for a served model
+    code, out, err = run_cli("export", str(directory), "--format", "vllm", "--json")
+    assert code == 2 and json.loads(out)["exact"] is False and "frozen at factor × window" in err
+    assert len(err.strip().splitlines()) == 1
+    # a damaged config.json is one line, as for --format gguf
+    (directory / "config.json").write_text('{"a":')
+    code, out, err = run_cli("export", str(directory), "--format", "vllm")
+    assert code == 2 and out == "" and "cannot be read as JSON" in err and len(err.strip().splitlines()) == 1
 
 
 

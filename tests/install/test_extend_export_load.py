@@ -288,6 +288,31 @@ def test_yarn_export_names_the_transformers_4_releases_that_recompute_its_factor
     assert ropekit.save_pretrained(model, tmp_path / "even")["transformers4"]
 
 
+def test_saving_over_a_model_directory_never_deletes_what_a_model_does_not_hold(tmp_path):
+    """A second save replaces a model directory (its config, weights, tokenizer and cards) whole; a file the export
+    does not write — a GGUF `ropekit export DIR --format gguf` put beside the weights, notes, checkpoints — makes it
+    refuse in one line, naming the file, and the directory stays as it was."""
+    from ropekit.models.byte_tokenizer import byte_tokenizer
+
+    out = tmp_path / "model"
+    model = build_tiny_model("llama")
+    ropekit.extend(model, "yarn", factor=2.0)
+    ropekit.save_pretrained(model, out, tokenizer=byte_tokenizer())
+    other = build_tiny_model("llama")
+    ropekit.extend(other, "pi", factor=2.0)
+    ropekit.save_pretrained(other, out, tokenizer=byte_tokenizer())  # only model files: replaced
+    assert json.loads((out / "config.json").read_text())["ropekit"]["method"] == "pi"
+    (out / "model-f16.gguf").write_bytes(b"GGUF")
+    (out / "checkpoints").mkdir()
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(RopekitError) as refused:
+        ropekit.save_pretrained(model, out, tokenizer=byte_tokenizer())
+    line = refused.value.one_line()
+    assert "checkpoints/" in line and "model-f16.gguf" in line and "\n" not in line
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert json.loads((out / "config.json").read_text())["ropekit"]["method"] == "pi"
+
+
 #: The rope types transformers 4.57.1 builds: its modeling_rope_utils.ROPE_INIT_FUNCTIONS (read in the wheel).
 TRANSFORMERS_457_ROPE_TYPES = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"}
 

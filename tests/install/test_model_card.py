@@ -10,6 +10,7 @@ import math
 import re
 
 import pytest
+import torch
 
 import gguf
 from huggingface_hub import ModelCard
@@ -43,12 +44,35 @@ def test_the_card_reads_back_and_its_settings_are_the_configs(tmp_path):
     assert "| original window | 64 tokens |" in text and "| effective window | 128 tokens |" in text
     assert "| passkey at 96 tokens | 10/10 |" in text
     assert json.loads(_block(text, "**transformers 5.x**", "json"))["rope_parameters"] == config["rope_parameters"]
-    assert json.loads(_block(text, "**transformers 4.x**", "json"))["rope_scaling"] == config["rope_scaling"]
+    assert json.loads(_block(text, "**transformers 4.51 and later**", "json"))["rope_scaling"] == config["rope_scaling"]
     command = _block(text, "the original model with the same RoPE", "bash")
     overrides = json.loads(re.search(r"--hf-overrides '(.*)'", command).group(1))
     assert command.startswith("vllm serve HuggingFaceTB/SmolLM2-135M --max-model-len 128 ")
     assert overrides == {"rope_parameters": config["rope_parameters"], "max_position_embeddings": 128}
     assert (out / "ROPEKIT.md").read_text().strip() == text.strip()
+
+
+def test_a_yarn_card_names_the_4x_releases_that_compute_it(tmp_path):
+    """transformers 4.45–4.50 ramp YaRN over max_position_embeddings and never read original_max_position_embeddings,
+    so an export's extended window moves the correction range. transformers 5 computes that reading when the original
+    window is given as the extended one: on SmolLM2's RoPE (head 64, θ 1e5, 8,192 tokens, ×2) the frequencies differ
+    from the export's, so the card names 4.51 as the floor; PI's card stays 4.x."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    def yarn(original):
+        config = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                             max_position_embeddings=16384, rope_parameters={
+                                 "rope_type": "yarn", "factor": 2.0, "rope_theta": 1e5,
+                                 "original_max_position_embeddings": original})
+        return ROPE_INIT_FUNCTIONS["yarn"](config, None)[0]
+
+    assert not torch.allclose(yarn(8192), yarn(16384), rtol=1e-3)  # the 4.45–4.50 reading is another model
+    _, out = _export(tmp_path, "yarn", factor=2.0)
+    text = (out / "README.md").read_text()
+    assert "**transformers 4.51 and later**" in text and "4.45–4.50 ramp YaRN over max_position_embeddings" in text
+    _, pi = _export(tmp_path, "pi", factor=2.0)
+    assert "**transformers 4.x** (and the stacks" in (pi / "README.md").read_text()
 
 
 def test_llamacpp_flags_are_what_the_gguf_writer_writes(tmp_path):

@@ -99,6 +99,11 @@ def _make_attention(kernel: str) -> Callable:
         if transforms or attend is not None:
             # the methods read key positions as ending at the last query: a static cache's unwritten slots go
             key, value, attention_mask = without_unwritten_keys(key, value, attention_mask, query.shape[2], kernel)
+            if (kernel.startswith("flash") and attention_mask is None and query.shape[0] == 1
+                    and kwargs.get("cu_seq_lens_k") is None and query.shape[2] == key.shape[2] > 1):
+                # a padding-free packed row: the flash kernel would find its documents itself; the methods' own
+                # kernels read them from these kwargs (AttentionMask.for_call), so both attend within documents
+                kwargs = {**kwargs, **(hf.packed_sequence_kwargs(kwargs.get("position_ids"), 1) or {})}
         method = getattr(attend, "reads_positions", None)
         if method and method not in _SAID and getattr(module, "layer_idx", 0) == 0:
             _say_if_padding_is_counted(method, attention_mask, kwargs.get("position_ids"), query.shape[2], key.shape[2])

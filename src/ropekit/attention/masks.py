@@ -182,6 +182,19 @@ def _same_over_heads(x: torch.Tensor, what: str) -> torch.Tensor:
     return x
 
 
+def packed_documents(kwargs: dict, length: int, device) -> torch.Tensor | None:
+    """The document of each of ``length`` tokens of a padding-free packed row, from the boundaries ``cu_seq_lens_k``
+    a flash kernel's call carries (given by the caller, or found by ropekit's attention wrapper from restarting
+    ``position_ids`` as transformers' flash kernels do: :func:`ropekit.adapters.transformers.packed_sequence_kwargs`).
+    None for one document."""
+    bounds = kwargs.get("cu_seq_lens_k")
+    if not isinstance(bounds, torch.Tensor) or bounds.numel() <= 2:
+        return None
+    starts = torch.zeros(length, dtype=torch.long, device=device)
+    inner = bounds.to(device=device, dtype=torch.long)[1:-1].clamp(0, length - 1)
+    return starts.index_fill(0, inner, 1).cumsum(0)
+
+
 class AttentionMask:
     """transformers' attention mask, in any kernel's format, read as "query ``r`` may attend to key ``k``".
 
@@ -196,7 +209,7 @@ class AttentionMask:
         self.q_len, self.k_len = int(q_len), int(k_len)
         self.offset = self.k_len - self.q_len  # key index of query row r is r + offset
         self.window = int(sliding_window) if sliding_window else None
-        self._padding = self._dense = self._flex = None
+        self._padding = self._dense = self._flex = self._documents = None
         self._seen = self._active = None
         if device is None:
             device = attention_mask.device if isinstance(attention_mask, torch.Tensor) else "cpu"
@@ -225,8 +238,13 @@ class AttentionMask:
             if (attention_mask.q_len, attention_mask.k_len) != (q_len, k_len):
                 raise ValueError(f"mask for {attention_mask.q_len}×{attention_mask.k_len} used on {q_len}×{k_len}")
             return attention_mask
-        return cls(attention_mask, q_len, k_len, batch=query.shape[0], heads=query.shape[1],
+        mask = cls(attention_mask, q_len, k_len, batch=query.shape[0], heads=query.shape[1],
                    sliding_window=kwargs.get("sliding_window"), device=query.device)
+        if attention_mask is None and q_len == k_len and query.shape[0] == 1:
+            documents = packed_documents(kwargs, k_len, query.device)
+            if documents is not None:
+                mask.kind, mask._documents = "packed", documents
+        return mask
 
     # ---- reading the formats ----------------------------------------------------------------------------
     def _read_padding(self, mask: torch.Tensor) -> None:
@@ -297,6 +315,8 @@ class AttentionMask:
         allowed = keys[None, :] <= q_index
         if self.window is not None:
             allowed = allowed & (q_index - keys[None, :] < self.window)
+        if self._documents is not None:  # padding-free packing: a query sees its own document only
+            allowed = allowed & (self._documents[q_index] == self._documents[keys][None, :])
         allowed = allowed[None, None]
         if self._padding is not None:
             allowed = allowed & self._padding[:, None, None, k0:k1]

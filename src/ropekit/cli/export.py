@@ -39,13 +39,15 @@ def export_cmd(
         from ..install.vllm import vllm_serving
 
         serving = vllm_serving(directory)
-        if json_out:
+        refusal = RopekitError(f"vLLM would not serve '{directory}' as ropekit computes it: {serving.why}",
+                               "export a method vLLM computes exactly (see docs/methods.md)")
+        if json_out:  # the plan on stdout either way; a refusal still exits 2 with its line, as without --json
             print_json({"exact": serving.exact, "why": serving.why, "max_model_len": serving.max_model_len,
                         "hf_overrides": serving.hf_overrides, "env": serving.env, "command": serving.command})
-            return
         if not serving.exact:
-            raise RopekitError(f"vLLM would not serve '{directory}' as ropekit computes it: {serving.why}",
-                               "export a method vLLM computes exactly (see docs/methods.md)")
+            raise refusal
+        if json_out:
+            return
         out.print(serving.command, soft_wrap=True, highlight=False)
         return
     dtype = dtype if dtype is not None else "f16"

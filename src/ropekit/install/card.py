@@ -26,6 +26,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .legacy import legacy_releases
 from .vllm import vllm_serving
 
 
@@ -109,8 +110,9 @@ def card_body(out: Path, saved: dict[str, Any], *, method: str, params: dict[str
     else:
         legacy = {k: saved[k] for k in ("rope_scaling", "rope_theta", "rope_local_base_freq", "partial_rotary_factor",
                                          "rotary_pct", "rotary_emb_base", "original_max_position_embeddings") if k in saved}
-        lines += ["**transformers 4.x** (and the stacks pinned to it) — config.json also carries 4.x's names, the "
-                  "same numbers; `from_pretrained(DIR)` needs no flags:", "",
+        releases, earlier = legacy_releases(rope)
+        lines += [f"**transformers {releases}** (and the stacks pinned to it) — config.json also carries 4.x's names, "
+                  "the same numbers; `from_pretrained(DIR)` needs no flags" + (f" ({earlier})" if earlier else "") + ":", "",
                   "```json", json.dumps(legacy, indent=1), "```", ""]
     plan = vllm_serving(out)
     if plan.exact:

@@ -28,7 +28,7 @@ from ..methods import get_method
 from ..methods.base import EngineConfig
 from .capabilities import model_features
 from .card import card_body, write_card
-from .legacy import legacy_keys, with_engine_keys
+from .legacy import legacy_keys, legacy_releases, with_engine_keys
 from .freeze import check_freeze_length
 from .model_rope import base_info, rotary_modules, text_config
 from .rope_types import transformers_builds, with_top_level_original
@@ -51,15 +51,33 @@ def _with_base_rope(config, record):
     return _Swap()
 
 
+#: What a saved model directory holds (transformers' ``save_pretrained`` of a model, its tokenizer and generation
+#: config; ropekit's cards; a training's record): replacing a directory of only these loses nothing else.
+_MODEL_FILES = re.compile(
+    r"^(config\.json|generation_config\.json|.*\.safetensors|.*\.safetensors\.index\.json|pytorch_model.*\.bin"
+    r"|pytorch_model\.bin\.index\.json|tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab\..*"
+    r"|merges\.txt|chat_template\..*|spiece\.model|sentencepiece.*\.model|README\.md|ROPEKIT\.md"
+    r"|ropekit_train\.json|\.gitattributes)$")
+
+
 @contextlib.contextmanager
 def _whole_directory(out: Path):
     """The directory to save into: built beside ``out`` and renamed to it at the end (:func:`ropekit.runtime.
     atomic_dir`), so an ``out`` that exists is complete — a process killed before the rewritten ``config.json``
     would otherwise leave weights that plain transformers loads as the base model. An existing ``out`` is
-    replaced when it is empty or a model directory (it has a ``config.json``); other files are never deleted."""
-    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
-        raise InvalidParameterError(f"'{out}' exists and is not a model directory (no config.json)",
-                                    "save into a new or empty directory")
+    replaced when it is empty or a model directory holding only a model's files (:data:`_MODEL_FILES`); anything
+    else in it (a GGUF written beside the model, checkpoints, notes) is named and never deleted."""
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / "config.json").is_file():
+            raise InvalidParameterError(f"'{out}' exists and is not a model directory (no config.json)",
+                                        "save into a new or empty directory")
+        others = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir()
+                        if p.is_dir() or not _MODEL_FILES.match(p.name))
+        if others:
+            named = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            raise InvalidParameterError(
+                f"'{out}' holds files a saved model does not ({named}); replacing the directory would delete them",
+                "save into a new directory, or move those files out first")
     with atomic_dir(out, replace=True) as building:
         yield building
 
@@ -355,9 +373,11 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
             how += "\n\n" + engine.note
         elif engine_why:
             how += f"\n\nvLLM: not the same model ({engine_why})."
-        how += ("\n\ntransformers 4.x: " + (f"not the same model — {legacy_why}." if legacy_why else
-                "`config.json` also carries its names (`rope_theta`, `rope_scaling`), the same numbers: it loads the same "
-                "model with no flags."))
+        releases, earlier = legacy_releases(saved["rope_parameters"])
+        how += (f"\n\ntransformers {'4.x' if legacy_why else releases}: " + (
+            f"not the same model — {legacy_why}." if legacy_why else
+            "`config.json` also carries its names (`rope_theta`, `rope_scaling`), the same numbers: it loads the same "
+            "model with no flags" + (f" ({earlier})." if earlier else ".")))
         source = base_model or _hub_id(model)
         body = card_body(building, saved, method=m.name, params=json_safe(params), original=int(record["base"]["max_position_embeddings"]),
                          note=how, legacy_why=legacy_why, evaluation=evaluation, evidence=evidence,

@@ -112,9 +112,14 @@ class _Snapshot:
                                for module in self.embeddings if module is not None
                                for name in ("weight", "bias") if getattr(module, name, None) is not None]
         self.modules = [(m, {a: getattr(m, a, _MISSING) for a in _MODULE_ATTRS}) for m in attention_modules(model)]
+        generation = getattr(model, "generation_config", None)
+        self.disable_compile = (generation, getattr(generation, "disable_compile", None))
 
     def restore(self) -> None:
         model, config = self.model, self.config
+        generation, disable_compile = self.disable_compile
+        if generation is not None:
+            generation.disable_compile = disable_compile
         for name, value in self.fields.items():
             if value is _MISSING:
                 if hasattr(config, name):
@@ -347,6 +352,12 @@ def _install_attention(model, info: RopeInfo, spec: AttentionSpec, features) -> 
             f"found {len(attention_modules(model))} attention modules for {info.num_layers} layers",
             "this architecture's attention layout is not supported for attention-side methods",
         )
+    generation = getattr(model, "generation_config", None)
+    if generation is not None and (spec.layer_attention is not None or spec.head_bases is not None):
+        # these read key positions off the cache's written slots, which a compiled graph cannot read from a static
+        # cache's mask (ropekit.attention.masks.written_keys): generate's automatic compilation (static cache on a
+        # GPU) is turned off, so it runs them eagerly, as ropekit computes them
+        generation.disable_compile = True
 
 
 def uninstall(model: PreTrainedModel) -> PreTrainedModel:

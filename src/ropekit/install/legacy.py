@@ -93,6 +93,24 @@ def _yarn_factor_read_otherwise(rope: dict[str, Any], max_position_embeddings: i
             "it as written): load it with 4.56 or later, or extend to a target length that is a multiple of the window")
 
 
+def legacy_releases(rope: dict[str, Any]) -> tuple[str, str]:
+    """``(releases, why not earlier)``: which transformers 4.x releases compute ``rope`` (an export's
+    ``rope_parameters``, when :func:`legacy_keys` found no reason they do not) — ``"4.x"``, or a floor where earlier
+    releases build the type but compute another model without an error, and why (``""`` for all of 4.x). YaRN:
+    4.45–4.50's ``_compute_yarn_parameters`` ramps over ``config.max_position_embeddings`` (the export's extended
+    window) and ignores ``original_max_position_embeddings``, so its correction range moves (4.50.3's
+    ``modeling_rope_utils.py``); ``truncate`` is read from 4.56 on."""
+    if any(isinstance(v, dict) for v in rope.values()):
+        full = rope.get("full_attention")
+        return legacy_releases(full) if isinstance(full, dict) else ("4.x", "")
+    if rope.get("rope_type") != "yarn":
+        return "4.x", ""
+    if rope.get("truncate", True) is False:
+        return "4.56 and later", "earlier releases truncate YaRN's correction range, which this one does not"
+    return "4.51 and later", ("4.45–4.50 ramp YaRN over max_position_embeddings, the extended window, instead of "
+                              "original_max_position_embeddings")
+
+
 def legacy_keys(model_type: str, rope: dict[str, Any], max_position_embeddings: int | None = None) -> tuple[dict[str, Any], str]:
     """``(top-level keys, why)``: the transformers 4.x names of ``rope`` (an export's ``rope_parameters``) and, when
     4.x will not compute the same model from them, why in one line (``""`` when it does). ``max_position_embeddings``

@@ -193,7 +193,13 @@ def vllm_serving(directory: str | Path) -> VLLMServing:
     config_path = path / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"no config.json in '{path}'", "pass a directory written by `ropekit extend`")
-    config = json.loads(config_path.read_text())
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ModelLoadError(f"'{config_path}' cannot be read as JSON ({type(e).__name__}: {str(e).splitlines()[0]})",
+                             "pass a directory written by `ropekit extend`, or write it again") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"'{config_path}' is not a JSON object", "pass a directory written by `ropekit extend`")
     rope = config.get("rope_parameters") or {"rope_type": "default"}
     max_len = int(config.get("max_position_embeddings") or 0)
     engine_key = next((key for key in engine_keys() if config.get(key) is not None), None)

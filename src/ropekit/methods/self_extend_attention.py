@@ -490,7 +490,7 @@ class _GroupKeyCache:
         self.buffer = key.new_empty(batch, heads, max(upto, 64), dim)
         self.length = 0
         self.shift_shape = None  # shape of the key positions' batch dimension (B|1,)
-        self.last = None  # (B, H_kv, D): the last key rotated, as it was
+        self.fingerprint = None  # (B, H_kv, D): the sum of the keys rotated, as they were
         self.shift = None  # (B|1,): position − index of the keys
 
     def matches(self, key: torch.Tensor, k_pos: torch.Tensor, upto: int) -> bool:
@@ -502,12 +502,16 @@ class _GroupKeyCache:
         return self.shift_shape == tuple(k_pos[:, 0].shape)
 
     def continues(self, key: torch.Tensor, k_pos: torch.Tensor) -> bool:
-        """Whether the cache still holds, at the entry's last index, the key it rotated there, with the same
-        position offsets (one host read: a beam-search reorder changes the rows, never the shapes)."""
-        if self.last is None or self.length > key.shape[2] or self.shift.shape != k_pos[:, 0].shape \
-                or self.last.shape != key[:, :, self.length - 1].shape:
+        """Whether the cache still holds the keys the entry rotated, with the same position offsets (one host read:
+        a beam-search reorder changes the rows, never the shapes). Every covered key counts, through their sum per
+        row computed the same way as when they were rotated: the first layer's key at an index depends on that token
+        alone, so two beams that share the last token but differ earlier differ only there (comparing the last key
+        alone kept the other beam's group keys in every layer)."""
+        if self.fingerprint is None or self.length > key.shape[2] or self.shift.shape != k_pos[:, 0].shape \
+                or self.fingerprint.shape != key[:, :, 0].shape:
             return False
-        same = torch.stack([(self.last == key[:, :, self.length - 1]).all(), (self.shift == k_pos[:, 0]).all()])
+        same = torch.stack([(self.fingerprint == key[:, :, :self.length].sum(dim=2)).all(),
+                            (self.shift == k_pos[:, 0]).all()])
         return bool(same.all())
 
     def append(self, rotated: torch.Tensor, key: torch.Tensor, k_pos: torch.Tensor, upto: int) -> None:
@@ -518,7 +522,7 @@ class _GroupKeyCache:
         self.buffer[:, :, self.length:upto] = rotated
         self.length = upto
         self.shift_shape = tuple(k_pos[:, 0].shape)
-        self.last = key[:, :, upto - 1].clone()
+        self.fingerprint = key[:, :, :upto].sum(dim=2)  # a new tensor: the cache may be written in place later
         self.shift = k_pos[:, 0].clone()
 
     def keys(self, upto: int) -> torch.Tensor:
