@@ -79,6 +79,21 @@ def test_a_study_with_failed_pieces_exits_1_with_a_summary(run_cli, monkeypatch,
     assert code == 1 and json.loads(out)["by_status"]["failed"] == 1 and "1 of 1 pieces failed" in err
 
 
+def test_error_text_with_brackets_is_printed_as_written(run_cli, monkeypatch, tmp_path):
+    """A failed piece's error is text: rich read "[batch, seq]" as a style (dropped) and "[/tmp/log]" as a closing
+    tag (an internal error from `study status`)."""
+    from ropekit.study import runner
+
+    def broken(*args, **kwargs):
+        raise ValueError("expected [batch, seq]; see [/tmp/log]")
+
+    monkeypatch.setattr(runner, "execute_piece", broken)
+    code, out, _ = run_cli("study", str(_study_file(tmp_path)), "--out", str(tmp_path / "s"), "--no-report")
+    assert code == 1 and "expected [batch, seq]; see [/tmp/log]" in out
+    code, out, err = run_cli("study", "status", str(tmp_path / "s"))
+    assert code == 0 and "internal error" not in err and "[/tmp/log]" in out and "[batch," in out
+
+
 def test_ctrl_c_in_a_study_exits_130_and_leaves_nothing_running(run_cli, monkeypatch, tmp_path):
     from ropekit.study import runner
     from ropekit.study.store import StudyStore
@@ -138,6 +153,7 @@ def test_a_subcommand_missing_its_argument_is_still_exit_2(run_cli):
     (["inspect", "m" * 20000], "name too long"),
     (["study", "study.yaml", "--out", "file"], "exists and is a file"),
     (["report", "file"], "not a ropekit study database"),
+    (["recommend", "tiny", "-t", "256", "-o", "r", "--methods", ",", "--plan"], "names no method"),
 ])
 def test_input_errors_exit_2_with_a_reason_and_write_nothing(run_cli, monkeypatch, tmp_path, args, words):
     monkeypatch.chdir(tmp_path)

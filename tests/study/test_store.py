@@ -336,6 +336,20 @@ def test_a_piece_records_where_it_computed_with_its_results(store):
         "float32 weights, trained in bf16 autocast, on H")
 
 
+def test_a_sample_with_a_non_finite_value_keeps_its_placement(store):
+    """Python writes a diverged value (an fp16 overflow's nll) as NaN/Infinity, which SQLite's JSON functions
+    refuse: the placements of such samples are read all the same (the report said the database was damaged)."""
+    cpu = {"device": "cpu", "dtype": "float32", "attn": "sdpa", "hardware": "X"}
+    gpu = {"device": "cuda:0", "dtype": "bfloat16", "attn": "sdpa", "hardware": "H"}
+    records = [{**passkey_record("abf", trial=0, computed_on=cpu), "nll_sum": float("inf")},
+               passkey_record("abf", trial=1, computed_on=cpu), passkey_record("abf", trial=2, computed_on=gpu),
+               {**passkey_record("abf", trial=3), "nll_sum": float("nan")}]
+    assert store.begin_piece("eval:passkey:abf")
+    store.finish_piece("eval:passkey:abf", records, key_fields=PASSKEY_KEYS, placement=cpu)
+    got = store.sample_placements()["eval:passkey:abf"]
+    assert sorted(got, key=str) == sorted([(cpu, 2), (gpu, 1), (None, 1)], key=str)
+
+
 def test_a_study_may_add_or_drop_variants_but_not_redefine_one(store):
     v = lambda label, factor: {"label": label, "method": "pi", "params": {"factor": factor}}
     base = {"evals": {"ppl": {"lengths": [64]}}, "variants": [v("a", 2), v("b", 4)]}

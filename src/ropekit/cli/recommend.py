@@ -83,6 +83,8 @@ def recommend_cmd(
     seconds = parse_budget(budget)
     overrides = read_params_file(params_file)
     only = split_list(methods)
+    if only is not None and not only:
+        raise RopekitError(f"--methods {methods!r} names no method", "name one or more, e.g. --methods yarn,self_extend")
     if only is not None:
         from .catalog import check as check_method
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..errors import RopekitError
@@ -50,8 +51,8 @@ def _status(study_dir: Path, json_out: bool) -> None:
         kept = stored.get(p["id"], {})
         so_far = (f"{kept['train_steps']} steps" if kept.get("train_steps") else
                   f"{kept['samples']} samples" if kept.get("samples") else "—")
-        table.add_row(p["id"], f"[{_COLORS[p['status']]}]{p['status']}[/]", so_far,
-                      f"{p['seconds']:.1f}" if p["seconds"] is not None else "—", note or "")
+        table.add_row(escape(p["id"]), f"[{_COLORS[p['status']]}]{p['status']}[/]", so_far,
+                      f"{p['seconds']:.1f}" if p["seconds"] is not None else "—", escape(note or ""))
     out.print(table)
 
 
@@ -187,9 +188,9 @@ def study_cmd(
         print_json({"study": cfg.name, "dir": str(study_dir), **status, "report": paths})
     else:
         by = status["by_status"]
-        out.print(f"[bold]study {cfg.name}[/]: {by['done']}/{status['pieces']} pieces done, {by['failed']} failed")
-        for f in status["failed"]:
-            out.print(f"  [red]failed[/] {f['piece']}: {f['error']}")
+        out.print(f"[bold]study {escape(cfg.name)}[/]: {by['done']}/{status['pieces']} pieces done, {by['failed']} failed")
+        for f in status["failed"]:  # error text is text: "[batch, seq]" or "[/tmp/log]" is not markup
+            out.print(f"  [red]failed[/] {escape(f['piece'])}: {escape(str(f['error']))}")
         if paths:
             out.print(f"report: {paths['html']}")
     if status["by_status"]["failed"]:

@@ -576,11 +576,19 @@ class StudyStore:
     def sample_placements(self) -> dict[str, list[tuple[dict[str, Any] | None, int]]]:
         """Piece id → ``[(placement or None, samples)]``: where its samples were computed, by their
         ``computed_on`` field (samples written before ropekit kept it have None)."""
-        out: dict[str, list[tuple[dict[str, Any] | None, int]]] = {}
+        counts: dict[tuple[str, str | None], int] = {}
+        # SQLite's JSON functions refuse the NaN/Infinity Python writes for a diverged value: those records are read here
         rows = self._conn.execute("SELECT piece, json_extract(record, '$.computed_on') AS at, COUNT(*) AS n "
-                                  "FROM samples GROUP BY piece, at ORDER BY piece, at")
+                                  "FROM samples WHERE json_valid(record) GROUP BY piece, at")
         for r in rows:
-            out.setdefault(r["piece"], []).append((json.loads(r["at"]) if r["at"] else None, r["n"]))
+            counts[(r["piece"], r["at"])] = counts.get((r["piece"], r["at"]), 0) + r["n"]
+        for r in self._conn.execute("SELECT piece, record FROM samples WHERE NOT json_valid(record)"):
+            at = json.loads(r["record"]).get("computed_on")
+            key = (r["piece"], json.dumps(at, separators=(",", ":")) if at else None)
+            counts[key] = counts.get(key, 0) + 1
+        out: dict[str, list[tuple[dict[str, Any] | None, int]]] = {}
+        for (piece, at), n in sorted(counts.items(), key=lambda item: (item[0][0], item[0][1] or "")):
+            out.setdefault(piece, []).append((json.loads(at) if at else None, n))
         return out
 
     def placements(self) -> dict[str, dict[str, Any]]:
