@@ -322,6 +322,26 @@ def test_macro_average_resamples_within_subtasks():
     assert row["ci95"] == pytest.approx([naive_percentile(reps, 2.5), naive_percentile(reps, 97.5)], rel=1e-12)
 
 
+def test_subtasks_each_all_alike_get_the_mean_of_their_wilson_intervals():
+    """RULER with one subtask all found and one all missed: every stratified resample is 0.5 again, which read
+    [50, 50] beside subtask rows of [72, 100] and [0, 28]. Each subtask's Wilson interval, written out, and their
+    mean (a macro average weighs subtasks equally) is the cell's interval."""
+    z2 = 1.959963984540054 ** 2
+    recs = [{"task": "ruler", "method": "ntk", "params": {}, "length": 64, "subtask": sub, "sample": i, "score": score}
+            for sub, score, n in (("a", 1.0, 10), ("b", 0.0, 10)) for i in range(n)]
+    (row,) = stats.aggregate(recs)
+    low_b, high_b = 0.0, z2 / (10 + z2)  # Wilson at 0 of 10; at 10 of 10 its mirror
+    low_a, high_a = 1 - high_b, 1.0
+    assert row["value"] == 0.5
+    assert row["ci95"] == pytest.approx([(low_a + low_b) / 2, (high_a + high_b) / 2], abs=1e-12)
+    assert row["ci95"][0] < 0.5 < row["ci95"][1]
+    # three subtasks, two of them alike and one mixed: the bootstrap has something to resample, and keeps it
+    mixed = recs + [{"task": "ruler", "method": "ntk", "params": {}, "length": 64, "subtask": "c", "sample": i,
+                     "score": float(i % 2)} for i in range(10)]
+    (row,) = stats.aggregate(mixed)
+    assert row["ci95"][0] < row["ci95"][1] and row["value"] == pytest.approx(0.5)
+
+
 def test_paired_comparison_is_tight_where_cells_are_wide():
     """Documents differ a lot, methods by a constant 2 % per token: each cell's interval is wide, but the paired
     ratio is the same in every resample, and significant."""

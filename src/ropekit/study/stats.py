@@ -282,6 +282,33 @@ def _all_alike_interval(metric: _Metric, observed: np.ndarray, draws: int) -> tu
     return wilson_interval(float(scores[0, 0]) * draws, draws)
 
 
+def _strata_alike_interval(metric: _Metric, observed: np.ndarray, units: "_Units") -> tuple[float, float] | None:
+    """The stratified counterpart of :func:`_all_alike_interval`: where every stratum's prompts (RULER's subtasks,
+    say) scored alike within it — all passed in one, all failed in another — every stratified resample is the same
+    mean again, and the bootstrap interval is a point. Each stratum then gets Wilson's interval at its own score
+    over its own draws, and the cell the same weighted mean of their bounds as of their scores (equal weights for a
+    macro average, the strata's sizes otherwise): the bounds of a mean of proportions that each lie in their own
+    interval, so conservative."""
+    parts = []
+    for columns in units.columns:
+        inside = np.zeros_like(observed)
+        inside[columns] = observed[columns]
+        if not inside.any():
+            continue
+        den = metric.den[:, inside]
+        scores = metric.num[:, inside] / np.where(den > 0, den, 1)
+        if not np.all(den == 1) or not np.all((scores >= 0) & (scores <= 1)) or len(set(scores.ravel().tolist())) != 1:
+            return None
+        draws = units.independent(inside)
+        parts.append((float(scores[0, 0]), draws, wilson_interval(float(scores[0, 0]) * draws, draws)))
+    if len(parts) < 2:
+        return None
+    weights = np.array([1.0 if metric.macro else draws for _, draws, _ in parts])
+    weights = weights / weights.sum()
+    return (float(sum(w * lo for w, (_, _, (lo, _)) in zip(weights, parts))),
+            float(sum(w * hi for w, (_, _, (_, hi)) in zip(weights, parts))))
+
+
 @dataclass
 class _Units:
     """One task's units, their strata and the shared resamples."""
@@ -553,7 +580,7 @@ class Analysis:
         if draws < 2:
             ci = None  # one unit (one cluster): the bootstrap has nothing to resample, and a point is no interval
         elif ci is not None and ci[0] == ci[1] and row.get("metric") == "accuracy":
-            ci = _all_alike_interval(metric, observed, draws) or ci
+            ci = _all_alike_interval(metric, observed, draws) or _strata_alike_interval(metric, observed, units) or ci
         row["ci95"] = list(ci) if ci is not None else None
         row.update(seed_fields)
         return row
