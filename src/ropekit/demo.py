@@ -204,7 +204,7 @@ def main(method: str | None = None, json_out: bool = False) -> list[dict[str, An
     from rich.console import Console
 
     chosen = [get_method(method)] if method is not None else None  # unknown names fail before training
-    err = Console(stderr=True, emoji=False)
+    err = Console(stderr=True, soft_wrap=True, emoji=False)  # a path is never broken across lines
     started = time.perf_counter()
     model = pretrain_tiny()
     info = model.ropekit_demo

@@ -95,6 +95,30 @@ def test_ranking_marks_ties_and_tables_bold_only_outside_the_noise(quick):
     assert re.search(r'<td class="num rank">\d+=</td>', table)
 
 
+def test_a_method_card_says_an_evaluation_is_not_finished_instead_of_free():
+    """A piece still pending (or running, or failed) has no seconds: its cost read "0s", as if it had run for free."""
+    infos = {"yarn": findings.VariantInfo("yarn", "yarn", {"factor": 4})}
+    pieces = [{"id": "eval:ppl:yarn", "kind": "eval", "method": "yarn", "task": "ppl", "status": "done", "seconds": 75.0},
+              {"id": "eval:passkey:yarn", "kind": "eval", "method": "yarn", "task": "passkey", "status": "pending",
+               "seconds": None},
+              {"id": "eval:ruler:yarn", "kind": "eval", "method": "yarn", "task": "ruler", "status": "running",
+               "seconds": None}]
+    (card,) = findings.method_cards(infos, pieces, [])
+    cost = dict(card["cost"])
+    assert "not finished" not in cost["eval ppl"] and cost["eval ppl"] != "0s"
+    assert cost["eval passkey"] == "not finished" and cost["eval ruler"] == "not finished"
+
+
+def test_a_one_family_study_keeps_its_figure_titles_inside_the_figure(tmp_path):
+    """One method family draws one narrow panel under a title written for several: the title is wrapped, so no
+    text leaves the figure (the title was cut off on both sides)."""
+    spec = [ss.variant("base", None, "base", ppl=(0, 0.02, 0.15, 0.6), acc=(0.9, 0, 0, 0)),
+            ss.variant("yarn", "yarn", ppl=(0, -0.01, 0.02, 0.05), acc=(0.85, 0.6, 0.2, 0), params={"factor": 4})]
+    ss.build(tmp_path, spec, name="mini", tasks=("passkey",))
+    paths = write_report(tmp_path)
+    assert paths["figures"] and paths["figure_overlaps"] == {}
+
+
 def test_method_cards_hold_recipe_and_costs(quick):
     _, _, _, summary = quick
     cards = {c["label"]: c for c in summary["method_cards"]}

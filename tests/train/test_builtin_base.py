@@ -295,6 +295,34 @@ def test_ship_model_copies_a_model_that_then_matches(small_settings, tmp_path):
     assert builtin_base.shipped_model_path(0, steps=3, shipped_dir=target) is None
 
 
+def test_an_interrupted_ship_leaves_the_shipped_model_as_it_was(small_settings, tmp_path, monkeypatch):
+    """The files were copied over the shipped ones one by one, the record last: a copy that failed half-way left
+    new weights under the old record, which shipped_model_path still accepted, and stale files stayed."""
+    import shutil
+
+    first = builtin_base.pretrain_base(0, tmp_path / "cache", steps=2, progress=False, threads=1)
+    target = builtin_base.ship_model(first, tmp_path / "shipped")
+    (target / "stale.json").write_text("{}")
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    second = builtin_base.pretrain_base(1, tmp_path / "cache", steps=2, progress=False, threads=1)
+    copies = {"n": 0}
+    real = shutil.copyfile
+
+    def fails_on_the_second(src, dst, *args, **kwargs):
+        copies["n"] += 1
+        if copies["n"] == 2:
+            raise OSError("disk full")
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "copyfile", fails_on_the_second)
+    with pytest.raises(OSError, match="disk full"):
+        builtin_base.ship_model(second, target)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    monkeypatch.setattr(shutil, "copyfile", real)
+    builtin_base.ship_model(second, target)  # whole: the new model, its record, no file of the old one
+    assert not (target / "stale.json").exists() and builtin_base.describe(target)["settings"]["seed"] == 1
+
+
 def _split(row: list[int], sep: int) -> list[list[int]]:
     groups, current = [], []
     for t in row:

@@ -188,8 +188,9 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
         section("control", f"Effect relative to the control ({control})",
                 f"{control} is the plain model fine-tuned with the same recipe as every fine-tuned method: the difference between a "
                 f"fine-tuned method and {control} is the method's own effect, with the training held equal.",
-                [_figure(figs.ratio_vs_length(table, methods, control, "ppl_ratio_vs_length.png"),
-                         f"Perplexity relative to {control} by length, paired 95 % intervals", wide=True)],
+                [_figure(figs.ratio_vs_length(table, methods, control, f"{_slug(t)}_ratio_vs_length.png", task=t),
+                         f"{'Perplexity' if t == 'ppl' else t + ': perplexity'} relative to {control} by length, paired "
+                         "95 % intervals", wide=True) for t in tasks if stats.is_perplexity(t)],
                 _control_tables(effects, table, methods, control, window))
     if retention:
         section("retention", "In-window retention of the fine-tuned variants",

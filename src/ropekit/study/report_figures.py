@@ -106,6 +106,23 @@ def png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+def _wrap_title(fig) -> bool:
+    """Wrap the figure's suptitle onto as many lines as its width needs (a study with one method family draws one
+    narrow panel under a title written for several); whether it changed."""
+    import textwrap
+
+    title = getattr(fig, "_suptitle", None)
+    if title is None or not title.get_text():
+        return False
+    width = title.get_window_extent(fig.canvas.get_renderer()).width
+    room = fig.bbox.width * 0.96
+    if width <= room:
+        return False
+    text = title.get_text()
+    title.set_text(textwrap.fill(text, max(20, int(len(text) * room / width))))
+    return True
+
+
 class _Figures:
     """Draws the report's PNGs with matplotlib's object API and the Agg canvas (no pyplot, headless)."""
 
@@ -183,6 +200,8 @@ class _Figures:
         # One layout and one rasterisation (savefig after the overlap check's own layout drew every figure twice):
         # the check measures this drawing and the PNG holds its pixels, as savefig at the figure's dpi would.
         fig.canvas.draw()
+        if _wrap_title(fig):  # a title wider than a narrow (one-panel) figure: wrapped onto lines, then laid out again
+            fig.canvas.draw()
         self.overlaps[name] = text_overlaps(fig, drawn=True)
         path = self.out / name
         imsave(path, fig.canvas.buffer_rgba(), format="png", origin="upper", dpi=fig.dpi)
@@ -273,20 +292,23 @@ class _Figures:
         fig.suptitle(f"{_mpl(TASK_TITLES.get(task, task))}: {ylabel} by length (error bars: 95 % bootstrap intervals)", fontsize=10)
         return self.save(fig, name)
 
-    def ratio_vs_length(self, table: stats.Table, methods: Sequence[str], reference: str, name: str) -> Path | None:
+    def ratio_vs_length(self, table: stats.Table, methods: Sequence[str], reference: str, name: str,
+                        task: str = "ppl") -> Path | None:
         """Perplexity of each method divided by the reference's (the control, else the base model) at each
-        length, with paired-bootstrap 95 % intervals; filled markers where the interval excludes 1."""
+        length, with paired-bootstrap 95 % intervals; filled markers where the interval excludes 1. ``task``: the
+        perplexity protocol (``ppl``, or a study's ``ppl-same-targets`` …)."""
         a = table.analysis
-        lengths = table.lengths("ppl")
-        if a is None or reference not in table.methods("ppl"):
+        lengths = table.lengths(task)
+        if a is None or reference not in table.methods(task):
             return None
-        present = [m for m in methods if m != reference and m in table.methods("ppl")]
+        present = [m for m in methods if m != reference and m in table.methods(task)]
         if not present:
             return None
         panels = self.families(present)
         refs = [m for m in self.references(present)]
         fig, axes = self.grid(len(panels))
         drew = False
+        spread = []  # every bound drawn: ratios spanning more than 10× are drawn on a log axis (below 1 is visible)
         for ax, (family, members) in zip(axes, panels):
             drawn = refs + members
             ax.axhline(1.0, color=self.style(reference)["color"], linestyle=self.style(reference)["linestyle"], linewidth=1.2,
@@ -294,13 +316,14 @@ class _Figures:
             for i, m in enumerate(drawn):
                 pts = []
                 for L in lengths:
-                    c = a.compare(m, reference, "ppl", L, "ppl")
+                    c = a.compare(m, reference, task, L, "ppl")
                     if c is None or c["estimate"] is None or not math.isfinite(c["estimate"]) or not c["ci95"]:
                         continue
                     pts.append((L, c["estimate"], c["ci95"][0], c["ci95"][1], c["significant"]))
                 if not pts:
                     continue
                 drew = True
+                spread += [b for _, _, lo, hi, _ in pts for b in (lo, hi) if b > 0]
                 dodge = 2 ** ((i - (len(drawn) - 1) / 2) * 0.035) if len(lengths) > 1 else 1.0
                 st = self.style(m)
                 xs = [L * dodge for L, *_ in pts]
@@ -318,7 +341,11 @@ class _Figures:
             self.panel_legend(ax)
         if not drew:
             return None
-        fig.suptitle(f"Perplexity relative to {_mpl(reference)} (paired 95 % intervals; filled: significant)", fontsize=10)
+        if spread and max(spread) / min(spread) > 10:
+            for ax in axes[:len(panels)]:
+                ax.set_yscale("log")
+        what = "Perplexity" if task == "ppl" else f"{_mpl(task)}: perplexity"
+        fig.suptitle(f"{what} relative to {_mpl(reference)} (paired 95 % intervals; filled: significant)", fontsize=10)
         return self.save(fig, name)
 
     def curves(self, curves: list[dict[str, Any]], methods: Sequence[str], name: str) -> Path | None:
@@ -482,6 +509,7 @@ class _Figures:
         nrows = -(-n // ncols)
         fig, axes = self.new(2.9 * ncols + 1.0, 2.35 * nrows + 0.8, nrows, ncols)
         mesh = None
+        shown = set()  # the lines some panel draws: a length past a panel's last column has no boundary there
         for i, (ax, (method, cells)) in enumerate(zip(axes, grids.items())):
             rows = sorted({r for r, _ in cells})
             columns = sorted({c for _, c in cells})
@@ -495,10 +523,12 @@ class _Figures:
                     for b, _ in enumerate(columns):
                         if not np.isnan(matrix[a, b]):
                             ax.text(b + 0.5, a + 0.5, f"{100 * matrix[a, b]:.0f}", ha="center", va="center", fontsize=6, color="#202020")
-            for value, style in ((self.window, {"color": "white", "linewidth": 2.0}), (self.target, {"color": "#1B1B3A", "linewidth": 1.4})):
+            for kind, value, style in (("window", self.window, {"color": "white", "linewidth": 2.0}),
+                                       ("target", self.target, {"color": "#1B1B3A", "linewidth": 1.4})):
                 x = window_position(columns, value)
                 if x is not None and 0 < x < len(columns):
                     ax.axvline(x, linestyle="--", **style)
+                    shown.add(kind)
             ax.set_xticks([j + 0.5 for j in range(len(columns))])
             ax.set_xticklabels([length_label(c) for c in columns], fontsize=7)
             step = max(1, -(-len(rows) // 8))
@@ -514,9 +544,9 @@ class _Figures:
             ax.set_visible(False)
         fig.colorbar(mesh, ax=axes[:n], shrink=0.7, aspect=30, label="accuracy")
         lines = []
-        if self.window is not None:
+        if "window" in shown:
             lines.append(f"white dashed: pretrained window ({length_label(self.window)})")
-        if self.target is not None:
+        if "target" in shown:
             lines.append(f"dark dashed: target length ({length_label(self.target)})")
         fig.suptitle(_mpl(title) + (" — " + "; ".join(lines) if lines else ""), fontsize=10)
         return self.save(fig, name)

@@ -534,7 +534,8 @@ def control_effects(table: stats.Table, infos: Mapping[str, VariantInfo], contro
     out = []
     if a is None:
         return out
-    for task, metric in [("ppl", "ppl")] + [(t, "accuracy") for t in table.accuracy_tasks()]:
+    perplexities = [t for t in table.tasks() if stats.is_perplexity(t)]  # ppl, and ppl-same-targets …
+    for task, metric in [(t, "ppl") for t in perplexities] + [(t, "accuracy") for t in table.accuracy_tasks()]:
         if control not in table.methods(task):
             continue
         for m in table.methods(task):
@@ -564,9 +565,13 @@ def method_cards(infos: Mapping[str, VariantInfo], pieces: Sequence[Mapping[str,
         search = sum(p["seconds"] or 0 for p in mine if p["kind"] == "search")
         pretrain = sum(p["seconds"] or 0 for p in mine if p["kind"] == "pretrain")
         evals: dict[str, float] = {}
+        unfinished: set[str] = set()  # a piece not (yet) done has no cost to show: "0s" read as free
         for p in mine:
             if p["kind"] == "eval":
-                evals[p["task"] or "eval"] = evals.get(p["task"] or "eval", 0.0) + (p["seconds"] or 0)
+                task = p["task"] or "eval"
+                evals[task] = evals.get(task, 0.0) + (p["seconds"] or 0)
+                if p.get("status") != "done":
+                    unfinished.add(task)
         recipe = []
         if info.recipe is not None:
             data, train_cfg = info.recipe.get("data") or {}, info.recipe.get("train") or {}
@@ -592,7 +597,8 @@ def method_cards(infos: Mapping[str, VariantInfo], pieces: Sequence[Mapping[str,
         if search:
             cost.append(("factor search", fmt_duration(search)))
         for t, s in evals.items():
-            cost.append((f"eval {t}", fmt_duration(s)))
+            cost.append((f"eval {t}", (f"{fmt_duration(s)}, not finished" if s else "not finished") if t in unfinished
+                         else fmt_duration(s)))
         cards.append({"label": label, "method": info.method or stats.PLAIN, "params": info.params, "kind": kind_label(info),
                       "family": info.family if not info.reference else "reference", "recipe": recipe, "cost": cost,
                       "train_seconds": train or None, "search_seconds": search or None, "pretrain_seconds": pretrain or None,

@@ -266,13 +266,13 @@ def _control_tables(effects: list[dict[str, Any]], table: stats.Table, methods: 
     """Effect of each method relative to the control: perplexity ratio and accuracy difference per length with
     the paired-bootstrap interval; ``*`` (and bold) where the interval excludes no effect."""
     out = []
-    for task in ["ppl"] + table.accuracy_tasks():
+    for task in [t for t in table.tasks() if stats.is_perplexity(t)] + table.accuracy_tasks():
         mine = [e for e in effects if e["task"] == task]
         if not mine:
             continue
         lengths = sorted({e["length"] for e in mine})
         index = {(e["method"], e["length"]): e for e in mine}
-        kind = "ratio" if task == "ppl" else "diff"
+        kind = "ratio" if stats.is_perplexity(task) else "diff"
         rows, ns = [], []
         for m in methods:
             if not any((m, L) in index for L in lengths):
@@ -288,8 +288,8 @@ def _control_tables(effects: list[dict[str, Any]], table: stats.Table, methods: 
                 cells.append(_cell(text, cls="num sig" if e["significant"] else "num", sub=fmt_ci(e["ci95"], kind)))
             rows.append(cells)
         columns = ["Method"] + [length_label(L) + (" ▸" if window is not None and L > window else "") for L in lengths]
-        what = (f"perplexity ratio (method ÷ {control}; below 1: lower perplexity than the control)" if task == "ppl"
-                else f"{TASK_TITLES.get(task, task)}: accuracy difference (method − {control}, percentage points)")
+        what = (f"{'' if task == 'ppl' else task + ': '}perplexity ratio (method ÷ {control}; below 1: lower perplexity "
+                "than the control)" if stats.is_perplexity(task) else f"{TASK_TITLES.get(task, task)}: accuracy difference (method − {control}, percentage points)")
         counts = fmt_counts(ns, task).replace("per cell", "shared per cell")
         out.append(_table(f"Effect relative to the control {control}: {what}" + (f" — {counts}" if counts else ""), columns, rows,
                           f"Each cell: estimate [paired 95 % bootstrap interval over the {unit_noun(task)} both share]; "

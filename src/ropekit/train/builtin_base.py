@@ -55,6 +55,7 @@ from ..runtime import (
     save_model_atomically,
     settings_key,
 )
+from ..runtime.atomic import atomic_dir
 from .pretrain import pretrain
 
 #: Bump when training changes in a way SETTINGS does not capture (invalidates cached models).
@@ -388,20 +389,22 @@ SHIPPED_FILES = ("model.safetensors", "config.json", "generation_config.json", "
 
 def ship_model(path: Path, shipped_dir: Path | None = None) -> Path:
     """Copy the model directory ``path`` into the package's shipped folder (:data:`SHIPPED_DIR`), its training
-    record with the Python version whose standard library it was trained on; returns the folder."""
+    record with the Python version whose standard library it was trained on; returns the folder. The folder is
+    built beside the old one and swapped in whole (:func:`ropekit.runtime.atomic.atomic_dir`): an interrupted ship
+    leaves the old model and its record, never new weights under the old record or a file of the old model."""
     import platform
     import shutil
 
     target = Path(shipped_dir) if shipped_dir is not None else SHIPPED_DIR
     if Path(path).resolve() == target.resolve():  # the shipped model itself matched: it is shipped already
         return target
-    target.mkdir(parents=True, exist_ok=True)
-    for name in SHIPPED_FILES[:-1]:
-        if (Path(path) / name).is_file():
-            shutil.copyfile(Path(path) / name, target / name)
     # the corpus fingerprint depends on the standard library, so record whose it was
     meta = dict(describe(path), python=platform.python_version())
-    (target / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    with atomic_dir(target, replace=True, what="the shipped base model") as building:
+        for name in SHIPPED_FILES[:-1]:
+            if (Path(path) / name).is_file():
+                shutil.copyfile(Path(path) / name, building / name)
+        (building / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return target
 
 
