@@ -287,6 +287,33 @@ def test_shipped_model_loads_offline_and_is_small(monkeypatch):
     assert torch.isfinite(logits).all() and next(model.parameters()).dtype == torch.float32
 
 
+def test_a_pre_training_stopped_midway_resumes_to_the_same_weights(small_settings, tmp_path, monkeypatch):
+    """Stopped after step 5 of 8 (a resume point every 2 steps), the rerun continues after step 4: its weights and
+    its recorded losses equal an uninterrupted run's bit for bit, and no resume point is left behind."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(builtin_base, "CHECKPOINT_EVERY", 2)
+    whole = builtin_base.pretrain_base(0, tmp_path / "whole", steps=8, progress=False, threads=1)
+
+    def stop_after_5(done, total):
+        if done == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        builtin_base.pretrain_base(0, tmp_path / "cut", steps=8, progress=False, threads=1, on_step=stop_after_5)
+    (point,) = (tmp_path / "cut").glob("*.resume.pt")
+    assert torch.load(point, weights_only=True)["step"] == 4
+    seen = []
+    resumed = builtin_base.pretrain_base(0, tmp_path / "cut", steps=8, progress=False, threads=1,
+                                         on_step=lambda done, total: seen.append(done))
+    assert seen == [5, 6, 7, 8]
+    a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ma, mb = builtin_base.describe(whole), builtin_base.describe(resumed)
+    assert (ma["initial_loss"], ma["final_loss"]) == (mb["initial_loss"], mb["final_loss"])
+    assert not list((tmp_path / "cut").glob("*.resume.pt*"))
+
+
 def test_ship_model_copies_a_model_that_then_matches(small_settings, tmp_path):
     path = builtin_base.pretrain_base(0, tmp_path / "cache", steps=2, progress=False, threads=1)
     target = builtin_base.ship_model(path, tmp_path / "shipped")

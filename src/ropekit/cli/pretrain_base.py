@@ -21,7 +21,8 @@ def pretrain_base_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the model directory and its training facts as JSON."),
 ):
     """Print the study's built-in base model directory: the shipped model when it matches the settings, else a
-    cached one, else pre-trained here now (--force always pre-trains, deterministically)."""
+    cached one, else pre-trained here now (--force always pre-trains, deterministically). An interrupted
+    pre-training resumes from its last resume point (every 100 steps) to the same weights."""
     from ..errors import RopekitError
     from ..runtime import quiet_transformers as quiet
     from ..train.builtin_base import base_model_path, describe, is_cached, pretrain_base, ship_model

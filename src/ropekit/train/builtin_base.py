@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -55,6 +56,7 @@ from ..runtime import (
     save_model_atomically,
     settings_key,
 )
+from ..runtime import progress as progress_bar
 from ..runtime.atomic import atomic_dir
 from .pretrain import pretrain
 
@@ -351,35 +353,91 @@ def pretrain_base(seed: int = 0, cache_dir=None, *, steps: int | None = None, us
     # an unusable cache (a file, a read-only place) is said before the minutes of training, not after them
     check_target(path, what="the model cache (ROPEKIT_CACHE)", kind="dir")
     window, total = settings["window"], settings["steps"]
-    tokenizer, curriculum = training_data(settings, texts, seed)
+    # the tokenizer and the packed documents take a while (≈ 45 s) before the first step: shown, not silent
+    with progress_bar("preparing the base model's tokenizer and training documents", enabled=progress):
+        tokenizer, curriculum = training_data(settings, texts, seed)
     eos = tokenizer.eos_token_id
     threads = threads or default_threads()
     started = time.perf_counter()
+    saved = _Resume(path, settings)
+    if not use_cache:
+        saved.clear()  # trained again from scratch, as asked
     with deterministic(threads):
         model = build_tiny_model("llama", seed=seed, vocab_size=len(tokenizer), window=window, **settings["model"])
         model.config.eos_token_id = model.config.pad_token_id = model.config.bos_token_id = eos
         model.generation_config.eos_token_id = model.generation_config.pad_token_id = eos
         model.train()
         gen = torch.Generator().manual_seed(seed)
+        resume = saved.load(model, gen)
 
         def batch(step: int) -> dict[str, torch.Tensor]:
             ids = curriculum.batch(step, gen)
             return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
+        def checkpoint(done: int, optimizer, losses: list[float]) -> None:
+            if done % CHECKPOINT_EVERY == 0 and done < total:
+                saved.save(done, model, optimizer, gen, losses, time.perf_counter() - started)
+
         losses = pretrain(model, batch, lambda step: learning_rate(step, settings), total, lr=settings["lr"],
-                          label="pre-training the base model", progress=progress, phase=curriculum.phase,
-                          on_step=on_step)
+                          label="pre-training the base model" + (f" (resumed after step {resume['step']})"
+                                                                 if resume is not None else ""),
+                          progress=progress, phase=curriculum.phase, on_step=on_step, resume=resume,
+                          checkpoint=checkpoint)
         model.eval()
     meta = {
         "settings": settings,
-        "train_seconds": round(time.perf_counter() - started, 1),
+        "train_seconds": round(time.perf_counter() - started + (resume or {}).get("seconds", 0.0), 1),
         "threads": threads,
         "initial_loss": losses[0],
         "final_loss": sum(losses[-20:]) / len(losses[-20:]),
         "corpus_note": "copy curriculum (synthetic trigram and repeated-span rows), then the python-stdlib training split "
                        "(sources and their docstrings) with packed passkey and RULER-format documents and repeated-span rows",
     }
-    return save_model_atomically(model, path, meta, extra=tokenizer.save_pretrained, meta_file=META_FILE)
+    done = save_model_atomically(model, path, meta, extra=tokenizer.save_pretrained, meta_file=META_FILE)
+    saved.clear()
+    return done
+
+
+#: Steps between the pre-training's resume points (about 50 s each on 2 CPU cores).
+CHECKPOINT_EVERY = 100
+
+
+class _Resume:
+    """The resume point of one base model's pre-training, beside its cache entry (``…/base-llama-KEY.resume.pt``):
+    weights, AdamW's state, the batch generator's and torch's RNG state, the losses so far and the seconds spent,
+    for the settings it was written for. A run that finds one continues after its step, bit for bit as if it had
+    not stopped (the batches come from the generator's state, the weights and moments from the file)."""
+
+    def __init__(self, path: Path, settings: dict[str, Any]):
+        self.file = path.with_name(path.name + ".resume.pt")
+        self.settings = json.loads(json.dumps(settings))
+
+    def save(self, step: int, model, optimizer, gen: torch.Generator, losses: list[float], seconds: float) -> None:
+        state = {"settings": self.settings, "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "generator": gen.get_state(), "torch_rng": torch.get_rng_state(), "losses": list(losses),
+                 "seconds": float(seconds)}
+        tmp = self.file.with_name(self.file.name + ".part")
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, tmp)
+        os.replace(tmp, self.file)  # a crash while writing leaves the previous resume point
+
+    def load(self, model, gen: torch.Generator) -> dict[str, Any] | None:
+        if not self.file.is_file():
+            return None
+        try:
+            state = torch.load(self.file, map_location="cpu", weights_only=True)
+        except Exception:  # noqa: BLE001 - a damaged resume point is not trusted: the training starts over
+            return None
+        if state.get("settings") != self.settings:
+            return None
+        model.load_state_dict(state["model"])
+        gen.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        return state
+
+    def clear(self) -> None:
+        for leftover in (self.file, self.file.with_name(self.file.name + ".part")):
+            leftover.unlink(missing_ok=True)
 
 
 #: The files of a model directory that are shipped (weights, config, tokenizer, training record).

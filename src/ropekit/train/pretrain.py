@@ -62,7 +62,8 @@ def warmup_cosine_lr(step: int, steps: int, peak: float) -> float:
 
 def pretrain(model, batch: Callable[[int], dict[str, torch.Tensor | None]], schedule: Callable[[int], float], steps: int,
              *, lr: float, label: str, progress: bool = True, phase: Callable[[int], str] | None = None,
-             on_step: Callable[[int, int], None] | None = None) -> list[float]:
+             on_step: Callable[[int, int], None] | None = None, resume: dict[str, Any] | None = None,
+             checkpoint: Callable[[int, Any, list[float]], None] | None = None) -> list[float]:
     """Pre-train ``model`` from scratch for ``steps`` steps through the one loop (:func:`ropekit.train.loop.train_loop`)
     and return each step's loss.
 
@@ -71,24 +72,31 @@ def pretrain(model, batch: Callable[[int], dict[str, torch.Tensor | None]], sche
     (transformers' mean loss, :class:`~ropekit.train.objective.BatchMeanLoss`); AdamW (β 0.9/0.95, weight decay
     0.01 on every weight) at ``schedule(s)``; gradients clipped at norm 1; no loss guard, no EMA.
     ``phase(s)`` names the step's part of a curriculum on the progress bar; ``on_step(done, steps)`` is called
-    after every step.
+    after every step. ``checkpoint(done, optimizer, losses)`` too (the caller keeps what a crash must not lose);
+    ``resume`` (``{"step", "optimizer", "losses"}``, the model's weights already restored) continues after that step.
     """
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    strategy = LocalStrategy()
+    first = 0
     losses: list[float] = []
-    with runtime.progress(label, total=steps, enabled=progress) as bar:
+    if resume is not None:
+        optimizer.load_state_dict(resume["optimizer"])
+        first, losses = int(resume["step"]), list(resume["losses"])
+    strategy = LocalStrategy()
+    with runtime.progress(label, total=steps, completed=first, enabled=progress) as bar:
 
         def after(record: StepRecord) -> None:
             losses.append(record.loss)
             recent = sum(losses[-20:]) / len(losses[-20:])
             prefix = f"{phase(record.step - 1)} " if phase is not None else ""
             bar.update(advance=1, info=f"{prefix}loss {recent:.3f}")
+            if checkpoint is not None:
+                checkpoint(record.step, optimizer, losses)
             if on_step is not None:
                 on_step(record.step, steps)
 
         parts = Parts(model=model, optimizer=optimizer, strategy=strategy, objective=BatchMeanLoss(model, strategy),
                       data=lambda n: [batch(n - 1)], schedule=lambda n: schedule(n - 1), max_grad_norm=1.0, end=[after])
-        train_loop(parts, 0, steps)
+        train_loop(parts, first, steps)
     return losses
 
 
