@@ -529,6 +529,34 @@ def test_beam_search_with_the_cache_equals_beam_search_without_it():
         torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("method, params", [("self_extend", {"group_size": 4, "window_size": 8}),
+                                            ("lm_infinite", {"factor": 2}), ("dual_chunk", {"factor": 2})])
+def test_the_inference_methods_apply_no_attention_dropout_at_any_length(method, params):
+    """They drop no attention weights past the window; their exact fallback inside it (plain attention) dropped
+    them, so one training's short and long inputs were treated differently. Now neither does, said once."""
+    from ropekit.attention import interface
+
+    interface._NO_DROPOUT_SAID.discard(method)
+    model = build_tiny_model("llama")
+    model.config.attention_dropout = 0.5
+    for module in attention_modules(model):
+        module.attention_dropout = 0.5  # what a config with attention_dropout 0.5 builds
+    ropekit.extend(model, method, **params)
+    ids = _ids(1, 20, seed=2)  # inside every window: the plain fallback
+    with torch.no_grad():
+        want = model(ids).logits
+        model.train()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.manual_seed(0)
+            first = model(ids).logits
+            torch.manual_seed(1)
+            second = model(ids).logits
+    assert torch.equal(first, want) and torch.equal(second, want)
+    said = [w for w in caught if "applies no attention dropout" in str(w.message)]
+    assert len(said) == 1 and method in str(said[0].message)
+
+
 def test_a_reorder_between_rows_that_share_their_latest_tokens_rebuilds_the_group_keys():
     """Two rows equal in their last 20 tokens, different before, swapped in the cache between decoding steps (as
     beam search does): the first layer's keys at the newest covered index are the same in both rows (a key there

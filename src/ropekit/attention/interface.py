@@ -79,6 +79,8 @@ class QueryKeyTransform(Protocol):
 
 #: Methods that have said their left-padding warning in this process (once each).
 _SAID: set[str] = set()
+#: Methods that have said they apply no attention dropout (once each).
+_NO_DROPOUT_SAID: set[str] = set()
 
 
 def _say_if_padding_is_counted(method: str, attention_mask, position_ids, q_len: int, k_len: int) -> None:
@@ -107,6 +109,15 @@ def _make_attention(kernel: str) -> Callable:
         method = getattr(attend, "reads_positions", None)
         if method and method not in _SAID and getattr(module, "layer_idx", 0) == 0:
             _say_if_padding_is_counted(method, attention_mask, kwargs.get("position_ids"), query.shape[2], key.shape[2])
+        if method and dropout:
+            # these methods are inference-only and never drop attention weights; their exact fallback (inputs
+            # inside the window) must not either, or short and long inputs of one training would differ
+            if method not in _NO_DROPOUT_SAID:
+                _NO_DROPOUT_SAID.add(method)
+                warnings.warn(f"{method} applies no attention dropout (an inference-time method): the model's "
+                              f"attention dropout {dropout:g} is not used; train with the plain model or a training "
+                              "method", stacklevel=2)
+            dropout = 0.0
         if transforms:
             position_ids = kwargs.get("position_ids")
             for transform in transforms:
