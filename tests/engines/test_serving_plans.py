@@ -165,6 +165,27 @@ def test_an_engine_that_returns_a_non_finite_logprob_fails_verify(tmp_path, run_
     assert code == 1 and report["passed"] is False and report["max_abs_diff"] == float("inf")
 
 
+def test_a_llamacpp_verify_with_a_freeze_length_compares_at_that_length(tmp_path, monkeypatch):
+    """The GGUF verify writes holds Dynamic NTK's frequencies as at --freeze-length tokens, and ropekit's model
+    computes those only at that length: that is the default text length then (it was 1.5 × the window, 96 tokens,
+    where the two are different models and the check failed a correct file)."""
+    import sys
+
+    verify_module = importlib.import_module("ropekit.engines.verify")
+    directory = _export(tmp_path, "dynamic_ntk", factor=2.0)
+    asked = {}
+
+    def engine(chosen, request, python=None):  # llama.cpp is not installed here: what it would be asked
+        asked.update(request)
+        return {"logprobs": [[None] + [0.0] * (len(request["token_ids"][0]) - 1)], "engine": "stand-in"}
+
+    monkeypatch.setattr(verify_module, "run_engine", engine)
+    report = verify_module.verify(directory, "llamacpp", freeze_length=100, python=sys.executable)
+    assert report.tokens == len(asked["token_ids"][0]) == 100
+    report = verify_module.verify(directory, "llamacpp", freeze_length=100, length=80, python=sys.executable)
+    assert report.tokens == 80  # a length given is kept
+
+
 def test_verify_compares_a_dynamic_export_past_its_original_window(tmp_path, run_cli):
     """A native `dynamic` export declares the original window (transformers' rule reads it as C): the default length
     is still 1.5 × the original, so positions where Dynamic NTK acts are compared, and plain transformers agrees."""

@@ -13,7 +13,8 @@ def verify_cmd(
     directory: str = typer.Argument(..., help="A directory written by `ropekit extend` (or save_pretrained)."),
     engine: str = typer.Option(..., "--engine", "-e", help="vllm, llamacpp, transformers (plain, without ropekit) or transformers4 (4.57, as stacks pinned to 4.x read the directory)."),
     length: Optional[int] = typer.Option(None, "--length", min=2, help="Tokens of text to compare (default: 1.5× "
-                                         "the original window, capped at the extended one)."),
+                                         "the original window, capped at the extended one; with --freeze-length, "
+                                         "that length)."),
     tolerance: Optional[float] = typer.Option(None, "--tolerance", min=0.0, help="Largest max |Δ log p| that passes "
                                               "(default per engine: transformers 1e-4, vLLM 1e-3, llama.cpp 1e-2)."),
     python: Optional[str] = typer.Option(None, "--python", help="The engine environment's python (default: the one "

@@ -214,8 +214,11 @@ def run_engine(engine: Engine, request: dict[str, Any], *, python: str | os.Path
     with tempfile.TemporaryDirectory(prefix="ropekit-engine-") as tmp:
         request_path, response_path = Path(tmp) / "request.json", Path(tmp) / "response.json"
         request_path.write_text(json.dumps(request))
-        log = Path(tempfile.gettempdir()) / f"ropekit-{engine.name}.log"
-        with open(log, "w") as out:
+        # a log of its own (mkstemp: a new file, never one another user linked there), kept after the run for the
+        # error line to name; two verifies at once each keep theirs
+        handle, name = tempfile.mkstemp(prefix=f"ropekit-{engine.name}-", suffix=".log")
+        log = Path(name)
+        with os.fdopen(handle, "w") as out:
             # its own process group: an engine's worker processes (vLLM's) go with it, however the runner ends
             proc = subprocess.Popen([str(interpreter), str(RUNNERS / engine.runner), str(request_path), str(response_path)],
                                     stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True)
@@ -231,4 +234,5 @@ def run_engine(engine: Engine, request: dict[str, Any], *, python: str | os.Path
             last = next((line for line in reversed(lines) if "Error" in line or "error" in line), lines[-1] if lines else "")
             raise RopekitError(f"{engine.title} failed: {last.strip()[:300]} (log: {log})",
                                "check that the engine supports this model (see the log)")
+        log.unlink(missing_ok=True)  # kept only where a failure names it
         return json.loads(response_path.read_text())

@@ -200,6 +200,10 @@ def verify(directory: str | Path, engine: str, *, length: int | None = None, tol
     loaded = load_model(str(directory), dtype="float32", attn_implementation=None)
     model = loaded.model
     record = installed(model)
+    if freeze_length is not None and length is None and chosen.name == "llamacpp":
+        # the GGUF holds the frequencies as they are at that length; ropekit's length-dependent method computes them
+        # there too, so that is where the two are compared (at 1.5 × the window the method would be another model)
+        length = int(freeze_length)
     freeze_length = saved_freeze_length(directory, freeze_length)
     original = record["base"]["max_position_embeddings"] if record else rope_info(model).original_window
     extended = int(model.config.max_position_embeddings)
