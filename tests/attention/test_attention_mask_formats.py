@@ -166,3 +166,33 @@ def test_a_padding_free_packed_row_attends_within_its_documents(method, boundari
     moved[:, :, :sizes[0]] += 10.0
     assert torch.equal(run(moved)[:, sizes[0]:], out[:, sizes[0]:])
 
+
+@pytest.mark.parametrize("method", ["self_extend", "lm_infinite", "dual_chunk", "s2_attn"])
+def test_packed_rows_of_a_larger_batch_attend_within_their_documents(method):
+    """The trainer's document masks reach a flash kernel as varlen kwargs over the flattened batch (transformers
+    finds documents from positions only in a one-row batch): two rows of two documents each, given no mask. The
+    reference: the method's rule under the block-diagonal causal 4-D mask of each row."""
+    from ropekit.train.data import document_varlen_kwargs
+
+    make, mode, _, _ = METHODS[method]
+    attend = make()
+    module = torch.nn.Module().train(mode == "train")
+    sizes = ((30, LENGTH - 30), (45, LENGTH - 45))
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(2, HEADS, LENGTH, DIM, generator=gen) * 1.5
+    k = torch.randn(2, KV_HEADS, LENGTH, DIM, generator=gen) * 1.5
+    v = torch.randn(2, KV_HEADS, LENGTH, DIM, generator=gen)
+    pos = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in sizes])
+    document = torch.stack([torch.cat([torch.full((n,), i) for i, n in enumerate(row)]) for row in sizes])
+    causal = torch.ones(LENGTH, LENGTH).tril().bool()
+    blocks = (document[:, :, None] == document[:, None, :]) & causal  # (2, L, L)
+
+    class FlashModel:  # what document_varlen_kwargs reads of a model: its attention implementation
+        config = type("C", (), {"_attn_implementation": "flash_attention_2"})()
+
+    kwargs = {"position_ids": pos, **document_varlen_kwargs(blocks[:, None], FlashModel(), pos)}
+    assert kwargs["cu_seq_lens_k"].tolist() == [0, 30, LENGTH, LENGTH + 45, 2 * LENGTH]
+    out, _ = attend(module, q, k, v, None, scaling=DIM ** -0.5, dropout=0.0, kernel=_no_kernel, **dict(kwargs))
+    want = rule_attention(attend, module, q, k, v, blocks[:, None], scaling=DIM ** -0.5, **dict(kwargs))
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=ATOL)
+

@@ -210,3 +210,31 @@ def test_device_auto_resolves_to_this_gpu():
     plan = resolve_devices()
     assert plan.device == "cuda:0" and plan.dtype in ("bfloat16", "float16")
     assert plan.attn in ("flash_attention_2", "sdpa")
+
+
+@pytest.mark.skipif(not (HAS_FLASH_ATTN and ON_CUDA), reason="flash_attention_2 needs the flash_attn package and a CUDA GPU")
+@pytest.mark.parametrize("method", [None, "longlora"])
+def test_document_masked_loss_of_a_two_row_batch_is_the_same_under_flash(method):
+    """The trainer hands flash a document mask as varlen kwargs over the flattened batch; without them the rows of a
+    micro-batch above one attended across their documents. The reference: sdpa with the 4-D document mask."""
+    from ropekit.train.objective import token_loss_sum
+
+    length, sizes = 96, ((40, 56), (70, 26))
+    positions = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in sizes])
+    document = torch.stack([torch.cat([torch.full((n,), i) for i, n in enumerate(row)]) for row in sizes])
+    blocks = (document[:, :, None] == document[:, None, :]) & torch.ones(length, length).tril().bool()
+    ids = torch.randint(3, 256, (2, length), generator=torch.Generator().manual_seed(1))
+    labels = ids.masked_fill(positions == 0, -100)  # a document's first token is not predicted from the last one
+    losses = {}
+    for attn in ("sdpa", "flash_attention_2"):
+        model = build_tiny_model("llama", seed=0).to(torch.bfloat16)
+        if attn != "sdpa":
+            model.set_attn_implementation(attn)
+        if method:
+            ropekit.extend(model, method, factor=2.0)
+        model = model.to(DEVICE).train()
+        batch = {"input_ids": ids.to(DEVICE), "labels": labels.to(DEVICE), "position_ids": positions.to(DEVICE),
+                 "attention_mask": blocks[:, None].to(DEVICE)}
+        with torch.no_grad():
+            losses[attn] = float(token_loss_sum(model, model, torch.bfloat16, batch))
+    assert abs(losses["sdpa"] - losses["flash_attention_2"]) <= 2e-2 * abs(losses["sdpa"])

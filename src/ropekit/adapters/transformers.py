@@ -119,13 +119,14 @@ def has_attention_kernel(kernel: str) -> bool:
     return kernel == "eager" or kernel in ALL_ATTENTION_FUNCTIONS.valid_keys()
 
 
-def packed_sequence_kwargs(position_ids: torch.Tensor | None, batch: int) -> dict[str, Any] | None:
+def packed_sequence_kwargs(position_ids: torch.Tensor | None, batch: int, *, always: bool = False) -> dict[str, Any] | None:
     """The varlen kwargs (``cu_seq_lens_q/k``, ``max_length_q/k``) transformers' flash kernels compute themselves for a
     padding-free packed row given no mask (``_flash_attention_forward``: ``_is_packed_sequence`` then
-    ``prepare_fa_kwargs_from_position_ids``), or None when the row is not packed. One host read, as in transformers."""
+    ``prepare_fa_kwargs_from_position_ids``), or None when the row is not packed (one host read, as in transformers).
+    ``always``: the boundaries of ``position_ids`` (one flattened row) whether or not they restart."""
     from transformers import modeling_flash_attention_utils as fa
 
-    if not fa._is_packed_sequence(position_ids, batch):
+    if position_ids is None or (not always and not fa._is_packed_sequence(position_ids, batch)):
         return None
     (cu_q, cu_k), (max_q, max_k) = fa.prepare_fa_kwargs_from_position_ids(position_ids)
     return {"cu_seq_lens_q": cu_q, "cu_seq_lens_k": cu_k, "max_length_q": max_q, "max_length_k": max_k}

@@ -182,17 +182,19 @@ def _same_over_heads(x: torch.Tensor, what: str) -> torch.Tensor:
     return x
 
 
-def packed_documents(kwargs: dict, length: int, device) -> torch.Tensor | None:
-    """The document of each of ``length`` tokens of a padding-free packed row, from the boundaries ``cu_seq_lens_k``
-    a flash kernel's call carries (given by the caller, or found by ropekit's attention wrapper from restarting
+def packed_documents(kwargs: dict, batch: int, length: int, device) -> torch.Tensor | None:
+    """The document of each token, ``(batch, length)``, of packed rows given no mask, from the boundaries
+    ``cu_seq_lens_k`` a flash kernel's call carries over the flattened batch (given by the caller — the trainer's
+    document masks, DataCollatorWithFlattening — or found by ropekit's attention wrapper from restarting
     ``position_ids`` as transformers' flash kernels do: :func:`ropekit.adapters.transformers.packed_sequence_kwargs`).
-    None for one document."""
+    None for one document per row."""
     bounds = kwargs.get("cu_seq_lens_k")
     if not isinstance(bounds, torch.Tensor) or bounds.numel() <= 2:
         return None
-    starts = torch.zeros(length, dtype=torch.long, device=device)
-    inner = bounds.to(device=device, dtype=torch.long)[1:-1].clamp(0, length - 1)
-    return starts.index_fill(0, inner, 1).cumsum(0)
+    total = batch * length
+    starts = torch.zeros(total, dtype=torch.long, device=device)
+    inner = bounds.to(device=device, dtype=torch.long)[1:-1].clamp(0, total - 1)
+    return starts.index_fill(0, inner, 1).cumsum(0).view(batch, length)
 
 
 class AttentionMask:
@@ -240,10 +242,10 @@ class AttentionMask:
             return attention_mask
         mask = cls(attention_mask, q_len, k_len, batch=query.shape[0], heads=query.shape[1],
                    sliding_window=kwargs.get("sliding_window"), device=query.device)
-        if attention_mask is None and q_len == k_len and query.shape[0] == 1:
-            documents = packed_documents(kwargs, k_len, query.device)
+        if attention_mask is None and q_len == k_len:
+            documents = packed_documents(kwargs, query.shape[0], k_len, query.device)
             if documents is not None:
-                mask.kind, mask._documents = "packed", documents
+                mask.kind, mask._documents, mask.batch = "packed", documents, documents.shape[0]
         return mask
 
     # ---- reading the formats ----------------------------------------------------------------------------
@@ -315,9 +317,11 @@ class AttentionMask:
         allowed = keys[None, :] <= q_index
         if self.window is not None:
             allowed = allowed & (q_index - keys[None, :] < self.window)
-        if self._documents is not None:  # padding-free packing: a query sees its own document only
-            allowed = allowed & (self._documents[q_index] == self._documents[keys][None, :])
-        allowed = allowed[None, None]
+        if self._documents is not None:  # packed documents given no mask: a query sees its own document only
+            same = self._documents[:, q_index] == self._documents[:, keys][:, None, :]  # (B, rows, keys)
+            allowed = (allowed[None] & same)[:, None]
+        else:
+            allowed = allowed[None, None]
         if self._padding is not None:
             allowed = allowed & self._padding[:, None, None, k0:k1]
         return allowed

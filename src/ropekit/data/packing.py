@@ -267,8 +267,9 @@ def prepare_attention_mask(attention_mask: torch.Tensor, attn_implementation: st
     in a one-row unpadded batch only). A boolean 4-D document mask ``[B, 1, L, L]`` becomes: boolean
     for ``sdpa``; additive float in ``dtype`` (0 where allowed, ``finfo(dtype).min`` elsewhere) for
     ``eager`` and any other kernel that adds the mask to its scores; ``None`` for ``flash_attention_*``,
-    whose varlen path then derives document boundaries from ``position_ids`` restarting at 0 — which
-    must be the case (``packing.reset_positions: true``), checked here from the mask itself.
+    which gets the documents as varlen kwargs over the flattened batch instead
+    (:func:`ropekit.train.data.document_varlen_kwargs`, boundaries where ``position_ids`` restart at 0 — which
+    must be the case, ``packing.reset_positions: true``, checked here from the mask itself).
     """
     impl = str(attn_implementation or "eager")
     if attention_mask.dim() != 4:

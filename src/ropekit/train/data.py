@@ -219,3 +219,20 @@ def model_attention_mask(mask: torch.Tensor, model, dtype: torch.dtype, position
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     kernel = kernel_of(attn_implementation(config))
     return prepare_attention_mask(mask, kernel, dtype=dtype, position_ids=position_ids)
+
+
+def document_varlen_kwargs(mask: torch.Tensor, model, position_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The varlen kwargs (``cu_seq_lens_q/k``, ``max_length_q/k``) that carry a 4-D document mask to a flash kernel,
+    which gets no mask (:func:`model_attention_mask`): the boundaries of the documents of every row, the batch
+    flattened, as transformers' flash path reads them for any batch size. Without them transformers finds documents
+    only in a batch of one row (``_is_packed_sequence``), and the rows of a larger micro-batch attended across
+    their documents. ``{}`` for any other kernel or mask."""
+    from ..adapters.transformers import attn_implementation, packed_sequence_kwargs
+    from ..attention.interface import kernel_of
+
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if mask.dim() != 4 or not kernel_of(attn_implementation(config)).startswith("flash_attention"):
+        return {}
+    # every row starts a document at position 0 (reset positions, checked with the mask), so the flattened
+    # positions restart exactly at the documents' starts
+    return packed_sequence_kwargs(position_ids.reshape(1, -1), 1, always=True) or {}

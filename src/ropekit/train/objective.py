@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..install import installed
 from ..methods import get_method
-from .data import model_attention_mask
+from .data import document_varlen_kwargs, model_attention_mask
 from .lora import base_model
 
 
@@ -32,7 +32,9 @@ def token_loss_sum(model, unwrapped, param_dtype: torch.dtype, batch: dict[str, 
     if record:  # the method's own form of a training batch (Landmark inserts its tokens)
         batch = get_method(record["method"]).training_batch(batch, record["params"])
     mask = model_attention_mask(batch["attention_mask"], base_model(unwrapped), param_dtype, batch["position_ids"])
-    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask, use_cache=False)
+    varlen = document_varlen_kwargs(batch["attention_mask"], base_model(unwrapped), batch["position_ids"])
+    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask, use_cache=False,
+                **varlen)
     if "targets" in batch:  # a context-parallel shard: shifted over the whole sequence before the split
         logits, targets = out.logits, batch["targets"]
     else:
