@@ -269,7 +269,10 @@ def test_the_rule_on_records_whose_outcome_is_known():
             records.append(_ppl(label, 100, d, inside + per_doc[d] + wobble))
             records.append(_ppl(label, 400, d, target + per_doc[d] + wobble))
             records.append({"task": "passkey", "method": label, "length": 400, "depth": 0.5, "trial": d, "score": score})
-            records.append({"task": "passkey", "method": label, "length": 100, "depth": 0.5, "trial": d,
+        # 40 prompts in the window: all found by both sides shows non-inferiority within 10 points only from 35 on
+        # (Newcombe's interval, whose lower bound is −z²/(n + z²) there)
+        for t in range(40):
+            records.append({"task": "passkey", "method": label, "length": 100, "depth": 0.5, "trial": t,
                             "score": 0.0 if label == "forgets-inside" else 1.0})
     candidates = [_candidate("forgets-inside", (0, 0, 0, 0, 0)), _candidate("guard-fails", (0, 0, 0, 0, 1)), _candidate("winner", (0, 0, 0, 0, 2)),
                   _candidate("attention", (0, 1, 0, 0, 2)), _candidate("worse", (0, 0, 0, 0, 1)),

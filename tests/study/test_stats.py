@@ -342,6 +342,23 @@ def test_subtasks_each_all_alike_get_the_mean_of_their_wilson_intervals():
     assert row["ci95"][0] < row["ci95"][1] and row["value"] == pytest.approx(0.5)
 
 
+def test_all_found_against_all_missed_gets_newcombes_interval_not_a_point():
+    """Every prompt found by one method and missed by the other: every paired resample is +100 points, which read
+    "+100 [+100, +100]". Newcombe's hybrid score interval (method 10), written out from the Wilson bounds, instead;
+    still significant. A perplexity ratio that is the same on every document stays the point it is."""
+    z2 = 1.959963984540054 ** 2
+    recs = [acc_record("pose-yarn", 256, 1.0, i) for i in range(20)] + [acc_record("yarn", 256, 0.0, i) for i in range(20)]
+    c = stats.Analysis(recs).compare("pose-yarn", "yarn", "passkey", 256, "accuracy")
+    upper_of_zero = z2 / (20 + z2)  # Wilson at 0 of 20; at 20 of 20 the lower bound is its mirror
+    margin = math.sqrt(upper_of_zero ** 2 + upper_of_zero ** 2)
+    assert c["estimate"] == 1.0 and c["ci95"] == pytest.approx([1.0 - margin, 1.0], abs=1e-12)
+    assert c["significant"] and c["direction"] == 1 and c["ci95"][0] == pytest.approx(0.772, abs=1e-3)
+    # both alike and equal: the difference 0 with an interval around it, not significant
+    same = [acc_record(m, 256, 1.0, i) for m in ("a", "b") for i in range(20)]
+    c = stats.Analysis(same).compare("a", "b", "passkey", 256, "accuracy")
+    assert c["ci95"][0] < 0 < c["ci95"][1] and not c["significant"]
+
+
 def test_paired_comparison_is_tight_where_cells_are_wide():
     """Documents differ a lot, methods by a constant 2 % per token: each cell's interval is wide, but the paired
     ratio is the same in every resample, and significant."""
@@ -369,7 +386,9 @@ def test_paired_accuracy_difference_against_a_naive_paired_bootstrap():
     # with fewer shared prompts than MIN_PAIRED nothing is called significant, whatever the interval
     few = [acc_record("a", 64, 1.0, i) for i in range(3)] + [acc_record("b", 64, 0.0, i) for i in range(3)]
     c = stats.Analysis(few).compare("a", "b", "passkey", 64, "accuracy")
-    assert c["ci95"] == [1.0, 1.0] and not c["significant"] and c["direction"] == 0
+    upper_of_zero = 1.959963984540054 ** 2 / (3 + 1.959963984540054 ** 2)  # Newcombe's interval over 3 prompts
+    assert c["ci95"] == pytest.approx([1.0 - math.sqrt(2) * upper_of_zero, 1.0], abs=1e-12)
+    assert not c["significant"] and c["direction"] == 0
 
 
 def test_paired_difference_on_part_of_the_units_resamples_the_shared_ones_alone():

@@ -309,6 +309,33 @@ def _strata_alike_interval(metric: _Metric, observed: np.ndarray, units: "_Units
             float(sum(w * hi for w, (_, _, (_, hi)) in zip(weights, parts))))
 
 
+def _alike_difference_interval(pairs: list[tuple[_Metric, _Metric]], masks: list[np.ndarray], n: int
+                               ) -> tuple[float, float] | None:
+    """Where each side of an accuracy comparison scored alike on every shared prompt (all found against all
+    missed, say), every paired resample is the same difference and the bootstrap interval is a point ("+100
+    [+100, +100]"). The difference of the two proportions then gets Newcombe's hybrid score interval (Newcombe 1998,
+    Statistics in Medicine 17:873, method 10) from the sides' Wilson intervals over ``n`` draws: conservative here,
+    as it ignores the pairing."""
+    values = []
+    for side in (0, 1):
+        seen = set()
+        for pair, mask in zip(pairs, masks):
+            metric = pair[side]
+            den = metric.den[:, mask]
+            scores = metric.num[:, mask] / np.where(den > 0, den, 1)
+            if not np.all(den == 1) or not np.all((scores >= 0) & (scores <= 1)):
+                return None
+            seen |= set(scores.ravel().tolist())
+        if len(seen) != 1:
+            return None
+        values.append(seen.pop())
+    if n < 2:
+        return None
+    (pa, pb), ((la, ua), (lb, ub)) = values, (wilson_interval(values[0] * n, n), wilson_interval(values[1] * n, n))
+    d = pa - pb
+    return (float(d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2)), float(d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)))
+
+
 @dataclass
 class _Units:
     """One task's units, their strata and the shared resamples."""
@@ -713,6 +740,8 @@ class Analysis:
         point = float(np.mean(pts_a) - np.mean(pts_b))
         ci = percentile_interval(diff)
         n = min(ns)
+        if ci is not None and ci[0] == ci[1] and not pairs[0][0].log:
+            ci = _alike_difference_interval(pairs, masks, n) or ci
         significant = ci is not None and n >= MIN_PAIRED and (ci[0] > 0 or ci[1] < 0)
         direction = (1 if point > 0 else -1) if significant else 0
         if log:
