@@ -243,3 +243,70 @@ def test_weights_trained_in_16_bits_are_said_in_one_line(make_config, dtype, sai
     assert len(lines) == int(said)
     if said:
         assert "bfloat16" in lines[0] and "train.precision: bf16" in lines[0]
+
+
+def test_a_run_killed_while_exporting_resumes_and_exports_again(make_config, tmp_path, monkeypatch):
+    """Killed after the model was written into DIR/.tmp-final but before the rename (the longest write of a run):
+    --resume refused the directory as holding files no run wrote. Now it clears the half-built export, continues
+    from the last checkpoint and exports the model the uninterrupted run exports."""
+    from ropekit.train import checkpoint as ckpt
+
+    full = train(resume_config(make_config, "full", tmp_path), progress=False)
+    cfg = resume_config(make_config, "killed", tmp_path)
+    real = ckpt.replace_dir
+
+    def killed_before_the_rename(tmp, final):
+        raise Killed("export")
+
+    monkeypatch.setattr(ckpt, "replace_dir", killed_before_the_rename)
+    with pytest.raises(Killed):
+        train(cfg, progress=False)
+    out = cfg.require_output()
+    # what os._exit would leave: the half-built export (the finally that removes it never ran) and a half JSON
+    (out / ".tmp-final").mkdir(exist_ok=True)
+    (out / ".tmp-final" / "model.safetensors").write_bytes(b"partial")
+    (out / "metrics.jsonl.tmp").write_text("{")
+    assert not (out / "final").exists()
+    monkeypatch.setattr(ckpt, "replace_dir", real)
+    resumed = train(cfg, resume=True, progress=False)
+    assert not (out / ".tmp-final").exists() and not (out / "metrics.jsonl.tmp").exists()
+    a, b = load_file(full.final_dir / "model.safetensors"), load_file(resumed.final_dir / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_weight_decay_reads_a_zero3_partitioned_parameters_own_shape():
+    """Under ZeRO-3 with zero3_init_flag every parameter is built as an empty 1-D placeholder (its shape in
+    ds_shape): all of them went to the no-decay group, and train.weight_decay was silently ignored."""
+    from ropekit.train.trainer import no_decay
+
+    matrix = torch.nn.Parameter(torch.empty(0))
+    matrix.ds_shape = torch.Size([64, 64])
+    norm = torch.nn.Parameter(torch.empty(0))
+    norm.ds_shape = torch.Size([64])
+    assert not no_decay("model.layers.0.self_attn.q_proj.weight", matrix)
+    assert no_decay("model.layers.0.input_layernorm.weight", norm)
+    assert no_decay("model.layers.0.self_attn.q_proj.bias", torch.nn.Parameter(torch.empty(64)))
+    assert not no_decay("lm_head.weight", torch.nn.Parameter(torch.empty(8, 8)))
+
+
+def test_a_bf16_run_hands_the_callers_model_back_without_autocast(tmp_path):
+    """accelerate's mixed-precision prepare wraps the model's forward in bf16 autocast; after train() the caller's
+    model kept it, so its logits differed from DIR/final's (same weights) by ~3e-3."""
+    from ropekit.data.local_text import stdlib_documents
+    from ropekit.models.byte_tokenizer import byte_tokenizer
+    from ropekit.models.tiny import build_tiny_model
+    from ropekit.train.config import parse_config
+    from ropekit.train.data import packed_dataset
+
+    dataset = packed_dataset(stdlib_documents(20_000, "train"), 64)
+    cfg = parse_config({"model": "tiny", "data": {"seq_len": 64},
+                        "train": {"max_steps": 2, "micro_batch_size": 2, "threads": 1, "precision": "bf16"},
+                        "output": {"dir": str(tmp_path / "run"), "log_every": 1000}})
+    model = build_tiny_model("llama")
+    result = train(cfg, dataset=dataset, model=model, tokenizer=byte_tokenizer(), progress=False)
+    final = ropekit.load(result.final_dir).eval()
+    model.eval()
+    ids = dataset.tokens[:1]
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, final(input_ids=ids).logits)
+    assert "_original_forward" not in model.__dict__

@@ -412,6 +412,9 @@ def _write_report_files(study_dir: Path, out_dir: Path) -> dict[str, Any]:
     for t in ctx["tables_md"]:
         md += [_md_table(t), ""]
     md.append("Figures: " + ", ".join(f"[{p.name}]({p.name})" for p in ctx["figures"]) if ctx["figures"] else "")
+    if ctx["failed"]:  # as the page lists them: why a cell is missing
+        md += ["", "## Failed pieces", ""] + [f"- {_md_escape(f['piece'])}: {_md_escape(str(f['error']))}"
+                                               for f in ctx["failed"]]
     md_path.write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
     return {"dir": str(out), "html": str(html_path), "json": str(json_path), "markdown": str(md_path),
             "figures": [str(p) for p in ctx["figures"]], "figure_overlaps": ctx["figure_overlaps"]}

@@ -85,9 +85,26 @@ def check_run_dir(out: Path, resume: bool, own_files: Iterable[Path] = ()) -> tu
 
 
 def _written_by_a_run(name: str) -> bool:
-    """Whether a run directory's entry ``name`` is one a training run writes (a crash may leave a ``.part``)."""
+    """Whether a run directory's entry ``name`` is one a training run writes (a crash may leave a ``.part``, or
+    one of :func:`_leftover`'s)."""
     return (name in (CONFIG_FILE, METRICS_FILE, ckpt.CHECKPOINTS, FINAL_DIR, FINAL_EMA_DIR, "tensorboard", "wandb")
-            or (name.startswith("data-") and name.endswith(".json")) or name.endswith(PART_SUFFIX))
+            or (name.startswith("data-") and name.endswith(".json")) or name.endswith(PART_SUFFIX) or _leftover(name))
+
+
+def _leftover(name: str) -> bool:
+    """What a run killed while writing leaves: the export being built (``.tmp-final``) or the one it replaced
+    (``.old-final``), a JSON or metrics file half written (``….tmp``). A resumed run deletes them and writes again."""
+    return (name in tuple(f"{prefix}{d}" for prefix in (".tmp-", ".old-") for d in (FINAL_DIR, FINAL_EMA_DIR))
+            or name == METRICS_FILE + ".tmp" or (name.startswith("data-") and name.endswith(".json.tmp")))
+
+
+def clear_leftovers(out: Path) -> None:
+    """Delete what a killed run left half written in ``out`` (:func:`_leftover`)."""
+    import shutil
+
+    for entry in Path(out).iterdir() if Path(out).is_dir() else ():
+        if _leftover(entry.name):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
 
 __all__ = ["CONFIG_FILE", "FINAL_DIR", "FINAL_EMA_DIR", "METRICS_FILE", "TRAIN_INFO", "StepInfo", "TrainResult",
            "Trainer", "TrainingAborted", "load_for_training", "no_decay", "train"]
@@ -128,8 +145,9 @@ class TrainResult:
 
 def no_decay(name: str, param: torch.Tensor) -> bool:
     """Weight decay is not applied to biases and normalisation weights (every tensor with fewer than two
-    dimensions), as in GPT-2/LLaMA training and transformers' Trainer."""
-    return param.ndim < 2 or name.endswith(".bias")
+    dimensions), as in GPT-2/LLaMA training and transformers' Trainer. A parameter DeepSpeed ZeRO-3 built
+    partitioned (``zero3_init_flag``) is an empty 1-D placeholder: its own shape is ``ds_shape``."""
+    return len(getattr(param, "ds_shape", param.shape)) < 2 or name.endswith(".bias")
 
 
 def load_for_training(cfg: TrainConfig, progress: bool = False):
@@ -537,6 +555,8 @@ class Trainer:
         cfg = self.cfg
         started = time.perf_counter()
         found = self._check_out_dir()
+        if self.resume and self.is_main:
+            clear_leftovers(self.out)  # a kill during the export: its half-built directory goes, the export is redone
         if self._finished_already():
             self._note(f"{self.out} is already trained to step {cfg.last_step}; nothing to do")
             return TrainResult(out_dir=self.out, step=cfg.last_step, final_dir=self.out / FINAL_DIR,
@@ -575,9 +595,17 @@ class Trainer:
             result.final_dir, result.ema_dir = self._export_all()
         finally:
             self._close()
+            self._release_model()
         result.step, result.skipped = self.step, self.skipped
         result.seconds = time.perf_counter() - started
         return result
+
+    def _release_model(self) -> None:
+        """The caller's model as it was handed in: accelerate's mixed-precision ``prepare`` wrapped its ``forward``
+        in bf16 autocast, which would stay on it (its logits then differed from ``DIR/final``'s by ~3e-3)."""
+        acc, model = getattr(self.strategy, "acc", None), getattr(self, "model", None)
+        if acc is not None and model is not None:
+            acc.unwrap_model(model, keep_fp32_wrapper=False)
 
     def _close(self) -> None:
         self.strategy.close()
