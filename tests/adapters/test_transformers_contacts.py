@@ -73,6 +73,7 @@ CONTACTS = {
     "rebuild_rotary": "test_rotary_modules_are_found_read_and_rebuilt",
     "set_rotary_frequencies": "test_set_frequencies_are_what_the_rotary_module_applies",
     "attention_modules": "test_attention_modules_are_one_per_layer",
+    "packed_sequence_kwargs": "test_packed_rows_are_found_where_transformers_flash_path_finds_them",
     "gguf_architectures": "test_gguf_loader_globals",
     "gguf_progress_bar_disabled": "test_gguf_loader_globals",
     "unset_deepspeed_config": "test_unset_deepspeed_config_lifts_zero3",
@@ -408,6 +409,20 @@ def test_attention_modules_are_one_per_layer():
 
 
 # ---------------------------------------------------------------- GGUF loader globals, DeepSpeed
+
+
+def test_packed_rows_are_found_where_transformers_flash_path_finds_them():
+    """transformers' flash path reads a one-row batch whose positions restart as packed documents and cuts it where
+    they restart (cu_seq_lens over the flattened tokens, the longest as max_length); one increasing run is one
+    document. The boundaries here are written out by hand."""
+    packed = torch.cat([torch.arange(30), torch.arange(42)])[None]
+    found = hf.packed_sequence_kwargs(packed, 1)
+    assert found["cu_seq_lens_q"].tolist() == found["cu_seq_lens_k"].tolist() == [0, 30, 72]
+    assert int(found["max_length_q"]) == int(found["max_length_k"]) == 42
+    assert hf.packed_sequence_kwargs(torch.arange(72)[None], 1) is None  # not packed: nothing to add
+    assert hf.packed_sequence_kwargs(packed, 2) is None  # transformers reads positions as documents in one row only
+    two_rows = torch.cat([torch.arange(40), torch.arange(32), torch.arange(72)])[None]  # a flattened 2 × 72 batch
+    assert hf.packed_sequence_kwargs(two_rows, 1, always=True)["cu_seq_lens_k"].tolist() == [0, 40, 72, 144]
 
 
 def test_gguf_loader_globals():

@@ -10,7 +10,9 @@ Per GPU, for the recipe's model shape, sequence length, precision, LoRA and para
 * **activations** — the tensors a decoder layer saves for the backward pass, per token:
   ``a_h·h + a_kv·h_kv + a_i·i + a_heads·heads + a_0`` bytes (h hidden size, h_kv = kv heads × head size, i the MLP
   width), counted with saved-tensor hooks on transformers' Llama layer with sdpa (flash/memory-efficient attention:
-  no n×n matrix): float32 weights give (32, 8, 16, 4, 8), bf16/fp16 weights (20, 4, 8, 4, 8) — the two RMSNorms keep
+  no n×n matrix): float32 weights give (32, 8, 16, 4, 8), bf16/fp16 weights (20, 4, 8, 4, 8), float32 weights under
+  bf16 autocast (``precision: bf16`` under DDP) (30, 4, 8, 4, 8) plus the bf16 copy of every linear weight (2 bytes per
+  weight, the LM head's too), and a checkpointed layer's float32 input there — the two RMSNorms keep
   float32 copies, attention keeps q, k, v (k and v at the kv-head width: no copy per query head), its output and
   log-sum-exp per head, the SwiGLU MLP four i-wide tensors. With gradient checkpointing each layer keeps only its
   input (h values); one layer's full set (``recompute``) is live again while that layer is recomputed in the
@@ -55,10 +57,15 @@ from .config import TrainConfig
 
 GIB = 1024**3
 STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
-#: Per-layer, per-token saved-activation bytes ``(a_h, a_kv, a_i, a_heads, a_0)`` by the weights' element size.
-ACTIVATION_COEFFICIENTS = {4: (32, 8, 16, 4, 8), 2: (20, 4, 8, 4, 8)}
-#: Per-token saved bytes outside the decoder layers ``(b_h, b_0)`` by the weights' element size.
-HEAD_COEFFICIENTS = {4: (14, 20), 2: (9, 20)}
+#: Per-layer, per-token saved-activation bytes ``(a_h, a_kv, a_i, a_heads, a_0)`` by the weights' element size, and
+#: for float32 weights computed under bf16 autocast (``AUTOCAST``: the residual stream and the norms stay float32,
+#: the projections' inputs and outputs are bf16), measured the same way (an exact least-squares fit over six shapes).
+AUTOCAST = "autocast"
+ACTIVATION_COEFFICIENTS = {4: (32, 8, 16, 4, 8), 2: (20, 4, 8, 4, 8), AUTOCAST: (30, 4, 8, 4, 8)}
+#: Per-token saved bytes outside the decoder layers ``(b_h, b_0)``, keyed the same way.
+HEAD_COEFFICIENTS = {4: (14, 20), 2: (9, 20), AUTOCAST: (12, 20)}
+#: Bytes of a checkpointed layer's saved input per hidden unit: the residual stream's dtype (float32 under autocast).
+CHECKPOINT_BYTES = {4: 4, 2: 2, AUTOCAST: 4}
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 #: Shapes of common checkpoints, for planning without their config.json (the published configs).
@@ -162,7 +169,7 @@ def count_parameters(config, lora=None) -> tuple[int, int]:
     return total, trainable
 
 
-def layer_bytes_per_token(config, element_bytes: int) -> int:
+def layer_bytes_per_token(config, element_bytes) -> int:
     """Bytes one decoder layer saves for backward per token (module docstring's coefficients)."""
     a_h, a_kv, a_i, a_heads, a_0 = ACTIVATION_COEFFICIENTS[element_bytes]
     h, heads = config.hidden_size, config.num_attention_heads
@@ -171,15 +178,26 @@ def layer_bytes_per_token(config, element_bytes: int) -> int:
     return a_h * h + a_kv * kv + a_i * config.intermediate_size + a_heads * heads + a_0
 
 
-def activation_bytes_per_token(config, element_bytes: int, *, checkpointing: bool) -> int:
+def activation_bytes_per_token(config, element_bytes, *, checkpointing: bool) -> int:
     """Bytes the decoder layers keep for backward per token: every layer's set, or with checkpointing every layer's
     input only (the recomputed layer is :func:`layer_bytes_per_token`, counted apart)."""
     if checkpointing:
-        return config.num_hidden_layers * config.hidden_size * element_bytes
+        return config.num_hidden_layers * config.hidden_size * CHECKPOINT_BYTES[element_bytes]
     return config.num_hidden_layers * layer_bytes_per_token(config, element_bytes)
 
 
-def head_bytes_per_token(config, element_bytes: int) -> int:
+def autocast_weight_copies(config) -> tuple[int, int]:
+    """``(per decoder layer, LM head)`` bytes of the bf16 copies of the linear weights autocast saves for the backward
+    pass (float32 weights, bf16 compute): 2 bytes per weight of every projection (measured: exactly that)."""
+    h, heads = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    q = heads * head_dim
+    kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+    layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
+    return 2 * layer, 2 * config.vocab_size * h
+
+
+def head_bytes_per_token(config, element_bytes) -> int:
     """Saved-activation bytes per token outside the decoder layers: embedding ids, final norm, LM-head input, labels."""
     b_h, b_0 = HEAD_COEFFICIENTS[element_bytes]
     return b_h * config.hidden_size + b_0
@@ -211,10 +229,15 @@ def plan_shape(config, *, element_bytes: int, compute_bytes: int, micro_batch: i
     gradients = trainable * element_bytes // (gpus if shard_grads else 1)
     optimizer = 2 * trainable * element_bytes // (gpus if shard_optimizer else 1)
     tokens = micro_batch * seq_len // context_parallel
-    head = head_bytes_per_token(config, compute_bytes)
-    full = tokens * (activation_bytes_per_token(config, compute_bytes, checkpointing=False) + head)
-    checkpointed = tokens * (activation_bytes_per_token(config, compute_bytes, checkpointing=True) + head)
-    recompute = tokens * layer_bytes_per_token(config, compute_bytes) if checkpointing else 0
+    # float32 weights with bf16 compute: under DDP that is autocast (float32 residual stream, bf16 weight copies kept
+    # for backward); FSDP2 and DeepSpeed compute in bf16 parameters (accelerate's param_dtype), the bf16 set
+    kind = AUTOCAST if (element_bytes == 4 and compute_bytes == 2 and strategy == "ddp") else compute_bytes
+    copies_layer, copies_head = autocast_weight_copies(config) if kind == AUTOCAST else (0, 0)
+    head = head_bytes_per_token(config, kind)
+    full = (tokens * (activation_bytes_per_token(config, kind, checkpointing=False) + head)
+            + config.num_hidden_layers * copies_layer + copies_head)
+    checkpointed = tokens * (activation_bytes_per_token(config, kind, checkpointing=True) + head) + copies_head
+    recompute = tokens * layer_bytes_per_token(config, kind) + copies_layer if checkpointing else 0
     per_token_forward, per_token_backward = logits_bytes_per_token(config, compute_bytes, micro_batch)
     logits_forward, logits_backward = tokens * per_token_forward, tokens * per_token_backward
     kept = checkpointed if checkpointing else full
