@@ -759,20 +759,28 @@ def test_only_runs_the_pieces_of_some_variants_now_and_the_rest_later(reference_
     assert "choose among: base, pi, pi-ft" in stderr and not (tmp_path / "never").exists()
 
 
-def test_a_training_found_finished_after_a_crash_keeps_its_placement_and_cost(run_cli, tmp_path):
-    """A study killed after a training exported its model but before the store recorded it: the rerun finds the run
-    finished and records where it trained from the run's own record (not this machine), and its cost from the
-    steps' logged time (not the seconds the rerun spent finding it)."""
-    from ropekit.train.export import FINAL_DIR, TRAIN_INFO
-
+def _trained_pi_ft(run_cli, tmp_path, *more_variants):
+    """A SMALL study of base, pi-ft and ``more_variants`` with pi-ft alone run (trained and evaluated):
+    ``(its config dict, the config file, the study directory, the run's stderr)``."""
     raw = {**SMALL, "variants": [{"label": "base"},
-                                 {"label": "pi-ft", "method": "pi", "params": {"factor": 4}, "finetune": True}],
+                                 {"label": "pi-ft", "method": "pi", "params": {"factor": 4}, "finetune": True},
+                                 *more_variants],
            "evals": {"ppl": {"lengths": [64], "samples": 1, "score_mode": "truncate"}}}
     config = tmp_path / "study.yaml"
     config.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"
     code, _, stderr = run_cli("study", str(config), "--out", str(out), "--only", "pi-ft", "--no-report")
     assert code == 0, stderr
+    return raw, config, out, stderr
+
+
+def test_a_training_found_finished_after_a_crash_keeps_its_placement_and_cost(run_cli, tmp_path):
+    """A study killed after a training exported its model but before the store recorded it: the rerun finds the run
+    finished and records where it trained from the run's own record (not this machine), and its cost from the
+    steps' logged time (not the seconds the rerun spent finding it)."""
+    from ropekit.train.export import FINAL_DIR, TRAIN_INFO
+
+    raw, config, out, stderr = _trained_pi_ft(run_cli, tmp_path)
     db = sqlite3.connect(out / "study.sqlite")
     (first,) = db.execute("SELECT value FROM manifest WHERE key = 'placement:train:pi-ft'").fetchone()
     assert json.loads(first)["hardware"].startswith(_cpu_model_name())
@@ -810,15 +818,9 @@ def test_trainings_on_another_pythons_builtin_corpus_are_called_out(run_cli, tmp
     from ropekit.data.training_data import BUILTIN_MAX_BYTES
     from ropekit.study.store import open_study
 
-    raw = {**SMALL, "variants": [{"label": "base"},
-                                 {"label": "pi-ft", "method": "pi", "params": {"factor": 4}, "finetune": True},
-                                 {"label": "yarn-ft", "method": "yarn", "params": {"factor": 4}, "finetune": True}],
-           "evals": {"ppl": {"lengths": [64], "samples": 1, "score_mode": "truncate"}}}
-    config = tmp_path / "study.yaml"
-    config.write_text(yaml.safe_dump(raw))
-    out = tmp_path / "out"
-    code, _, stderr = run_cli("study", str(config), "--out", str(out), "--only", "pi-ft", "--no-report")
-    assert code == 0 and "warning" not in stderr, stderr
+    _, config, out, stderr = _trained_pi_ft(run_cli, tmp_path, {"label": "yarn-ft", "method": "yarn",
+                                                                 "params": {"factor": 4}, "finetune": True})
+    assert "warning" not in stderr, stderr
     store = open_study(out)
     recorded = store.placements()["train:pi-ft"]["corpus"]
     store.close()
