@@ -84,15 +84,31 @@ def test_import_and_help_leave_torch_and_transformers_unloaded():
     assert report["runs"] == {line: [code, []] for line, code in LIGHT.items()}
 
 
-@pytest.mark.parametrize("args", [["--help"], ["eval", "--help"], ["methods", "--help"], ["methods"], ["--version"]])
-def test_help_answers_in_under_a_second(args):
+def _fastest(command: list[str], check=None) -> list[float]:
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        proc = subprocess.run([*_ropekit(), *args], capture_output=True, text=True, env=_env(), timeout=60, check=False)
+        proc = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=60, check=False)
         times.append(time.perf_counter() - start)
+        if check is not None:
+            check(proc)
+    return times
+
+
+@pytest.mark.parametrize("args", [["--help"], ["eval", "--help"], ["methods", "--help"], ["methods"], ["--version"]])
+def test_help_answers_in_under_a_second(args):
+    """Under a second on an idle 2-core runner (about 0.6 s here). A runner busy with other tests slows every
+    process alike, so the bound is also held relative to an interpreter that imports only what the command line
+    needs (typer and rich) measured at the same moment: importing torch or transformers (seconds) fails both."""
+
+    def answered(proc):
         assert proc.returncode == 0 and ("--help" not in args or "Usage" in proc.stdout), proc.stderr
-    assert min(times) < 1.0, f"ropekit {' '.join(args)}: {', '.join(f'{t:.2f}' for t in times)} s"
+
+    times = _fastest([*_ropekit(), *args], answered)
+    baseline = min(_fastest([sys.executable, "-c", "import typer, rich.console, rich.table"]))
+    bound = max(1.0, 3.0 * baseline)
+    assert min(times) < bound, (f"ropekit {' '.join(args)}: {', '.join(f'{t:.2f}' for t in times)} s "
+                                f"(bound {bound:.2f} s; typer and rich alone {baseline:.2f} s)")
 
 
 def test_python_dash_m_ropekit_is_the_ropekit_command():
