@@ -146,7 +146,7 @@ class TrainResult:
 def no_decay(name: str, param: torch.Tensor) -> bool:
     """Weight decay is not applied to biases and normalisation weights (every tensor with fewer than two
     dimensions), as in GPT-2/LLaMA training and transformers' Trainer. A parameter DeepSpeed ZeRO-3 built
-    partitioned (``zero3_init_flag``) is an empty 1-D placeholder: its own shape is ``ds_shape``."""
+    partitioned (``zero3_init_flag``) is built as an empty 1-D tensor: its own shape is ``ds_shape``."""
     return len(getattr(param, "ds_shape", param.shape)) < 2 or name.endswith(".bias")
 
 
