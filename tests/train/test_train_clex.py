@@ -66,6 +66,16 @@ def test_clex_training_draws_a_scale_per_step_and_learns_the_ode(make_config, te
     assert loss_at(final, heldout_rows, 4 * C) < before - 1.0
 
 
+def test_the_ode_learns_under_lora_too(make_config, text_dataset):
+    """CLEX learns its ODE with the model; LoRA froze every base weight but the adapters and extras, the ODE
+    included, so a LoRA run trained CLEX's scale sampling only and exported the initial ODE (down_proj = 0)."""
+    cfg = make_config("clex-lora", steps=4, method={"name": "clex", "params": CLEX_PARAMS},
+                      train={"micro_batch_size": 2, "lr": 1e-2, "lora": {"trainable": ["norm"]}})
+    result = train(cfg, dataset=text_dataset(C), model=build_tiny_model("llama"), progress=False)
+    ode = _ode(ropekit.load(result.final_dir))
+    assert float(ode.down_proj.detach().abs().max()) > 1e-4  # zero at initialisation
+
+
 class _Stop(Exception):
     pass
 

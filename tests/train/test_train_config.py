@@ -283,6 +283,21 @@ def test_landmark_sequences_must_hold_a_block_and_tokens_after_it():
         parse_config(raw)
 
 
+def test_landmark_under_lora_needs_its_token_embedding_trained():
+    """LoRA freezes the input embedding unless `embed` is an extra: the landmark token's row (new, the mean of the
+    others) stayed as initialised while the run reported Landmark trained."""
+    raw = good()
+    raw["method"] = {"name": "landmark", "params": {"mem_freq": 20}}
+    raw["data"]["seq_len"] = 128
+    raw["train"]["lora"] = {"trainable": ["norm"]}
+    with pytest.raises(ConfigError, match="landmark token's embedding row would not train"):
+        parse_config(raw)
+    raw["train"]["lora"] = {"trainable": ["embed"]}
+    assert parse_config(raw).train.lora.trainable == ["embed"]
+    raw["train"]["lora"] = None
+    assert parse_config(raw).train.lora is None
+
+
 def test_a_scale_method_without_its_scale_is_refused_when_the_config_is_read():
     """`method: yarn` without factor trained YaRN ×1 (the model's own RoPE) under YaRN's name; --dry-run passed it."""
     raw = good()

@@ -183,6 +183,17 @@ class Method(abc.ABC):
         ``seq_len`` tokens could not train the method, checked when a training config is read; None when it can."""
         return None
 
+    def adapter_problem(self, params: dict[str, Any], extras: tuple[str, ...]) -> tuple[str, str] | None:
+        """``(problem, fix)`` when training with LoRA adapters whose fully trained extras are ``extras`` (``embed``,
+        ``norm``) would leave a weight the method needs untrained, checked when a training config is read;
+        None when it would not (default: the method needs nothing beyond what the adapters reach)."""
+        return None
+
+    def own_weights(self, model: torch.nn.Module) -> list[torch.nn.Parameter]:
+        """The weights the method itself added to ``model`` (CLEX's ODE) — trained with the model, and kept
+        trainable under LoRA, which freezes every other base weight; default none."""
+        return []
+
     def param(self, name: str) -> Param:
         for p in self.params:
             if p.name == name:

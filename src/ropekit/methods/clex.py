@@ -140,6 +140,11 @@ class CLEX(Method):
             device=rotary.inv_freq.device,
         ))
 
+    def own_weights(self, model):
+        """The ODE's weights ``φ`` (``up_proj``, ``down_proj`` of every :class:`CLEXFrequencies`): CLEX learns them
+        jointly with the model (§3), so they train under LoRA too."""
+        return [p for module in model.modules() if isinstance(module, CLEXFrequencies) for p in module.parameters()]
+
     def training_step_hook(self, model, step, generator) -> None:
         """Draw this step's scale ``t ~ U{1 … t_max}`` (the reference's ``sample_random_times``) and the seed of its
         positions from ``generator``, for every CLEX module of ``model``."""
@@ -147,9 +152,8 @@ class CLEX(Method):
             if isinstance(module, CLEXFrequencies):
                 if not module.up_proj.requires_grad and not getattr(module, "_warned_frozen", False):
                     module._warned_frozen = True
-                    warnings.warn("clex: the ODE weights are frozen (requires_grad is off; train.lora freezes every "
-                                  "weight but the adapters and its extras), so only the scale sampling applies",
-                                  stacklevel=2)
+                    warnings.warn("clex: the ODE weights are frozen (requires_grad is off), so only the scale sampling "
+                                  "applies", stacklevel=2)
                 scale = int(torch.randint(1, module.max_factor + 1, (1,), generator=generator))
                 seed = int(torch.randint(0, 2**62, (1,), generator=generator))
                 module.set_training_scale(scale, seed)

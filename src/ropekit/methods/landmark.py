@@ -143,6 +143,14 @@ class Landmark(Method):
                 "landmark is never trained",
                 f"make data.seq_len larger than mem_freq (several blocks: e.g. {4 * (mem_freq + 1)}), or lower mem_freq")
 
+    def adapter_problem(self, params, extras):
+        """The landmark token's input embedding is learned (§3: it is what lets attention to the landmark stand
+        for its block); LoRA adapters on the projections do not reach it, so the embedding must train as an extra."""
+        if "embed" in extras:
+            return None
+        return ("landmark under train.lora without `embed` in train.lora.trainable: the landmark token's embedding "
+                "row would not train", "add embed to train.lora.trainable (LongLoRA's recipe trains it: [embed, norm])")
+
     def training_batch(self, batch, params):
         """The trainer's batches get a landmark after every ``mem_freq`` tokens (:func:`insert_landmarks_in_batch`)."""
         return insert_landmarks_in_batch(batch, int(params["mem_freq"]), int(params["landmark_token_id"]))

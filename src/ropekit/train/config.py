@@ -543,6 +543,7 @@ def parse_config(raw: Any, source: str = "config") -> TrainConfig:
             raise ConfigError(f"{where}{err.problem}", err.fix) from None
         where = f"stages[{i}] ({stage.name}): " if curriculum else ""
         _trainable(stage, where)
+        _adapters_reach(stage, train.lora, where)
         _scale_given(stage, where)
     return TrainConfig(model=written.model, method=written.method, data=written.data, train=train,
                        output=written.output, stages=stages, curriculum=curriculum)
@@ -569,6 +570,18 @@ def _trainable(stage: StageConfig, where: str) -> None:
     from ..methods import get_method
 
     problem = get_method(stage.method.name).training_problem(stage.method.params, stage.seq_len)
+    if problem is not None:
+        raise ConfigError(f"{where}{problem[0]}", problem[1])
+
+
+def _adapters_reach(stage: StageConfig, lora: LoRAConfig | None, where: str) -> None:
+    """What the stage's method needs trained that LoRA with these extras would leave frozen
+    (:meth:`~ropekit.methods.base.Method.adapter_problem`: Landmark's token embedding), refused when the config is read."""
+    if lora is None or not stage.method.name:
+        return
+    from ..methods import get_method
+
+    problem = get_method(stage.method.name).adapter_problem(stage.method.params, tuple(lora.trainable))
     if problem is not None:
         raise ConfigError(f"{where}{problem[0]}", problem[1])
 

@@ -52,10 +52,11 @@ def _linear_names(model: torch.nn.Module) -> list[str]:
     return sorted(names)
 
 
-def apply_lora(model, cfg: LoRAConfig, seed: int = 0):
+def apply_lora(model, cfg: LoRAConfig, seed: int = 0, own_weights=()):
     """Wrap ``model`` with LoRA adapters on ``cfg.target_modules`` and make the extras trainable.
 
-    Every other base weight is frozen. The adapters' random init (``A`` Kaiming-uniform, ``B = 0``, so the
+    ``own_weights``: the installed method's own weights (:meth:`ropekit.methods.base.Method.own_weights`, CLEX's
+    ODE), which stay trainable as in a full fine-tune. Every other base weight is frozen. The adapters' random init (``A`` Kaiming-uniform, ``B = 0``, so the
     wrapped model starts equal to the base) is drawn from a generator seeded with ``seed``, leaving the
     caller's global RNG untouched.
     """
@@ -80,6 +81,8 @@ def apply_lora(model, cfg: LoRAConfig, seed: int = 0):
         wrapped = get_peft_model(model, peft_cfg)
     base = wrapped.get_base_model()
     for _, p in extra_parameters(base, cfg.trainable):
+        p.requires_grad_(True)
+    for p in own_weights:
         p.requires_grad_(True)
     return wrapped
 

@@ -277,7 +277,7 @@ class Trainer:
         self._walk_stage_switches(model, stage_index)
         strategy.check_context_parallel(model, [stage.config.method for stage in self.plan])
         if cfg.train.lora is not None:
-            model = apply_lora(model, cfg.train.lora, seed=cfg.train.seed)
+            model = apply_lora(model, cfg.train.lora, seed=cfg.train.seed, own_weights=self._own_weights(model))
         strategy.enable_context_parallel(model, base_model(model), {s.config.micro_batch_size for s in self.plan})
         if self._checkpointing is None:  # decided once for the run: the longest stage's step
             self._checkpointing = self._choose_checkpointing(model)
@@ -526,8 +526,12 @@ class Trainer:
         source, _ = self._load_model(may_partition=False)
         install(source, self.installed)
         if self.cfg.train.lora is not None:
-            source = apply_lora(source, self.cfg.train.lora, seed=self.cfg.train.seed)
+            source = apply_lora(source, self.cfg.train.lora, seed=self.cfg.train.seed, own_weights=self._own_weights(source))
         return source
+
+    def _own_weights(self, model) -> list[torch.nn.Parameter]:
+        """The installed method's own weights (CLEX's ODE), which train under LoRA as in a full fine-tune."""
+        return get_method(self.installed.name).own_weights(model) if self.installed.name else []
 
     def _export(self, directory: Path) -> None:
         info = {"step": self.step, "stage": self.plan[locate(self.plan, max(0, self.step - 1))[0]].name,
