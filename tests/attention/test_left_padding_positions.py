@@ -1,6 +1,7 @@
 """A model called with a left-padding mask and no ``position_ids`` numbers every row from column 0, padding
 included. Plain RoPE does not care (only differences of positions enter a logit); Self-Extend, LM-Infinite and Dual
-Chunk do (``⌊i/G⌋``, the first ``G`` positions, the chunk boundaries are not shift-invariant): the padded row then
+Chunk do (``⌊i/G⌋``, the first ``G`` positions, the chunk boundaries are not shift-invariant), and so does
+Entropy-ABF's logit scale ``max(log_c(i + 1), 1)`` of the absolute position ``i``: the padded row then
 differs from the row alone, and one warning per method says so and names the fix. ``generate`` passes
 ``cumsum(mask) − 1`` and says nothing."""
 
@@ -20,6 +21,8 @@ METHODS = {
     "self_extend": {"group_size": 3, "window_size": 8},
     "lm_infinite": {"local_window": 16, "global_tokens": 3},
     "dual_chunk": {"chunk_size": 20, "local_size": 4},
+    # t = max(log_c(i + 1), 1) of the absolute query position; layer 1 (not the first) checks
+    "entropy_abf": {"skip_layers": [0]},
 }
 PADS = 5
 

@@ -109,6 +109,11 @@ def _make_attention(kernel: str) -> Callable:
         method = getattr(attend, "reads_positions", None)
         if method and method not in _SAID and getattr(module, "layer_idx", 0) == 0:
             _say_if_padding_is_counted(method, attention_mask, kwargs.get("position_ids"), query.shape[2], key.shape[2])
+        for transform in transforms:  # a transform that reads absolute positions (one layer checks)
+            scaled_by = getattr(transform, "reads_positions", None)
+            if scaled_by and scaled_by not in _SAID:
+                _say_if_padding_is_counted(scaled_by, attention_mask, kwargs.get("position_ids"), query.shape[2],
+                                           key.shape[2])
         if method and dropout:
             # these methods are inference-only and never drop attention weights; their exact fallback (inputs
             # inside the window) must not either, or short and long inputs of one training would differ

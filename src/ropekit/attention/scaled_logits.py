@@ -14,8 +14,11 @@ class QueryLogitScale:
     untouched, so cached decoding stays exact.
     """
 
-    def __init__(self, context: int):
+    def __init__(self, context: int, reads_positions: str | None = None):
         self.context = int(context)
+        #: The method's name on the one layer that checks a call for left padding counted in its positions
+        #: (``t`` depends on the absolute position, so such a row is scaled as if it were longer).
+        self.reads_positions = reads_positions
 
     def __call__(self, module, query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None):
         if position_ids is None:

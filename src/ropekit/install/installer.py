@@ -316,10 +316,10 @@ def _install(model, config, m: Method, info: RopeInfo, resolved: dict[str | None
             # Dynamic NTK) or the method's switch; transformers recomputes only rope types named like its own
             rotary.register_forward_pre_hook(LengthSchedule(kind, length), with_kwargs=True)
     if spec is not None and not spec.is_empty():
-        _install_attention(model, info, spec, features)
+        _install_attention(model, info, spec, features, m.name)
 
 
-def _install_attention(model, info: RopeInfo, spec: AttentionSpec, features) -> None:
+def _install_attention(model, info: RopeInfo, spec: AttentionSpec, features, method_name: str) -> None:
     """Attach the method's transforms and layer attention to the attention modules. On models with sliding-window
     layers, the logit scale and the layer attention go to the full-attention layers only: a sliding layer never
     sees the distances they change, and keeps its own window."""
@@ -327,13 +327,16 @@ def _install_attention(model, info: RopeInfo, spec: AttentionSpec, features) -> 
     sliding = set(features.sliding_layers)
     layer_types = getattr(config, "layer_types", None) if features.layer_rope_types else None
 
+    scaled = [i for i in range(info.num_layers) if i not in spec.skip_layers and i not in sliding]
+
     def make(layer_idx: int):
         transforms = []
         if spec.head_bases is not None:
             transforms.append(PerHeadRotation(spec.head_bases, info.rotary_dim))
-        if (spec.logit_scale_context is not None and layer_idx not in spec.skip_layers
-                and layer_idx not in sliding):
-            transforms.append(QueryLogitScale(spec.logit_scale_context))
+        if spec.logit_scale_context is not None and layer_idx in scaled:
+            # the scale reads absolute query positions; the first scaled layer checks each call for counted padding
+            transforms.append(QueryLogitScale(spec.logit_scale_context,
+                                              reads_positions=method_name if layer_idx == scaled[0] else None))
         return tuple(transforms)
 
     make_attend = None
