@@ -69,7 +69,7 @@ def test_recall_exact_and_lceg_score(response, want_recall, want_exact, want_lce
     assert niah.lceg_recall(response) == pytest.approx(want_lceg)
 
 
-def test_default_depths_are_gkamradts_eleven():
+def test_default_depths_are_eleven_in_steps_of_ten():
     assert list(niah.DEFAULT_DEPTHS) == [float(x) / 100 for x in np.round(np.linspace(0, 100, 11))]
 
 

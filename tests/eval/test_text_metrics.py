@@ -87,10 +87,7 @@ def test_classification_reproduces_the_skip_after_removal():
     # matches = [a, ab, abc] (all in the prediction); gold "abc": "a" is removed, the walk then skips "ab"
     # (it slid into index 0 and the index moved to 1), so matches = [ab, abc] → 1/2, not 1/1.
     classes = ["a", "ab", "abc"]
-    assert tm.classification("abc", "abc", all_classes=classes) == 0.5
-    # naive filtering would keep only the gold: show that the result differs from it
-    naive = [c for c in classes if c in "abc" and not (c in "abc" and c != "abc")]
-    assert naive == ["abc"]
+    assert tm.classification("abc", "abc", all_classes=classes) == 0.5  # filtering every non-gold match would give 1.0
 
 
 # ---- retrieval / count ----------------------------------------------------------------------------------

@@ -135,14 +135,21 @@ def greedy_generate(model, input_ids: list[int], max_new_tokens: int, *, eos_tok
     return new
 
 
-def eos_ids(tokenizer) -> list[int]:
-    """The tokenizer's end-of-text ids (its EOS and, for chat models, the end-of-turn token)."""
+def eos_ids(tokenizer, model=None) -> list[int]:
+    """The ids that end a generation: the tokenizer's EOS and, for chat models, the end-of-turn token, plus every
+    end token of ``model``'s generation config — what ``generate`` stops on by itself, and what the benchmarks'
+    own scripts (LongBench ``pred.py``) stop on: Qwen2.5-Instruct's ``<|endoftext|>``, Llama 3.1's
+    ``<|end_of_text|>`` and Gemma's ``<end_of_turn>`` are there and not in the tokenizer's EOS."""
     ids = []
     for tok in (getattr(tokenizer, "eos_token", None), "<|im_end|>", "<|eot_id|>", "<|end|>"):
         if tok is None:
             continue
         tid = tokenizer.convert_tokens_to_ids(tok)
         if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None) and tid not in ids:
+            ids.append(tid)
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for tid in configured if isinstance(configured, (list, tuple)) else [configured]:
+        if isinstance(tid, int) and not isinstance(tid, bool) and tid >= 0 and tid not in ids:
             ids.append(tid)
     return ids
 

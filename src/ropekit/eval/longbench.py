@@ -56,6 +56,19 @@ E_DATASETS = (
     "samsum", "passage_count", "passage_retrieval_en", "lcc", "repobench-p",
 )
 
+#: LongBench's six task categories (Bai et al. 2024, ACL, Table 1) and their datasets per language: the leaderboard's
+#: "Avg" of a language is the mean of its category means, and code completion counts in both languages.
+CATEGORIES = {
+    "en": {"single-doc QA": ("narrativeqa", "qasper", "multifieldqa_en"),
+           "multi-doc QA": ("hotpotqa", "2wikimqa", "musique"),
+           "summarization": ("gov_report", "qmsum", "multi_news"),
+           "few-shot": ("trec", "triviaqa", "samsum"),
+           "synthetic": ("passage_count", "passage_retrieval_en"),
+           "code": ("lcc", "repobench-p")},
+    "zh": {"single-doc QA": ("multifieldqa_zh",), "multi-doc QA": ("dureader",), "summarization": ("vcsum",),
+           "few-shot": ("lsht",), "synthetic": ("passage_retrieval_zh",), "code": ("lcc", "repobench-p")},
+}
+
 #: Every name ``tasks=`` accepts: the v1 datasets, then the LongBench-E variants.
 ALL_NAMES = DATASETS + tuple(f"{d}_e" for d in E_DATASETS)
 
@@ -221,9 +234,10 @@ def build_input(tokenizer, dataset: str, item: dict[str, Any], max_length: int, 
     return ids, {"prompt_tokens_full": original, "prompt_tokens": len(ids), "truncated": truncated}
 
 
-def end_tokens(tokenizer, dataset: str) -> list[int]:
-    """The ids that end generation: the tokenizer's end tokens, plus the id of "\\n" for samsum (pred.py)."""
-    ids = eos_ids(tokenizer)
+def end_tokens(tokenizer, dataset: str, model=None) -> list[int]:
+    """The ids that end generation: the tokenizer's and ``model``'s end tokens (:func:`eos_ids`), plus the id of
+    "\\n" for samsum (pred.py)."""
+    ids = eos_ids(tokenizer, model)
     if base_name(dataset) == "samsum":
         newline = encode(tokenizer, "\n", add_special_tokens=False)[-1]
         if newline not in ids:
@@ -368,7 +382,7 @@ def run(
     for budget in budgets:
         for name in names:
             base = base_name(name)
-            stop = end_tokens(tokenizer, name)
+            stop = end_tokens(tokenizer, name, ctx.model)
             for item in items[name]:
                 key = ctx.key(budget, dataset=name, sample=str(item["_id"]))
                 if ctx.done(key):
@@ -398,36 +412,53 @@ def _order(name: str) -> int:
 
 def summarize(records: list[dict]) -> list[dict]:
     """Rows per (budget, dataset) with ``accuracy`` (mean item score) and ``score`` (×100, 2 decimals, as
-    LongBench reports), per LongBench-E bucket for the ``_e`` datasets, and per budget an ``average`` row over the
-    LongBench datasets and an ``average_e`` row over the LongBench-E ones: the mean over datasets of their accuracy
-    (LongBench averages dataset scores, not items). The two suites are averaged apart because LongBench-E's
-    datasets are LongBench's again, resampled by length: one average over both would count a dataset twice."""
+    LongBench reports), per LongBench-E bucket for the ``_e`` datasets, and per budget:
+
+    * ``average_en`` / ``average_zh``: LongBench's "Avg" of a language — the mean over its task categories
+      (:data:`CATEGORIES`) of each category's mean dataset score, over the categories run;
+    * ``average``: the plain mean over the LongBench datasets run, both languages (not the leaderboard's number);
+    * ``average_e``, and ``average_e`` per length bucket: the mean over the LongBench-E datasets of their score
+      (in that bucket), LongBench-E's score by length.
+
+    LongBench and LongBench-E are averaged apart: LongBench-E's datasets are LongBench's again, resampled by
+    length, and one average over both would count a dataset twice."""
     groups: dict[tuple[int, str], list[dict]] = {}
     for r in records:
         groups.setdefault((r["length"], r["dataset"]), []).append(r)
     rows: list[dict] = []
+
+    def row(length, dataset, bucket, acc, n):
+        rows.append({"length": length, "dataset": dataset, "bucket": bucket, "accuracy": acc,
+                     "score": round(100 * acc, 2), "n": n})
+
     for length in sorted({k[0] for k in groups}):
         names = sorted((k[1] for k in groups if k[0] == length), key=lambda n: (_order(n), n))
-        per_suite: dict[str, list[float]] = {"average": [], "average_e": []}
-        counted: dict[str, int] = {"average": 0, "average_e": 0}
+        scores: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        bucket_scores: dict[str, list[float]] = {b: [] for b in BUCKETS}
+        bucket_counts: dict[str, int] = {b: 0 for b in BUCKETS}
         for name in names:
             recs = groups[(length, name)]
-            acc = mean(float(r["score"]) for r in recs)
-            suite = "average_e" if name.endswith("_e") else "average"
-            per_suite[suite].append(acc)
-            counted[suite] += len(recs)
-            rows.append({"length": length, "dataset": name, "bucket": None, "accuracy": acc,
-                         "score": round(100 * acc, 2), "n": len(recs)})
+            scores[name], counts[name] = mean(float(r["score"]) for r in recs), len(recs)
+            row(length, name, None, scores[name], len(recs))
             if name.endswith("_e"):
                 for bucket in BUCKETS:
                     inside = [float(r["score"]) for r in recs if r.get("bucket") == bucket]
                     if inside:
-                        acc_b = mean(inside)
-                        rows.append({"length": length, "dataset": name, "bucket": bucket, "accuracy": acc_b,
-                                     "score": round(100 * acc_b, 2), "n": len(inside)})
-        for suite, scores in per_suite.items():
-            if scores:
-                avg = mean(scores)
-                rows.append({"length": length, "dataset": suite, "bucket": None, "accuracy": avg,
-                             "score": round(100 * avg, 2), "n": counted[suite]})
+                        row(length, name, bucket, mean(inside), len(inside))
+                        bucket_scores[bucket].append(mean(inside))
+                        bucket_counts[bucket] += len(inside)
+        for language, categories in CATEGORIES.items():
+            means = [mean(scores[d] for d in datasets if d in scores)
+                     for datasets in categories.values() if any(d in scores for d in datasets)]
+            if means:
+                seen = {d for datasets in categories.values() for d in datasets if d in scores}
+                row(length, f"average_{language}", None, mean(means), sum(counts[d] for d in seen))
+        for suite, members in (("average", [n for n in names if not n.endswith("_e")]),
+                               ("average_e", [n for n in names if n.endswith("_e")])):
+            if members:
+                row(length, suite, None, mean(scores[n] for n in members), sum(counts[n] for n in members))
+        for bucket in BUCKETS:
+            if bucket_scores[bucket]:
+                row(length, "average_e", bucket, mean(bucket_scores[bucket]), bucket_counts[bucket])
     return rows

@@ -214,7 +214,7 @@ def run(ctx: EvalContext, *, lengths: list[int] | None = None, depths: list[floa
     if plot is not None:
         check_figure_target(plot)  # before the work, not after it
     ctx.set_total(len(lengths) * len(depth_list) * trials)
-    stop = eos_ids(tokenizer)
+    stop = eos_ids(tokenizer, ctx.model)
     for length in lengths:
         for depth in depth_list:
             for trial in range(trials):

@@ -236,8 +236,9 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
             ref = target if target in table.lengths(t) else table.lengths(t)[-1]
             tabs.append(_breakdown_table(records, t, BREAKDOWN[t], methods, ref))
         intro = {"ruler": "Accuracy is the mean over RULER's tasks of each task's mean score; intervals resample prompts within each task.",
-                 "longbench": "Accuracy is the mean over datasets of each dataset's mean score, as LongBench averages; intervals "
-                              "resample prompts within each dataset."}.get(t, "")
+                 "longbench": "Accuracy is the mean over datasets of each dataset's mean score (LongBench's leaderboard "
+                              "averages task categories per language: `ropekit eval longbench` reports that as "
+                              "average_en/average_zh); intervals resample prompts within each dataset."}.get(t, "")
         section(t, title, intro, figures, tabs)
     if "entropy" in tasks:
         section("entropy", TASK_TITLES["entropy"],
