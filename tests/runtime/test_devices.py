@@ -18,7 +18,12 @@ def machine(monkeypatch):
         monkeypatch.setattr(devices, "native_cpu_bf16", lambda: cpu_bf16)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+        # torch's own answer: with emulation (its default) every CUDA GPU says yes; natively only 8.0+ (Ampere)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                            lambda including_emulation=True: (including_emulation and bf16 is not None) or bool(bf16))
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0) if bf16 else (7, 5))
+        # bf16=None: no bfloat16 at all, not even emulated
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         monkeypatch.setattr(devices, "mps_available", lambda: mps)
         monkeypatch.setattr(devices, "flash_attn_installed", lambda: flash)
         real = devices.importlib.util.find_spec
@@ -51,8 +56,14 @@ def test_resolution_table(machine, given, expected):
 
 
 def test_auto_uses_float16_on_gpus_without_bfloat16(machine):
+    """A T4 (compute capability 7.5): torch.cuda.is_bf16_supported() says True there (emulated bfloat16, slower
+    than float16), and auto chose bfloat16 as "a GPU with bfloat16"."""
     machine(1, bf16=False)
-    assert devices.resolve_devices().dtype == "float16"
+    assert torch.cuda.is_bf16_supported()  # the emulation torch counts
+    plan = devices.resolve_devices()
+    assert plan.dtype == "float16" and "no native bfloat16" in plan.describe()
+    asked = devices.resolve_devices("cuda", "bfloat16")  # asked for: it runs, and the line says it is emulated
+    assert asked.dtype == "bfloat16" and "emulates bfloat16" in asked.describe()
 
 
 SMOLLM2_PARAMETERS = 134_515_008
@@ -129,7 +140,7 @@ REFUSALS = [
     (dict(gpus=1), ("cuda:x", "auto", "auto", None), "not a device"),
     (dict(gpus=0), ("cpu", "float16", "auto", None), "float16 on CPU"),
     (dict(gpus=0), ("auto", "float64", "auto", None), "not one of"),
-    (dict(gpus=1, bf16=False), ("cuda", "bfloat16", "auto", None), "no bfloat16"),
+    (dict(gpus=1, bf16=None), ("cuda", "bfloat16", "auto", None), "no bfloat16"),
     (dict(gpus=1, flash=False), ("cuda", "bfloat16", "flash_attention_2", None), "not installed"),
     (dict(gpus=0, flash=True), ("cpu", "auto", "flash_attention_2", None), "CUDA GPUs only"),
     (dict(gpus=1, flash=True), ("cuda", "float32", "flash_attention_2", None), "bfloat16 or float16"),

@@ -79,3 +79,14 @@ def test_on_a_terminal_there_is_a_bar_and_no_heartbeat_thread():
     with progress("train", total=3, console=console, heartbeat=0.05) as task:
         assert not [t for t in threading.enumerate() if t.name == "ropekit-progress"]
         task.update(advance=1)
+
+
+def test_a_logged_line_on_a_terminal_is_text_not_markup():
+    """Study piece ids carry user labels and paths: "[/fold]" raised rich's MarkupError, "[bold]" vanished."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=100)
+    with progress("study", total=2, console=console) as task:
+        task.log("done: eval:ppl:my[/fold]label")
+        task.log("weights [bold] kept")
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buffer.getvalue())
+    assert "done: eval:ppl:my[/fold]label" in text and "weights [bold] kept" in text

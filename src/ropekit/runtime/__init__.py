@@ -9,7 +9,7 @@ from .atomic import atomic_dir, atomic_file, check_target, clean_leftovers
 from .cache import cache_root, save_model_atomically, settings_key
 from .logs import quiet_transformers, route_deepspeed_logs_to_stderr
 from .progress import ProgressTask, progress
-from .threads import default_threads, deterministic, torch_threads
+from .threads import default_threads, deterministic, torch_threads, usable_cores
 
 __all__ = [
     "atomic_dir",
@@ -26,4 +26,5 @@ __all__ = [
     "save_model_atomically",
     "settings_key",
     "torch_threads",
+    "usable_cores",
 ]

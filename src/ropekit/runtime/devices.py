@@ -161,6 +161,19 @@ def _resolve_device(device: str) -> str:
     raise RopekitError(f"--device {device!r} is not one of {', '.join(DEVICE_CHOICES)}", "pass e.g. --device auto")
 
 
+def gpu_native_bf16(device: str) -> bool:
+    """Whether the GPU ``device`` computes bfloat16 natively: compute capability 8.0 (Ampere) or later on CUDA.
+    ``torch.cuda.is_bf16_supported()`` also says yes where bfloat16 is only emulated (a T4 or V100, pytorch#148322),
+    which runs slower than float16 there; on ROCm torch's check without emulation is used."""
+    import torch
+
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    if getattr(torch.version, "hip", None):
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    return torch.cuda.get_device_capability(index)[0] >= 8
+
+
 def _resolve_dtype(dtype: str, device: str, model_parameters: int | None = None) -> tuple[str, str]:
     """The dtype's name and the reason for it (module docstring)."""
     import torch
@@ -172,9 +185,9 @@ def _resolve_dtype(dtype: str, device: str, model_parameters: int | None = None)
             return "float32", (f"auto: a small model ({model_parameters / 1e6:.1f}M parameters) stays in float32, "
                                f"bfloat16 is for models of {SMALL_MODEL_PARAMETERS // 1_000_000}M or more")
         if device.startswith("cuda"):
-            if torch.cuda.is_bf16_supported():
+            if gpu_native_bf16(device):
                 return "bfloat16", "auto: a GPU with bfloat16"
-            return "float16", "auto: this GPU has no bfloat16"
+            return "float16", "auto: this GPU has no native bfloat16 (it would emulate it)"
         if device == "cpu":
             unit = native_cpu_bf16()
             if unit is not None:
@@ -187,8 +200,11 @@ def _resolve_dtype(dtype: str, device: str, model_parameters: int | None = None)
     if name == "float16" and device == "cpu":
         raise RopekitError("--dtype float16 on CPU: half-precision matmuls there are slow and lose precision",
                            "pass --dtype float32 (or bfloat16) on CPU")
-    if name == "bfloat16" and device.startswith("cuda") and not torch.cuda.is_bf16_supported():
-        raise RopekitError(f"--dtype bfloat16: {device} has no bfloat16 support", "pass --dtype float16 on this GPU")
+    if name == "bfloat16" and device.startswith("cuda"):
+        if not torch.cuda.is_bf16_supported():
+            raise RopekitError(f"--dtype bfloat16: {device} has no bfloat16 support", "pass --dtype float16 on this GPU")
+        if not gpu_native_bf16(device):
+            return name, "asked for; this GPU emulates bfloat16 (slower than float16)"
     return name, "asked for"
 
 

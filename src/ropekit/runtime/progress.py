@@ -108,7 +108,7 @@ class ProgressTask:
     def log(self, line: str) -> None:
         """A line that stays in the output (above the bar on a terminal)."""
         if self._bar is not None:
-            self._bar.console.print(line, highlight=False)
+            self._bar.console.print(line, highlight=False, markup=False)  # labels and paths are not markup
         else:
             with self._lock:
                 self._printed = time.monotonic()  # the log is not silent: the heartbeat waits again

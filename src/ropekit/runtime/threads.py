@@ -22,6 +22,14 @@ def other_busy_cores() -> float:
     return min(load, max(running, 0))
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a cgroup cpuset, a Slurm allocation), which
+    ``os.cpu_count()`` ignores — two threads on one allowed core run slower than one."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def default_threads(limit: int = 2) -> int:
     """CPU threads for a job: ``limit`` (2: the project's machines have 2 cores), fewer when other work keeps
     cores busy.
@@ -31,7 +39,7 @@ def default_threads(limit: int = 2) -> int:
     not change results (the CPU kernels give the same bits with 1 or 2 threads; tests/test_demo.py).
     Call it when a piece of work starts, not once per process: the load changes.
     """
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     threads = min(limit, cores)
     try:
         busy = other_busy_cores()

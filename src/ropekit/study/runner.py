@@ -601,7 +601,7 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
             else:
                 from transformers.utils import logging as hf_logging
 
-                threads = max(1, (os.cpu_count() or 1) // workers)
+                threads = max(1, runtime.usable_cores() // workers)
                 ctx = multiprocessing.get_context("spawn")
                 # several GPUs: worker i evaluates on cuda:(i mod n) instead of every worker sharing cuda:0
                 requested = getattr(config, "device", "auto") or "auto"

@@ -23,6 +23,8 @@ def main(request_path: str, response_path: str) -> None:
     model = AutoModelForCausalLM.from_pretrained(request["model"], dtype=torch.float32).eval()
     generate = request.get("generate") or {}
     new_tokens = int(generate.get("max_new_tokens", 0))
+    eos = model.config.eos_token_id  # one id, or several (Llama 3.1 Instruct): the first pads
+    pad_id = (eos[0] if eos else 0) if isinstance(eos, (list, tuple)) else (eos if eos is not None else 0)
     logprobs, generated = [], []
     with torch.no_grad():
         for ids in request["token_ids"]:
@@ -32,7 +34,7 @@ def main(request_path: str, response_path: str) -> None:
             logprobs.append([None] + [float(v) for v in picked])
             if new_tokens:
                 out = model.generate(tokens, attention_mask=torch.ones_like(tokens), max_new_tokens=new_tokens,
-                                     do_sample=False, pad_token_id=model.config.eos_token_id or 0)
+                                     do_sample=False, pad_token_id=pad_id)
                 generated.append(out[0, len(ids):].tolist())
     response = {
         "logprobs": logprobs,
