@@ -232,6 +232,19 @@ def test_a_resume_with_other_options_is_refused_in_one_line(run_cli, tmp_path):
     assert out.read_text() == before
 
 
+def test_a_resume_in_another_dtype_is_refused_in_one_line(run_cli, tmp_path):
+    """The options checked on resume did not include the dtype: a float32 file resumed with --dtype bfloat16 mixed
+    the two in one summary (records carried computed_on, and nothing read it)."""
+    out = tmp_path / "ppl.jsonl"
+    common = ["eval", "ppl", "tiny", "--lengths", "64", "--out", str(out), "--json"]
+    assert run_cli(*common, "--dtype", "float32")[0] == 0
+    before = out.read_text()
+    code, _, stderr = run_cli(*common, "--dtype", "bfloat16", "--resume")
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "computed in float32" in lines[0] and "bfloat16" in lines[0], stderr
+    assert out.read_text() == before
+
+
 @pytest.mark.parametrize("task", ["ppl", "entropy", "passkey", "speed"])
 def test_a_plot_path_that_is_not_a_png_is_refused_before_any_work(run_cli, tmp_path, task):
     """A --plot without .png replaced the user's file with a PNG (ppl) or failed with matplotlib's error after the

@@ -51,6 +51,29 @@ def test_run_writes_one_record_per_measurement_interleaved_and_resumes(tmp_path)
         run_speed(model, methods=["pi"], lengths=[32], out=str(out))
 
 
+def test_a_resume_with_another_model_or_setting_is_refused(tmp_path):
+    """The resume key was task, method, parameters, length and repeat: a run on another model (or dtype, or decode
+    budget) resumed from the file reported the first model's timings as its own."""
+    out = tmp_path / "speed.jsonl"
+    run_speed(build_tiny_model("llama"), methods=["pi"], params={"pi.factor": "2"}, lengths=[32], decode_tokens=0,
+              out=str(out), model_name="tiny")
+    before = out.read_text()
+    other = build_tiny_model("llama", hidden_size=128)
+    with pytest.raises(RopekitError, match="model='tiny'.*model='other'"):
+        run_speed(other, methods=["pi"], params={"pi.factor": "2"}, lengths=[32], decode_tokens=0, out=str(out),
+                  resume=True, model_name="other")
+    with pytest.raises(RopekitError, match="decode_tokens=0.*decode_tokens=4"):
+        run_speed(build_tiny_model("llama"), methods=["pi"], params={"pi.factor": "2"}, lengths=[32], decode_tokens=4,
+                  out=str(out), resume=True, model_name="tiny")
+    with pytest.raises(RopekitError, match="dtype='float32'.*dtype='bfloat16'"):
+        run_speed(build_tiny_model("llama").to(torch.bfloat16), methods=["pi"], params={"pi.factor": "2"}, lengths=[32],
+                  decode_tokens=0, out=str(out), resume=True, model_name="tiny")
+    assert out.read_text() == before  # nothing written
+    rows = run_speed(build_tiny_model("llama"), methods=["pi"], params={"pi.factor": "2"}, lengths=[32],
+                     decode_tokens=0, out=str(out), resume=True, model_name="tiny")
+    assert out.read_text() == before and len(rows) == 2  # the same setting continues
+
+
 def test_resume_drops_a_line_cut_short_by_a_crash(tmp_path):
     out = tmp_path / "r.jsonl"
     good = {"task": "speed", "method": "plain", "params": {}, "length": 8, "repeat": 0, "prefill_s": 1.0}

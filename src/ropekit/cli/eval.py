@@ -448,7 +448,7 @@ def speed_cmd(
             loaded.model, methods=method_list, lengths=lengths_list, params=params,
             decode_tokens=8 if decode_tokens is None else decode_tokens, repeats=repeats or 1, seed=seed,
             out=str(out_file) if out_file else None, resume=resume,
-            progress=lambda text: shown.update(completed=next(started), info=text),
+            progress=lambda text: shown.update(completed=next(started), info=text), model_name=model,
         )
         shown.update(completed=next(started), info="measured")
     slopes = None

@@ -262,6 +262,8 @@ def make_context(
     if options is not None:
         options = json.loads(json.dumps({"seed": seed, **options}, sort_keys=True, default=str))
         _check_resumed_options(writer, task, the_method, resolved, options, out)
+    where = computed_on(variant)
+    _check_resumed_dtype(writer, task, the_method, resolved, where["dtype"], out)
     variant.eval()
     return EvalContext(
         task=task,
@@ -274,7 +276,7 @@ def make_context(
         progress=progress,
         # every record says where it was computed (device, dtype, attention, hardware): numbers from a GPU's bfloat16
         # and a CPU's float32 differ in their last digits, and a results file may be resumed on another machine
-        tags={"computed_on": computed_on(variant), **({"options": options} if options is not None else {})},
+        tags={"computed_on": where, **({"options": options} if options is not None else {})},
     )
 
 
@@ -313,6 +315,19 @@ def _check_resumed_options(writer: RecordWriter, task: str, method: str, params:
             f"{out} holds {task} samples of {method} made with {was}; this run asks {now}, and resuming would report "
             "those samples as this run's",
             "pass another --out, or the options the file was made with")
+
+
+def _check_resumed_dtype(writer: RecordWriter, task: str, method: str, params: dict, dtype: str, out) -> None:
+    """A resume computes in the dtype its file's samples (same task, method, parameters) were computed in: bfloat16
+    and float32 scores of one model differ by about what separates methods. Another device or machine is fine."""
+    for record in writer.records():
+        if (record.get("task"), record.get("method"), record.get("params")) != (task, method, params):
+            continue
+        before = (record.get("computed_on") or {}).get("dtype")
+        if before is not None and before != dtype:
+            raise RopekitError(
+                f"{out} holds {task} samples of {method} computed in {before}; this run computes in {dtype}, and "
+                "resuming would mix the two in one summary", f"pass --dtype {before} to continue it, or another --out")
 
 
 def mean(values) -> float | None:

@@ -34,6 +34,7 @@ from ..errors import RopekitError
 from ..methods import get_method
 from ..install import extend, rope_info
 from ..runtime.atomic import check_figure_target, save_figure
+from ..runtime.devices import computed_on
 from .records import RecordWriter
 
 PLAIN = "plain"
@@ -213,10 +214,18 @@ def run_speed(
     out: str | None = None,
     resume: bool = False,
     progress: Callable[[str], None] | None = None,
+    model_name: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Measure every case at every length; returns (and writes) one record per (method, length, repeat)."""
+    """Measure every case at every length; returns (and writes) one record per (method, length, repeat).
+
+    Every record carries the run's ``setting`` (the model as named, where, on what hardware and in which dtype and
+    attention it ran, the decode budget and the seed); a resume whose setting differs from its file's is refused, since the timings already
+    there would be reported as this run's."""
     cases = parse_method_specs(methods, params or {})
     writer = RecordWriter(out, resume=resume, key_fields=("task", "method", "params", "length", "repeat"))
+    # threads are recorded per measurement but not compared: the default follows the machine's load
+    setting = {"model": model_name, **computed_on(model), "decode_tokens": decode_tokens, "seed": seed}
+    _check_resumed_setting(writer, setting, out)
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     peak = matmul_peak(dtype, device)
@@ -271,12 +280,26 @@ def run_speed(
                     "prefill_mem_bytes": prefill_mem,
                     "device": str(device),
                     "threads": torch.get_num_threads(),
+                    "setting": setting,
                 })
     # a resumed file may hold other runs' parameters or lengths: this run's summary is of its own cases
     wanted = {(case.name, _params_key(case.params)) for case in cases}
     return summarize([r for r in writer.records() if r.get("task", "speed") == "speed"
                       and (r["method"], _params_key(r.get("params"))) in wanted and r["length"] in lengths
                       and r.get("repeat", 0) < repeats])
+
+
+def _check_resumed_setting(writer: RecordWriter, setting: dict[str, Any], out) -> None:
+    for record in writer.records():
+        before = record.get("setting") if record.get("task", "speed") == "speed" else None
+        if not before:
+            continue  # written before settings were recorded: cannot be checked
+        changed = sorted(k for k in set(before) | set(setting) if before.get(k) != setting.get(k))
+        if changed:
+            was = ", ".join(f"{k}={before.get(k)!r}" for k in changed)
+            now = ", ".join(f"{k}={setting.get(k)!r}" for k in changed)
+            raise RopekitError(f"{out} holds timings made with {was}; this run has {now}, and resuming would "
+                               "report those timings as this run's", "pass another --out, or the same setting")
 
 
 def _params_key(params: dict[str, Any] | None) -> str:
