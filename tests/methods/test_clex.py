@@ -8,7 +8,11 @@
   ``t = 1`` for every length; and they are continuous in the length (no jump at the window).
 * End to end: beyond the window the model equals the plain transformers model whose rotary module is given
   the naive frequencies.
-* Training: the positions CLEX trains on, the per-step scale, gradients into the ODE weights.
+* Training: the positions CLEX trains on, the per-step scale (on every row of a padded batch), gradients into
+  the ODE weights.
+* Generation past the window: every cached call's logits against transformers' own model decoding with its
+  cache, its rotary module given the naive frequencies of each call's length (batches and the cache's
+  behaviour against full forwards: ``test_clex_batch.py``).
 * Save / load (API and CLI) restores the ODE weights; ``ropekit methods`` lists the method.
 """
 
@@ -364,11 +368,77 @@ def test_cli_lists_and_extends(monkeypatch, capsys, tmp_path, make_ids):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "act" in err
 
 
+def _reference_greedy(model, x: torch.Tensor, new: int, length_of_call) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Greedy cached decoding by transformers' own model, its rotary module given, before each call, the naive ODE
+    frequencies at ``t = min(length_of_call(n)/C, t_max)`` for the call that reaches ``n`` tokens."""
+    from ropekit.core.hf_compat import cache_argument, output_cache
+
+    reference = build_tiny_model("llama")
+    rotary, ode = reference.model.rotary_emb, _ode(model)
+
+    def call(ids, n, **kw):
+        rotary.inv_freq = torch.exp(naive_clex_log_freq(ode, min(length_of_call(n) / C, float(ode.max_factor)))).float()
+        return reference(ids, use_cache=True, **kw)
+
+    tokens, logits = x, []
+    with torch.no_grad():
+        out = call(x, x.shape[1])
+        for _ in range(new):
+            logits.append(out.logits[0, -1])
+            tokens = torch.cat([tokens, out.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+            n = tokens.shape[1]
+            out = call(tokens[:, -1:], n, position_ids=torch.tensor([[n - 1]]),
+                       **{cache_argument(reference): output_cache(out)})
+    return tokens, logits
+
+
 def test_generation_past_the_window_uses_the_length_scale(make_ids):
-    """Prefill of ``n > C`` tokens runs at ``t = n/C`` like a full forward, and cached decoding keeps going."""
+    """Every call of cached greedy generation runs at the scale of the length it reaches: the prefill of
+    ``n = 2C + 5`` tokens at ``t = n/C`` (like a full forward), decode step ``k`` at ``t = (n + k)/C`` for its new
+    query and key, while cached keys keep the rotation of the call that cached them (clex_ode module doc). The
+    reference is transformers' model decoding with its own cache, its rotary module given the naive ODE
+    frequencies of each call's length; tokens and every step's logits are compared."""
+    import warnings
+
     model = _clex_model()
     x = make_ids(2 * C + 5)
-    out = model.generate(x, max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(x), pad_token_id=0)
-    assert out.shape == (1, x.shape[1] + 8)
+    new = 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the decode past the window warns (tests/methods/test_clex_batch.py)
+        out = model.generate(x, max_new_tokens=new, do_sample=False, attention_mask=torch.ones_like(x), pad_token_id=0,
+                             output_logits=True, return_dict_in_generate=True)
+    tokens, logits = _reference_greedy(model, x, new, lambda n: n)
+    assert torch.equal(out.sequences, tokens)
+    for k in range(new):
+        assert torch.allclose(out.logits[k][0], logits[k], rtol=0, atol=2e-5), k
+    with torch.no_grad():  # the prefill is the full forward
+        assert torch.allclose(out.logits[0][0], model(x).logits[0, -1], rtol=0, atol=1e-5)
+    # the check can fail: decode steps kept at the prefill's scale, or at t = 1 (the new positions only), differ
+    for wrong in (lambda n: x.shape[1], lambda n: n if n == x.shape[1] else 1):
+        _, other = _reference_greedy(model, x, new, wrong)
+        assert max(float((out.logits[k][0] - other[k]).abs().max()) for k in range(1, new)) > 5e-4
+
+
+def test_a_training_forward_gives_every_row_the_sampled_scale(make_ids):
+    """In training the step's scale ``t`` (drawn by ``training_step_hook``) applies to every row of the batch, a
+    short (right-padded) row included — not each row's own length, as at inference. Reference: each row alone
+    through the plain model with the naive frequencies at ``t = 3`` and the drawn positions."""
+    model = _clex_model()
+    module = _ode(model)
+    ids = torch.cat([make_ids(C, seed=1), make_ids(C, seed=2)])
+    mask = torch.ones_like(ids)
+    mask[0, 40:] = 0
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    model.train()
+    module.set_training_scale(3, seed=5)
     with torch.no_grad():
-        assert int(out[0, x.shape[1]]) == int(model(x).logits[0, -1].argmax())
+        got = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
+    model.eval()
+    reference = build_tiny_model("llama")
+    reference.model.rotary_emb.inv_freq = torch.exp(naive_clex_log_freq(module, 3.0)).float()
+    table = sample_training_positions(C, 3, C, torch.Generator().manual_seed(5))
+    for row, n in ((0, 40), (1, C)):
+        with torch.no_grad():
+            want = reference(input_ids=ids[row:row + 1, :n], position_ids=table[position_ids[row:row + 1, :n]],
+                             attention_mask=torch.ones(1, n, dtype=torch.long)).logits[0]
+        assert torch.allclose(got[row, :n], want, rtol=0, atol=1e-4), row

@@ -31,7 +31,16 @@ class CLEX(Method):
     The ODE's weights are trained with the model: each training step draws a scale ``t ∈ {1 … t_max}`` and
     sees ``n`` positions spread over ``[0, n·t)`` (:meth:`training_step_hook`). At inference ``t = n/C``
     (``inference_scale='continuous'``) or ``⌈n/C⌉`` (``'ceil'``, the reference code), capped at ``t_max``;
-    inputs within the window get the model's own frequencies, bit-identically.
+    inputs within the window get the model's own frequencies, bit-identically. ``n`` is each batch row's own
+    length (its largest position + 1), so a padded row runs at its own ``t``, as it would alone.
+
+    Cached decoding past the window is not CLEX's reference behaviour: the reference (DAMO-NLP-SG/CLEX,
+    ``modeling_llama_clex.py``) caches keys before RoPE and re-rotates them all at the current ``t`` each step,
+    while here the cache holds keys rotated at the ``t`` of the call that cached them, so a decode step whose
+    ``t`` has moved since differs from a full forward (as with transformers' dynamic NTK). The first such step
+    warns once per process. Exact alternatives: full forwards (``use_cache=False``); with
+    ``inference_scale='ceil'``, ``t`` moves only when the length crosses a multiple of ``C`` and decode steps
+    between crossings are exact (:mod:`ropekit.methods.clex_ode`).
 
     ``W_down`` starts at zero, so before training CLEX is NTK-aware scaling with ``α = 2t − 1`` applied at
     the input's own scale — and plain RoPE within the window.

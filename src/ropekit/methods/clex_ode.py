@@ -28,11 +28,16 @@ torchdiffeq is not a dependency.
 ``rotary_emb.clex``, so the weights are in ``state_dict`` and in saved checkpoints) and replaces that module's
 cos/sin through a forward hook. What it returns depends on the mode:
 
-* **Inference** (eval mode, or train mode without a sampled scale): ``t`` from the input length ``n`` (the
-  largest position + 1) — ``max(1, n/C)`` (``inference_scale='continuous'``, the default: frequencies are a
-  continuous function of the length) or ``⌈n/C⌉`` (``'ceil'``, the reference code), capped at ``max_factor``.
-  The trajectory on the whole grid ``[1, max_factor]`` is computed once and cached until the weights change.
-  For ``n ≤ C`` the rotary module's own frequencies are returned untouched (bit-identical to the plain model).
+* **Inference** (eval mode, or train mode without a sampled scale): ``t`` from the input length ``n`` —
+  ``max(1, n/C)`` (``inference_scale='continuous'``, the default: frequencies are a continuous function of the
+  length) or ``⌈n/C⌉`` (``'ceil'``, the reference code), capped at ``max_factor``. ``n`` is taken **per batch
+  row**, as that row's largest position + 1 (with padding numbered ``cumsum(mask) − 1``, as ``generate`` does,
+  this is the row's own length; in a cached decode step, whose positions are only the new ones, it is the
+  length so far), and each row gets ``cos``/``sin`` at its own ``t`` — so a row's output does not depend on its
+  batch-mates, and a row of at most ``C`` tokens gets the rotary module's own frequencies untouched
+  (bit-identical to the plain model) even beside a long row. (The reference code takes one ``t`` per call, from
+  the key length of the whole batch.) Rows sharing a ``t`` share one evaluation of the ODE; the trajectory on
+  the whole grid ``[1, max_factor]`` is computed once and cached until the weights change.
 * **Training** (train mode after :meth:`CLEXFrequencies.set_training_scale`): CLEX's position-extrapolation
   training (§3.3; reference ``sample_random_times`` / ``get_random_position_ids``): a scale ``t ∈ {1 … t_max}``
   is drawn per step, the frequencies are ``exp z(t)`` integrated *with* gradients, and the ``n`` positions are
@@ -40,13 +45,25 @@ cos/sin through a forward hook. What it returns depends on the mode:
   short training sequence covers the span ``n·t``. (When ``n`` exceeds ``C`` the reference divides the
   positions by ``s = ⌊n/C⌋``; so does this.) Position ``p`` of the batch is moved to the ``p``-th sampled one.
 
-Like transformers' dynamic NTK (transformers #25104), keys already in a KV cache keep the rotation they were
-cached with when the scale grows during generation.
+**Cached decoding past the window differs from CLEX's reference.** The reference code (DAMO-NLP-SG/CLEX,
+``CLEX/llama/modeling_llama_clex.py``, ``LlamaAttention.forward``: "Update KV cache before RoPE") caches keys
+*before* the rotation and rotates every cached key with the current step's frequencies, so its cached decoding
+equals a full forward of the same tokens. Here CLEX only replaces the rotary module's ``cos``/``sin``; the
+model's attention rotates the new keys and caches them rotated, and the rotary module cannot reach the cache.
+So a key keeps the rotation of the scale ``t`` of the call that cached it, and a decode step whose ``t``
+differs from the ``t`` at which earlier keys were cached gives (slightly) different logits from a full
+forward — as with transformers' dynamic NTK (transformers #25104). In ``'continuous'`` mode ``t`` changes at
+every length past ``C``; in ``'ceil'`` mode only when the length crosses a multiple of ``C``, and decode steps
+between two crossings equal a full forward. The first call that continues a cache (its positions start at
+``p0 > 0``) with a row whose ``t`` differs from the scale at length ``p0`` warns once per process
+(:func:`warn_stale_cached_keys`); for logits exactly as CLEX defines them at every length, run full forwards
+(``use_cache=False``) — or use ``'ceil'`` and accept the difference only after each crossing.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -84,6 +101,29 @@ def scale_for_length(length: int, window: int, max_factor: int, rule: str = "con
         return 1.0
     t = length / window if rule == "continuous" else float(math.ceil(length / window))
     return min(t, float(max_factor))
+
+
+#: Whether :func:`warn_stale_cached_keys` has spoken in this process (it speaks once).
+_STALE_KEYS_WARNED = False
+
+
+def warn_stale_cached_keys(start: int, length: int, before: float, now: float) -> None:
+    """Say once per process that a call continuing a KV cache runs at a scale its cached keys were not rotated at.
+
+    ``start`` is the row's first position (the cache length before the call), ``length`` its length now, and
+    ``before``/``now`` the scales at those lengths (module doc: cached decoding past the window).
+    """
+    global _STALE_KEYS_WARNED
+    if _STALE_KEYS_WARNED:
+        return
+    _STALE_KEYS_WARNED = True
+    warnings.warn(
+        f"clex: cached decoding at length {length} runs at scale t = {now:.4g} while the keys already cached were "
+        f"rotated at t ≤ {before:.4g} (the KV cache holds rotated keys), so its logits differ from a full forward; "
+        "CLEX's reference code re-rotates every cached key at the current t — for that, generate without the cache "
+        "(use_cache=False), or use inference_scale='ceil' (t changes only at multiples of the window)",
+        stacklevel=2,
+    )
 
 
 def sample_training_positions(length: int, scale: int, window: int, generator: torch.Generator) -> torch.Tensor:
@@ -227,9 +267,16 @@ class CLEXFrequencies(nn.Module):
         return self._train_scale
 
     # ---- cos / sin -------------------------------------------------------------------------------------
+    def length_scale(self, length: int) -> float:
+        """The inference scale ``t`` of an input of ``length`` tokens under this module's rule (module doc)."""
+        return scale_for_length(length, self.window, self.max_factor, self.inference_scale)
+
     def inv_freq_for_length(self, length: int, base_inv_freq: torch.Tensor) -> torch.Tensor:
         """The inference frequencies ``exp z(t)`` for an input of ``length`` tokens (``θ`` itself inside the window)."""
-        t = scale_for_length(length, self.window, self.max_factor, self.inference_scale)
+        return self.inv_freq_at(self.length_scale(length), base_inv_freq)
+
+    def inv_freq_at(self, t: float, base_inv_freq: torch.Tensor) -> torch.Tensor:
+        """The inference frequencies ``exp z(t)`` at scale ``t`` (``θ`` itself at ``t = 1``)."""
         if t == 1.0:
             return base_inv_freq.float()
         if torch.is_grad_enabled() and self.training:
@@ -249,17 +296,44 @@ class CLEXFrequencies(nn.Module):
             return base_inv_freq.float() + anchor.float(), positions
         return torch.exp(self.log_inv_freq(float(t), base_inv_freq)).float(), positions
 
+    def row_inv_freq(self, position_ids: torch.Tensor, base_inv_freq: torch.Tensor) -> torch.Tensor:
+        """Inference frequencies per row of ``position_ids``: shape ``(*rows, d/2)``, or ``(d/2,)`` when every row
+        has the same ``t``. A row's length is its largest position + 1 (module doc); rows sharing a ``t`` share
+        one evaluation of the ODE. Warns once when a call continuing a cache changes a row's scale."""
+        if position_ids.ndim == 0 or position_ids.numel() == 0:
+            return self.inv_freq_at(1.0, base_inv_freq)
+        # one host sync for all rows (as the single batch maximum took before); shapes stay static
+        ends = position_ids.amax(dim=-1)
+        starts = position_ids.amin(dim=-1)
+        pairs = torch.stack([starts.flatten(), ends.flatten()], dim=-1).tolist()
+        scales = [self.length_scale(int(end) + 1) for _, end in pairs]
+        if not torch.compiler.is_compiling():
+            for (start, end), t in zip(pairs, scales):
+                # a call whose positions start at p0 > 0 continues a cache of p0 positions; the key at p0 − 1 was
+                # cached by a call of length p0, so at the scale of length p0
+                if start > 0 and self.length_scale(int(start)) != t:
+                    warn_stale_cached_keys(int(start), int(end) + 1, self.length_scale(int(start)), t)
+                    break
+        by_scale = {t: self.inv_freq_at(t, base_inv_freq) for t in dict.fromkeys(scales)}
+        if len(by_scale) == 1:
+            return next(iter(by_scale.values()))
+        rows = torch.stack([by_scale[t] for t in scales])
+        return rows.reshape(*ends.shape, rows.shape[-1])
+
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, base_inv_freq: torch.Tensor,
                 attention_scaling: float = 1.0):
         device = x.device
         with torch.autocast(device_type=device.type, enabled=False):
-            length = int(position_ids.max()) + 1
             positions = position_ids.float()
             if self.training and self._train_scale is not None:
+                # the step's sampled scale applies to every row (CLEX §3.3), over the batch's length
+                length = int(position_ids.max()) + 1
                 inv_freq, table = self._training_inputs(length, base_inv_freq)
                 positions = table.to(device)[position_ids.long()]
             else:
-                inv_freq = self.inv_freq_for_length(length, base_inv_freq)
+                inv_freq = self.row_inv_freq(position_ids, base_inv_freq)
+                if inv_freq.ndim > 1:
+                    inv_freq = inv_freq.unsqueeze(-2)  # (*rows, 1, d/2) against positions (*rows, L, 1)
             freqs = positions[..., None] * inv_freq.to(device)
             emb = torch.cat((freqs, freqs), dim=-1)
             # the model's own attention factor (a YaRN or LongRoPE base) multiplies cos/sin as transformers does
