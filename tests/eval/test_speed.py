@@ -189,6 +189,53 @@ def test_prefill_flops_match_torch_flop_counter(family):
     assert abs(prefill_flops(model, length) - expected) <= head_dim * length
 
 
+@pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v3"])
+def test_prefill_flops_of_experts_and_latent_attention_match_torch_flop_counter(family):
+    """Mixture-of-experts weights are 3-D tensors in transformers 5 (not linear layers) and were not counted (gpt-oss:
+    the reported FLOPs were a sixth of the work); multi-head latent attention's QKᵀ and PV were counted with
+    head_dim instead of qk_nope + qk_rope and v_head_dim."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ropekit.eval.speed import prefill_flops
+
+    model = build_tiny_model(family, attn_implementation="eager")
+    cfg = model.config
+    length = min(48, getattr(cfg, "sliding_window", None) or 48)  # eager's full products are the counted ones
+    qk = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) if family == "deepseek_v3" else cfg.head_dim
+    v = cfg.v_head_dim if family == "deepseek_v3" else cfg.head_dim
+    ids = torch.randint(0, cfg.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, logits_to_keep=1)
+    causal_saving = cfg.num_hidden_layers * cfg.num_attention_heads * (qk + v) * length * (length - 1)
+    expected = counter.get_total_flops() - causal_saving
+    # the routed experts run in grouped kernels torch's counter does not see: count them from the config, the top-k
+    # experts' gate, up and down projections per token in every layer past the dense ones
+    moe_layers = cfg.num_hidden_layers - (getattr(cfg, "first_k_dense_replace", None) or 0)
+    inner = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    expected += 2 * length * cfg.num_experts_per_tok * 3 * cfg.hidden_size * inner * moe_layers
+    assert abs(prefill_flops(model, length) - expected) <= 0.01 * expected
+
+
+def test_prefill_flops_of_sliding_window_layers_count_the_window():
+    """A sliding-window layer's query sees at most its window of keys (a naive count of the attended pairs): what
+    remains of the FLOPs once that attention is taken away is linear in the length (the dense matmuls)."""
+    from ropekit.eval.speed import prefill_flops
+
+    model = build_tiny_model("gpt_oss")
+    cfg = model.config
+    window = cfg.sliding_window
+
+    def attention(length):
+        pairs = {"full_attention": sum(i + 1 for i in range(length)),
+                 "sliding_attention": sum(min(i + 1, window) for i in range(length))}
+        return sum(4 * cfg.num_attention_heads * cfg.head_dim * pairs[kind] for kind in cfg.layer_types)
+
+    rest = {n: prefill_flops(model, n) - attention(n) for n in (window + 3, 2 * window + 3, 4 * window + 3)}
+    a, b, c = sorted(rest)
+    assert "sliding_attention" in cfg.layer_types
+    assert (rest[c] - rest[b]) * (b - a) == (rest[b] - rest[a]) * (c - b) and rest[b] > rest[a]
+
+
 def test_speed_records_report_throughput_against_a_measured_peak(tmp_path):
     from ropekit.eval.speed import matmul_peak, prefill_flops
 

@@ -110,22 +110,58 @@ def _measure(fn: Callable[[], Any], device: torch.device) -> tuple[float, int, A
     return elapsed, sampler.used, result
 
 
+def _attended_pairs(length: int, window: int | None) -> int:
+    """Query–key pairs of a causal prefill of ``length`` tokens, each query seeing at most ``window`` keys."""
+    if window is None or window >= length:
+        return length * (length + 1) // 2
+    return window * (window + 1) // 2 + (length - window) * window
+
+
+def _active_expert_fraction(config) -> float | None:
+    """The share of a mixture-of-experts layer's expert weights one token runs through: top-k of E experts."""
+    k = getattr(config, "num_experts_per_tok", None) or getattr(config, "moe_topk", None)
+    experts = next((getattr(config, name) for name in ("num_local_experts", "n_routed_experts", "num_experts")
+                    if isinstance(getattr(config, name, None), int)), None)
+    return k / experts if isinstance(k, int) and experts else None
+
+
 def prefill_flops(model, length: int, logits_kept: int = 1) -> int:
-    """FLOPs of one causal prefill of ``length`` tokens: 2·(weights of every linear layer below the LM head)·length
-    for the dense matmuls, 2·2·head_dim·heads·length(length+1)/2 per layer for QKᵀ and PV under the causal mask (the
-    lower triangle with its diagonal), and 2·hidden·vocab·``logits_kept`` for the LM head. Norms, RoPE and
-    activations are left out (they are not matmuls: a few percent at these sizes), as in the usual
-    model-FLOPs-utilisation accounting (Chowdhery et al. 2022, PaLM, appendix B)."""
-    config = model.config
+    """FLOPs of one causal prefill of ``length`` tokens, as in the usual model-FLOPs-utilisation accounting
+    (Chowdhery et al. 2022, PaLM, appendix B): matmuls only — norms, RoPE and activations are left out (a few
+    percent at these sizes).
+
+    * dense matmuls: 2·(weights of every linear layer below the LM head)·length; a mixture of experts' expert
+      weights (transformers keeps them as 3-D tensors, not linear layers) count at the top-k of E share a token
+      runs through;
+    * attention: 2·(d_qk + d_v)·heads per attended query–key pair — QKᵀ and PV under the causal mask (the lower
+      triangle with its diagonal), a sliding-window layer's queries seeing at most its window; d_qk and d_v are
+      the head size, or multi-head latent attention's ``qk_nope_head_dim + qk_rope_head_dim`` and ``v_head_dim``;
+    * the LM head: 2·hidden·vocab·``logits_kept``.
+    """
+    config = getattr(model.config, "text_config", None) or model.config
     head = model.get_output_embeddings()
     dense = sum(m.weight.numel() for m in model.modules()
                 if isinstance(m, torch.nn.Linear) and m is not head)
+    experts = sum(p.numel() for p in model.parameters() if p.dim() == 3)
+    if experts:
+        share = _active_expert_fraction(config)
+        if share is None:
+            raise RopekitError("speed: this model's expert weights have no top-k and expert count in its config, so "
+                               "its FLOPs (and TFLOP/s) cannot be counted", "measure a dense model, or report seconds")
+        dense += experts * share
     layers = config.num_hidden_layers
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    attention = 4 * layers * heads * head_dim * length * (length + 1) // 2
+    qk_dim = (config.qk_nope_head_dim + config.qk_rope_head_dim
+              if getattr(config, "qk_rope_head_dim", None) and getattr(config, "qk_nope_head_dim", None) is not None
+              else head_dim)
+    v_dim = getattr(config, "v_head_dim", None) or head_dim
+    types = getattr(config, "layer_types", None) or ["full_attention"] * layers
+    window = getattr(config, "sliding_window", None)
+    attention = sum(2 * (qk_dim + v_dim) * heads
+                    * _attended_pairs(length, window if kind == "sliding_attention" else None) for kind in types)
     lm_head = 2 * head.weight.numel() * logits_kept if head is not None else 0
-    return 2 * dense * length + attention + lm_head
+    return int(2 * dense * length + attention + lm_head)
 
 
 def matmul_peak(dtype: torch.dtype, device: torch.device | str = "cpu", size: int | None = None,
