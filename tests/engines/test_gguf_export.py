@@ -395,14 +395,14 @@ def test_length_dependent_methods_need_a_freeze_length(run_cli, tmp_path, method
 
 
 def test_longrope_with_two_sets_is_refused(run_cli, tmp_path):
-    _refused(run_cli, tmp_path, "tiny", "--method", "longrope", "--param", "long_factor=" + ",".join(["2"] * 8),
-             must=("longrope", "configured context size"))
+    _refused(run_cli, tmp_path, "tiny", "--method", "longrope", "--factor", "2", "--param",
+             "long_factor=" + ",".join(["2"] * 8), must=("longrope", "configured context size"))
 
 
 def test_longrope_with_start_tokens_is_refused(run_cli, tmp_path):
     """Positions below n̂ rotate with other frequencies than the rest: no per-pair rope_freqs tensor holds that."""
-    _refused(run_cli, tmp_path, "tiny", "--method", "longrope", "--param", "long_factor=" + ",".join(["2"] * 8),
-             "--param", "short_factor=" + ",".join(["2"] * 8), "--param", "start_tokens=4",
+    _refused(run_cli, tmp_path, "tiny", "--method", "longrope", "--factor", "2", "--param",
+             "long_factor=" + ",".join(["2"] * 8), "--param", "short_factor=" + ",".join(["2"] * 8), "--param", "start_tokens=4",
              must=("longrope", "start_tokens"))
 
 

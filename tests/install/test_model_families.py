@@ -53,7 +53,7 @@ IDENTITY = {
     "pi": {"factor": 1.0}, "ntk": {"factor": 1.0}, "dynamic_ntk": {"factor": 1.0}, "ntk_by_parts": {"factor": 1.0},
     "yarn": {"factor": 1.0}, "llama3": {"factor": 1.0}, "abf": {"rope_theta": "theta"},
     "entropy_abf": {"rope_theta": "theta", "scale_context": 10_000}, "longlora": {"factor": 1.0},
-    "longrope": {"long_factor": "ones", "attention_factor": 1.0}, "clex": {}, "harpe": {"bases": "theta"},
+    "longrope": {"long_factor": "ones", "attention_factor": 1.0, "factor": 1.0}, "clex": {}, "harpe": {"bases": "theta"},
     "self_extend": {"group_size": 2, "window_size": 60}, "lm_infinite": {"local_window": "window"},
     "landmark": {"mem_freq": 10_000}, "dynamic_yarn": {"factor": 1.0},
     "dual_chunk": {"chunk_size": "window", "local_size": 1},  # one chunk of window − 1 ≥ 63 tokens

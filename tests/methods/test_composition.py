@@ -56,7 +56,7 @@ IDENTITY = {
     "ntk_by_parts": {"factor": 1.0},
     "yarn": {"factor": 1.0},
     "llama3": {"factor": 1.0},
-    "longrope": {"long_factor": [1.0] * PAIRS, "attention_factor": 1.0},
+    "longrope": {"long_factor": [1.0] * PAIRS, "attention_factor": 1.0, "factor": 1.0},
     "abf": {"rope_theta": "theta"},
     "entropy_abf": {"rope_theta": "theta", "scale_context": 1000},
     "self_extend": {"window_size": 120, "group_size": 2},
@@ -168,7 +168,7 @@ RULES = [
     ("yarn", {"factor": 2.0, "ramp": "ratio"}),
     ("llama3", {"factor": 4.0}),
     ("longrope", {"long_factor": [1.0, 1.0, 1.5, 2.0, 2.0, 3.0, 4.0, 4.0], "short_factor": [1.0, 1.1, 1.1, 1.2, 1.2, 1.3, 1.3, 1.4],
-                  "attention_factor": 1.2}),
+                  "attention_factor": 1.2, "factor": 4.0}),
     ("longlora", {"factor": 2.0}),
 ]
 

@@ -173,7 +173,7 @@ def test_a_base_that_switches_keeps_its_own_set_below_n_hat():
     model = build_tiny_model("phi3", rope_scaling=scaling, window=32)
     plain = copy.deepcopy(model)
     pairs = model.model.rotary_emb.inv_freq.numel()
-    ropekit.extend(model, "longrope", long_factor=[1.5] * pairs, short_factor=[1.1] * pairs,
+    ropekit.extend(model, "longrope", long_factor=[1.5] * pairs, short_factor=[1.1] * pairs, factor=1.5,
                    original_max_position_embeddings=32, start_tokens=6)
     for length in (20, 90):
         x, positions = torch.zeros(1, length, 2 * pairs), torch.arange(length)[None]
@@ -188,6 +188,6 @@ def test_a_rotary_output_of_its_own_form_is_refused_in_one_line():
     model = build_tiny_model("cohere")
     pairs = model.model.rotary_emb.inv_freq.numel()
     with pytest.raises(RopekitError) as err:
-        ropekit.extend(model, "longrope", long_factor=[2.0] * pairs, start_tokens=4)
+        ropekit.extend(model, "longrope", long_factor=[2.0] * pairs, factor=2.0, start_tokens=4)
     assert "cos/sin in a form of its own" in str(err.value) and "\n" not in str(err.value)
-    ropekit.extend(model, "longrope", long_factor=[2.0] * pairs)  # n̂ = 0: a plain per-pair rescale, as before
+    ropekit.extend(model, "longrope", long_factor=[2.0] * pairs, factor=2.0)  # n̂ = 0: a plain per-pair rescale, as before

@@ -4,6 +4,7 @@ SIGKILL with nothing evaluated twice."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -22,6 +23,7 @@ import ropekit
 from ropekit.errors import RopekitError
 from ropekit.eval.perplexity import score_windows
 from ropekit.models.loading import load_model
+from ropekit.models.tiny import build_tiny_model
 from ropekit.search import SearchSettings, run_search
 from ropekit.methods.longrope_search import PAPER_START_TOKENS, closed_forms, initial_population, next_generation, snap
 from ropekit.search.longrope import search_documents
@@ -104,10 +106,20 @@ def _rows(path):
         db.close()
 
 
-def test_the_best_beats_or_equals_its_seeds_and_a_rerun_gives_the_same_factors(tiny, searched, tmp_path):
+def test_the_best_is_the_stored_minimum_and_a_rerun_gives_the_same_factors(tiny, searched, tmp_path):
     out, result = searched
     assert result["evaluations"] == result["evaluated_here"] == 14
-    assert all(v is not None and result["best"]["perplexity"] <= v for v in result["seeds"].values())
+    # read back with sqlite3, not through the search: the reported best is the lowest stored perplexity, under its
+    # own factors, and the closed-form seeds report the values stored under their formulas' factors
+    rows = _rows(out / "search.sqlite")
+    assert len(rows) == 14
+    best_key = json.dumps([round(v, 2) for v in result["best"]["long_factor"]])
+    assert rows[best_key] == result["best"]["perplexity"] == min(rows.values())
+    s, pairs = result["factor"], len(result["best"]["long_factor"])
+    assert s == 256 / result["window"]
+    assert result["seeds"]["pi"] == rows[json.dumps([round(s, 2)] * pairs)]  # PI: λ_i = s
+    d = 2 * pairs  # NTK-aware: λ_i = s^(2i/(d−2)) on the 0.01 grid
+    assert result["seeds"]["ntk"] == rows[json.dumps([round(s ** (2 * i / (d - 2)), 2) for i in range(pairs)])]
     again = run_search(tiny.model, tiny.tokenizer, SearchSettings(**SETTINGS), tmp_path, progress=False)
     assert again["best"] == result["best"]
     assert _rows(tmp_path / "search.sqlite") == _rows(out / "search.sqlite")
@@ -162,13 +174,17 @@ def test_a_search_stored_before_the_objective_was_recorded_is_continued_by_its_s
     legacy = tmp_path / "legacy"
     shutil.copytree(out, legacy)
     db = sqlite3.connect(legacy / "search.sqlite")
-    with db:  # as an older ropekit wrote it: every setting under 'settings', no objective row
-        db.execute("DELETE FROM meta WHERE key = 'objective'")
+    with db:  # as an older ropekit wrote it: every setting under 'settings', no objective row, no digests
+        db.execute("DELETE FROM meta WHERE key IN ('objective', 'documents_sha256', 'model_fingerprint')")
         db.execute("INSERT INTO meta VALUES ('settings', ?)", (json.dumps({**SETTINGS, "data": None, "fixed_pairs": 0,
                    "population": None, "mutation_probability": 0.3}, sort_keys=True),))
     db.close()
     again = run_search(tiny.model, tiny.tokenizer, SearchSettings(**SETTINGS), legacy, progress=False)
     assert again["evaluated_here"] == 0 and again["best"] == result["best"]
+    adopted, original = _meta(legacy / "search.sqlite"), _meta(out / "search.sqlite")  # this run's digests, adopted
+    assert adopted["documents_sha256"] == original["documents_sha256"] == _ids_sha256(
+        search_documents(tiny.tokenizer, SearchSettings(**SETTINGS)))
+    assert adopted["model_fingerprint"] == original["model_fingerprint"]
     db = sqlite3.connect(legacy / "search.sqlite")
     with db:
         db.execute("DELETE FROM meta WHERE key = 'objective'")
@@ -361,3 +377,162 @@ def test_a_search_worker_loads_the_model_in_the_parents_dtype():
         assert model.config._attn_implementation == "eager"
     finally:
         longrope._WORKER.clear()
+
+
+# ---- what the stored perplexities were computed on, by content ------------------------------------------------------
+
+
+def _meta(path):
+    db = sqlite3.connect(path)
+    try:
+        return dict(db.execute("SELECT key, value FROM meta").fetchall())
+    finally:
+        db.close()
+
+
+def _ids_sha256(documents):
+    """The documents' digest as documented: sha256 of each document's length, then its ids, as 8-byte
+    little-endian integers, after a fixed tag."""
+    h = hashlib.sha256(b"ropekit-search-documents/1")
+    for doc in documents:
+        h.update(len(doc).to_bytes(8, "little", signed=True))
+        h.update(b"".join(t.to_bytes(8, "little", signed=True) for t in doc))
+    return h.hexdigest()
+
+
+def _write_words(path, seed):
+    rng = random.Random(seed)
+    path.write_text(" ".join(rng.choice(["alpha", "beta", "gamma", "delta", "eps", "zeta"]) for _ in range(3000)))
+
+
+def test_a_rerun_whose_data_file_changed_is_refused_in_one_line_and_changes_nothing(tiny, tmp_path):
+    """The same --data path with other text: the stored perplexities were computed on other documents."""
+    data, out = tmp_path / "docs.txt", tmp_path / "run"
+    _write_words(data, 1)
+    settings = SearchSettings(model="tiny", target_length=256, evaluations=4, documents=1, seed=0, data=str(data))
+    documents = search_documents(tiny.tokenizer, settings)
+    run_search(tiny.model, tiny.tokenizer, settings, out, progress=False)
+    rows, meta, result = _rows(out / "search.sqlite"), _meta(out / "search.sqlite"), (out / "result.json").read_bytes()
+    _write_words(data, 2)
+    with pytest.raises(RopekitError, match="other search documents") as err:
+        run_search(tiny.model, tiny.tokenizer, settings, out, progress=False)
+    line = str(err.value)
+    assert "\n" not in line and "--data" in line and "another --out" in line, line
+    assert _rows(out / "search.sqlite") == rows and _meta(out / "search.sqlite") == meta
+    assert (out / "result.json").read_bytes() == result
+    assert meta["documents_sha256"] == _ids_sha256(documents)  # what the first run computed on, by content
+    fresh = run_search(tiny.model, tiny.tokenizer, settings, tmp_path / "fresh", progress=False)
+    assert fresh["evaluated_here"] == 4
+    assert _meta(tmp_path / "fresh" / "search.sqlite")["documents_sha256"] == _ids_sha256(
+        search_documents(tiny.tokenizer, settings))
+
+
+def test_a_rerun_whose_default_documents_differ_is_refused(tiny, searched, tmp_path, monkeypatch):
+    """The default documents come from the installed Python's standard library: another machine's differ."""
+    import shutil
+
+    from ropekit.data.local_text import stdlib_documents
+    from ropekit.search import longrope
+
+    out, _ = searched
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)
+    rows = _rows(moved / "search.sqlite")
+    monkeypatch.setattr(longrope, "stdlib_documents", lambda n, split: [b"# " + d for d in stdlib_documents(n, split)])
+    with pytest.raises(RopekitError, match="standard library") as err:
+        run_search(tiny.model, tiny.tokenizer, SearchSettings(**SETTINGS), moved, progress=False)
+    assert "\n" not in str(err.value) and "other search documents" in str(err.value)
+    assert _rows(moved / "search.sqlite") == rows
+
+
+def test_a_rerun_with_other_weights_is_refused_and_the_fingerprint_ignores_the_dtype(tiny, searched, tmp_path):
+    import copy
+    import shutil
+
+    out, _ = searched
+    other = copy.deepcopy(tiny.model)
+    with torch.no_grad():
+        other.get_input_embeddings().weight.add_(0.25)  # a fine-tune, another checkpoint under the same path
+    copied = tmp_path / "copied"
+    shutil.copytree(out, copied)
+    rows, meta = _rows(copied / "search.sqlite"), _meta(copied / "search.sqlite")
+    with pytest.raises(RopekitError, match="other model weights") as err:
+        run_search(other, tiny.tokenizer, SearchSettings(**SETTINGS), copied, progress=False)
+    assert "\n" not in str(err.value) and "'tiny' holds other weights" in str(err.value)
+    assert _rows(copied / "search.sqlite") == rows and _meta(copied / "search.sqlite") == meta
+    from ropekit.search.longrope import model_fingerprint
+
+    # the same checkpoint in bfloat16 (the store pins the dtype separately) or on another device: the same weights
+    assert model_fingerprint(copy.deepcopy(tiny.model).to(torch.bfloat16)) == model_fingerprint(tiny.model)
+    assert model_fingerprint(other) != model_fingerprint(tiny.model)
+
+
+def test_the_committed_smollm2_search_database_adopts_the_digests_and_then_pins_them(tmp_path):
+    """docs/results/smollm2's search was stored before the digests existed: it stays resumable (the run that
+    continues it records its digests, as it does the dtype), and from then on other documents are refused."""
+    import shutil
+    from pathlib import Path
+
+    from ropekit.search.longrope import SearchStore
+
+    committed = Path(__file__).resolve().parents[2] / "docs/results/smollm2/search-longrope-search.sqlite"
+    path = tmp_path / "search.sqlite"
+    shutil.copyfile(committed, path)
+    assert "documents_sha256" not in _meta(path) and "model_fingerprint" not in _meta(path)
+    rows = _rows(path)
+    settings = SearchSettings(model="smollm2", target_length=32768, evaluations=48, documents=2, seed=0)
+    digests = {"documents_sha256": "a" * 64, "model_fingerprint": "b" * 64}
+    SearchStore(path, settings, dtype="bfloat16", digests=digests).close()
+    meta = _meta(path)
+    assert meta["documents_sha256"] == "a" * 64 and meta["model_fingerprint"] == "b" * 64 and _rows(path) == rows
+    with pytest.raises(RopekitError, match="other search documents") as err:
+        SearchStore(path, settings, dtype="bfloat16", digests={**digests, "documents_sha256": "c" * 64})
+    assert "\n" not in str(err.value) and _meta(path) == meta
+
+
+# ---- models the search does not take: refused before anything is written ---------------------------------------------
+
+
+def _tiny_phi35(tokenizer):
+    return build_tiny_model("phi3.5", vocab_size=max(len(tokenizer), 256))
+
+
+def test_a_model_whose_rope_already_switches_is_refused_before_anything_is_written(tiny, tmp_path):
+    """Phi-3.5-style switching longrope (short/long factors at original_max_position_embeddings): a search on it
+    would be LongRoPE's progressive extension, which ropekit's search does not do."""
+    model = _tiny_phi35(tiny.tokenizer)
+    info = ropekit.rope_info(model)
+    assert info.original_window < info.window
+    with pytest.raises(RopekitError) as err:
+        run_search(model, tiny.tokenizer, SearchSettings(model="phi3.5-tiny", target_length=4 * info.window,
+                                                         evaluations=4, documents=1), tmp_path / "s", progress=False)
+    line = str(err.value)
+    assert "\n" not in line and "already switches between short and long factors" in line, line
+    assert "progressive" in line and f"original {info.original_window}-token window" in line, line
+    assert not (tmp_path / "s").exists() and ropekit.installed(model) is None
+
+
+def test_the_cli_refuses_a_switching_model_in_one_line_and_writes_nothing(tiny, run_cli, tmp_path):
+    model = _tiny_phi35(tiny.tokenizer)
+    model.save_pretrained(tmp_path / "phi35")
+    tiny.tokenizer.save_pretrained(tmp_path / "phi35")
+    code, _, err = run_cli("search", str(tmp_path / "phi35"), "--target-length", str(4 * ropekit.rope_info(model).window),
+                           "--out", str(tmp_path / "s"), "--evaluations", "4", "--documents", "1")
+    assert code == 2 and "already switches between short and long factors" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "s").exists()
+
+
+def test_candidates_the_model_cannot_take_are_refused_before_the_directory_is_made(tiny, tmp_path):
+    """Start tokens on a Dynamic NTK model (its RoPE grows with the length): the first candidate's install fails, so
+    the search says so before it makes its directory, not at its first evaluation."""
+    model = build_tiny_model("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+                             vocab_size=max(len(tiny.tokenizer), 256))
+    window = ropekit.rope_info(model).window
+    settings = SearchSettings(model="dynamic-tiny", target_length=4 * window, evaluations=4, documents=1,
+                              start_tokens=(4,))
+    with pytest.raises(RopekitError) as err:
+        run_search(model, tiny.tokenizer, settings, tmp_path / "s", progress=False)
+    line = str(err.value)
+    assert "\n" not in line and "cannot be installed on this model" in line and "start_tokens" in line, line
+    assert not (tmp_path / "s").exists() and ropekit.installed(model) is None

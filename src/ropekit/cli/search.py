@@ -38,12 +38,14 @@ def search_cmd(
     (with start tokens n̂ > 0: as rope type ropekit_longrope, which ropekit loads).
 
     Every evaluated candidate is stored as it finishes in OUT/search.sqlite; run the same command again after an
-    interruption to continue (on any device, in the dtype it began in). The result: OUT/model (plain transformers
-    loads it) and OUT/result.json, which records where the objectives were computed."""
+    interruption to continue (on any device, in the dtype it began in, on the same documents and weights: the
+    database records their digests). The result: OUT/model (plain transformers loads it) and OUT/result.json, which
+    records where the objectives were computed."""
     from ..models.loading import load_model, parameter_count, resolve_model
     from ..runtime import default_threads, quiet_transformers
-    from ..search.longrope import (SearchSettings, SearchStore, check_search_dir, check_settings, parse_start_tokens,
-                                   pool_evaluator, require_base_model, run_search, worker_init)
+    from ..search.longrope import (SearchSettings, SearchStore, check_candidates_install, check_search_dir,
+                                   check_settings, parse_start_tokens, pool_evaluator, require_base_model, run_search,
+                                   worker_init)
 
     starts = parse_start_tokens(start_tokens, target_length)  # a malformed value fails before any loading
     if model == BUILTIN_BASE:
@@ -73,6 +75,7 @@ def search_cmd(
     require_base_model(loaded.model)
     info = rope_info(loaded.model)
     check_settings(settings, info.window, info.rotary_dim // 2)  # before the worker processes start
+    check_candidates_install(loaded.model, settings, target_length / info.window)
     err.print(plan.describe(), highlight=False, soft_wrap=True)
     err.print(f"searching LongRoPE factors of {model} for {target_length:,} tokens: {evaluations} evaluations, "
               f"{workers} worker(s) → {out_dir}/search.sqlite")

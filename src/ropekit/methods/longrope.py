@@ -75,9 +75,19 @@ class LongRoPE(Method):
     One rescale factor per rotary pair: ``θ'_i = θ_i / λ_i`` with ``λ = short_factor`` for inputs up to
     ``original_max_position_embeddings`` tokens and ``λ = long_factor`` beyond (transformers switches on the
     input length; its KV cache then holds keys of the other set, the known Phi-3 behaviour). cos/sin are
-    multiplied by ``attention_factor``, default ``√(1 + ln s / ln C)`` with ``s = factor``. The factors usually
-    come from LongRoPE's evolutionary search; ``short_factor`` defaults to all ones (the model's own RoPE
-    inside its window).
+    multiplied by ``attention_factor``, default ``√(1 + ln s / ln C)`` with ``s = factor``, at every input length:
+    inside the original window too, as transformers' ``_compute_longrope_parameters`` and Phi-3 apply it. The factors
+    usually come from LongRoPE's evolutionary search; ``short_factor`` defaults to all ones, so inside the window the
+    frequencies are the model's own while cos/sin still carry the attention factor (not the model's own RoPE unless
+    ``attention_factor=1``).
+
+    ``factor`` is the extension ratio ``s = L'/L`` (target length over original window): transformers'
+    ``_compute_longrope_parameters`` takes ``factor``, or without it ``max_position_embeddings /
+    original_max_position_embeddings``, and microsoft/LongRoPE's ``rope/longrope.py`` computes its ``mscale`` from
+    that same ratio. It sets the default attention factor and the declared window. The rescale factors do not
+    determine it — LongRoPE's search space reaches ``1.25·s`` (Table 1), and Phi-3.5-mini's shipped ``long_factor``
+    ends above 50 at s = 32 — so it is required: ``factor`` or ``target_length`` (an evaluation or a study given
+    neither sizes it to its own target length).
 
     ``start_tokens`` = ``n̂`` (LongRoPE §3.2, ``I(λ_i, n̂)``): positions ``m < n̂`` keep the model's own rotation
     ``m·θ_i`` (and cos/sin, without the attention factor, as the authors' code does), positions ``m ≥ n̂`` rotate
@@ -94,9 +104,10 @@ class LongRoPE(Method):
     reference = "Ding et al. 2024, arXiv 2402.13753 (LongRoPE); transformers rope_type 'longrope'"
     params = (
         Param("long_factor", list, None, "λ_i for inputs longer than the original window: one value ≥ 1 per rotary pair"),
-        Param("short_factor", list, None, "λ_i for inputs up to the original window (default: all 1, the model's own RoPE)"),
-        Param("factor", float, None, "s = target / original window: sets the default attention factor (default: "
-              "max(long_factor))", minimum=1.0),
+        Param("short_factor", list, None, "λ_i for inputs up to the original window (default: all 1, the model's "
+              "own frequencies; cos/sin still × the attention factor)"),
+        Param("factor", float, None, "s = target / original window (required; or target_length): sets the default "
+              "attention factor and the extended window", minimum=1.0),
         Param("attention_factor", float, None, "cos/sin multiplier; default √(1 + ln s / ln C)", minimum=0,
               exclusive_minimum=True),
         ORIGINAL_WINDOW,
@@ -111,7 +122,9 @@ class LongRoPE(Method):
     family = "YaRN & LongRoPE"
 
     def sized_by_target(self, params):
-        return False  # its rescale factors (searched, or given) are its size; `factor` only declares the window
+        # the rescale factors do not say s (searched ones reach 1.25·s): a target given to an evaluation or a study
+        # sets it; extend() with neither factor nor target_length is refused in resolve()
+        return "factor" not in params and "target_length" not in params
 
     def demo_params(self, info, factor):
         """NTK's per-pair factors ``λ_i = s^(2i/(d−2))``, where LongRoPE's search starts."""
@@ -138,7 +151,11 @@ class LongRoPE(Method):
             if any(v <= 0 for v in values):
                 raise InvalidParameterError(f"longrope: every {key} value must be positive", "pass rescale factors ≥ 1")
         if params["factor"] is None:
-            params["factor"] = max(1.0, max(params["long_factor"]))
+            raise InvalidParameterError(
+                "longrope: factor (s, the extension ratio target length / original window) is missing: it sets the "
+                "attention factor √(1 + ln s / ln C) and the extended window, and the rescale factors do not determine "
+                "it (searched ones reach 1.25·s)",
+                "pass factor=s or target_length=N (on the command line --factor or --target-length, or --param factor=s)")
         if params["attention_factor"] is None:
             params["attention_factor"] = longrope_attention_factor(params["factor"], params["original_max_position_embeddings"])
         if params["start_tokens"] and length_dependence(info)[0] == "continuous":
@@ -160,7 +177,7 @@ class LongRoPE(Method):
             rotary.register_forward_hook(StartTokenRotary(info, params["start_tokens"]), with_kwargs=True)
 
     def example_params(self, info):
-        return {"long_factor": [2.0] * (info.rotary_dim // 2)}
+        return {"long_factor": [2.0] * (info.rotary_dim // 2), "factor": 2.0}
 
     def length_dependence(self, info, params):
         own = (("static", None) if params["short_factor"] == params["long_factor"]

@@ -3,8 +3,9 @@
 The objective (LongRoPE §3.2) is the perplexity of the model with candidate factors λ at the target length on a
 few search documents: by default documents of the training split the built-in base model was trained on
 (never the built-in held-out evaluation corpus, which stays the yardstick), or ``--data``. Each candidate is
-installed with ropekit's ``longrope`` method (``θ'_i = θ^eff_i/λ_i`` beyond the original window, the model's
-own RoPE inside it, attention factor ``√(1 + ln s/ln C)``) and removed again after its evaluation.
+installed with ropekit's ``longrope`` method (``θ'_i = θ^eff_i/λ_i`` beyond the original window, the model's own
+frequencies inside it, and cos/sin multiplied by the attention factor ``√(1 + ln s/ln C)`` at every length, inside the
+window too, as transformers' ``longrope`` and Phi-3 compute it) and removed again after its evaluation.
 
 With ``start_tokens`` the first n̂ positions keep the model's own RoPE (LongRoPE §3.2, the method's
 ``start_tokens``): one fixed n̂ for every candidate, or several, searched jointly with the factors
@@ -15,8 +16,12 @@ Every evaluated candidate is written to ``DIR/search.sqlite`` as it finishes (on
 ``synchronous=FULL``). The search is a deterministic function of the seed and the objective values, so a
 restarted run replays the same generations and reads finished candidates back instead of evaluating them:
 after a SIGKILL nothing done is lost and nothing is evaluated twice. The database is a store of objective
-values: a candidate's perplexity depends only on the model, the documents (target length, count, data, seed),
-n̂ when it is fixed, and the dtype, which the database pins. A rerun that changes only how the search moves (its
+values: a candidate's perplexity depends only on the model's weights, the search documents, n̂ when it is fixed,
+and the dtype. The database pins each by content, not only by the settings that name it: the sha256 of the
+documents' token ids (:func:`documents_digest`: a changed ``--data`` file, or another Python's standard library
+behind the default documents, is caught), a fingerprint of the weights (:func:`model_fingerprint`) and the dtype;
+a rerun whose documents or weights differ is refused in one line (a database written before the digests were
+recorded adopts the current ones, as it does the dtype). A rerun that changes only how the search moves (its
 budget, population, ceiling, mutation probability or fixed pairs) replays its own generations and reads back every
 candidate it shares with the runs before it; its result is the one a fresh directory would give. The best
 candidate is exported natively (transformers' ``longrope``: plain transformers loads it with the same logits) to
@@ -25,11 +30,14 @@ candidate is exported natively (transformers' ``longrope``: plain transformers l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import random
 import sqlite3
+import struct
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -43,6 +51,7 @@ from ..runtime.devices import computed_on
 from ..data.corpora import existing_corpus, is_builtin, iter_documents
 from ..data.local_text import stdlib_documents
 from ..data.packing import PackedStream
+from ..core.base_rope import length_dependence
 from ..core.schema import MAX_POSITIONS
 from ..errors import InvalidParameterError, RopekitError, UnsupportedModelError
 from ..eval.perplexity import score_windows
@@ -178,6 +187,40 @@ def search_documents(tokenizer, settings: SearchSettings) -> list[list[int]]:
                        "pass --data with longer documents, fewer --documents, or a shorter --target-length")
 
 
+def documents_digest(documents: list[list[int]]) -> str:
+    """sha256 of the search documents' token ids: each document as its length and then its ids, 8-byte
+    little-endian integers, in order. The ids, not the text: a changed tokenizer changes the objective too."""
+    h = hashlib.sha256(b"ropekit-search-documents/1")
+    for doc in documents:
+        h.update(struct.pack("<q", len(doc)))
+        h.update(struct.pack(f"<{len(doc)}q", *doc))
+    return h.hexdigest()
+
+
+#: Values sampled from each parameter for :func:`model_fingerprint`.
+FINGERPRINT_SAMPLES = 4096
+
+
+def model_fingerprint(model) -> str:
+    """A cheap fingerprint of ``model``'s weights: sha256 over each parameter's name, shape and a fixed strided
+    sample of at most :data:`FINGERPRINT_SAMPLES` of its values (every ``ceil(n/4096)``-th, from the first), cast to
+    bfloat16 — so a checkpoint gives the same fingerprint loaded in float32 or bfloat16 and on any device, while
+    other weights (a fine-tuned or another checkpoint) give another. A sample, not a full hash: it reads a few
+    thousand values per tensor, not the whole model."""
+    h = hashlib.sha256(b"ropekit-model-fingerprint/1")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            h.update(f"{name}|{tuple(param.shape)}|".encode())
+            if param.device.type == "meta" or param.numel() == 0:
+                continue
+            flat = param.detach().reshape(-1)
+            step = -(-flat.numel() // FINGERPRINT_SAMPLES)
+            sample = flat[::step][:FINGERPRINT_SAMPLES].to(device="cpu", dtype=torch.bfloat16)
+            raw = sample.view(torch.int16).numpy()
+            h.update((raw.byteswap() if sys.byteorder == "big" else raw).tobytes())
+    return h.hexdigest()
+
+
 def parse_start_tokens(text: str, target_length: int) -> tuple[int, ...]:
     """``--start-tokens``: ``N`` (fixed), ``a,b,c`` (searched among), or ``paper`` (the paper's set
     :data:`~ropekit.methods.longrope_search.PAPER_START_TOKENS`, the values below the target length)."""
@@ -208,6 +251,10 @@ def objective(model, documents: list[list[int]], factors: Candidate, factor: flo
     return math.exp(nll / count)
 
 
+#: What the stored perplexities were computed on, pinned by content in the store's meta: meta key → what it names.
+DIGEST_KEYS = {"documents_sha256": "search documents", "model_fingerprint": "model weights"}
+
+
 class SearchStore:
     """The evaluated candidates of a search directory in SQLite, written as each finishes.
 
@@ -215,10 +262,16 @@ class SearchStore:
     run whose objective differs; a run that only steers the search differently reads the stored values back.
     It also keeps the dtype the objectives were computed in: a bfloat16 perplexity differs from a float32 one by
     about what separates neighbouring candidates, so a search is continued only in the dtype it began in (any
-    device). Searches stored before the dtype was recorded take the dtype of the run that continues them;
-    searches stored before the objective was recorded are read by the objective fields of their settings."""
+    device). And it keeps what they were computed on, by content (``digests``: :data:`DIGEST_KEYS`, the sha256 of
+    the documents' token ids and the weights' fingerprint): the same settings can name other text (a ``--data``
+    file rewritten, the default documents read from another Python's standard library) or other weights (a model
+    path holding another checkpoint), and a run whose digests differ is refused. Every check is made before
+    anything is written. Searches stored before the dtype or the digests were recorded take those of the run that
+    continues them; searches stored before the objective was recorded are read by the objective fields of their
+    settings. ``digests=None`` (a check before the model is loaded) checks and records none."""
 
-    def __init__(self, path: Path, settings: SearchSettings, dtype: str = "float32"):
+    def __init__(self, path: Path, settings: SearchSettings, dtype: str = "float32",
+                 digests: dict[str, str] | None = None):
         self.conn = sqlite3.connect(path, timeout=30)
         try:
             self.conn.execute("PRAGMA journal_mode = WAL")
@@ -233,6 +286,25 @@ class SearchStore:
             self.conn.close()
             raise RopekitError(f"'{path}' is not a ropekit search database ({e})",
                                "pass another --out directory, or move the damaged file away") from None
+        try:
+            self._check(path, meta, settings, dtype, digests or {})
+        except RopekitError:
+            self.conn.close()
+            raise
+        wanted = {"objective": json.dumps(settings.objective_record(), sort_keys=True), "dtype": dtype,
+                  **(digests or {})}
+        with self.conn:  # the objective is rewritten (its stored form may be an older one); the rest adopted
+            self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('objective', ?)", (wanted["objective"],))
+            for key, value in wanted.items():
+                if key != "objective" and key not in meta:
+                    self.conn.execute("INSERT INTO meta VALUES (?, ?)", (key, value))
+        self.dtype = dtype
+
+    @staticmethod
+    def _check(path: Path, meta: dict[str, str], settings: SearchSettings, dtype: str,
+               digests: dict[str, str]) -> None:
+        """One line when the stored perplexities were computed for other settings, in another dtype, or on other
+        documents or weights than this run's."""
         wanted = settings.objective_record()
         if "objective" in meta:
             stored = json.loads(meta["objective"])
@@ -243,25 +315,30 @@ class SearchStore:
         else:
             stored = None
         if stored is not None and stored != wanted:
-            self.conn.close()
             differ = ", ".join(f"{name} {stored.get(name)!r}" for name in OBJECTIVE_FIELDS
                                if stored.get(name) != wanted[name])
             raise RopekitError(f"{path.parent} holds a search whose perplexities were computed for other settings "
                                f"({differ})", "pass another --out directory, or the same model, target length, "
                                "documents, data, seed and start tokens to continue it")
-        with self.conn:
-            self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('objective', ?)",
-                              (json.dumps(wanted, sort_keys=True),))
-        stored = self.conn.execute("SELECT value FROM meta WHERE key = 'dtype'").fetchone()
-        if stored is None:
-            with self.conn:
-                self.conn.execute("INSERT INTO meta VALUES ('dtype', ?)", (dtype,))
-        elif stored[0] != dtype:
-            self.conn.close()
-            raise RopekitError(f"{path.parent} holds a search computed in {stored[0]}; this run computes in {dtype}, "
-                               "and its perplexities would not compare with the stored ones",
-                               f"pass --dtype {stored[0]} to continue it, or another --out directory")
-        self.dtype = dtype
+        if "dtype" in meta and meta["dtype"] != dtype:
+            raise RopekitError(f"{path.parent} holds a search computed in {meta['dtype']}; this run computes in "
+                               f"{dtype}, and its perplexities would not compare with the stored ones",
+                               f"pass --dtype {meta['dtype']} to continue it, or another --out directory")
+        differ = [key for key in DIGEST_KEYS if key in meta and key in digests and meta[key] != digests[key]]
+        if differ:
+            what = " and ".join(f"other {DIGEST_KEYS[key]} ({key} {meta[key][:12]}…, this run's "
+                                f"{digests[key][:12]}…)" for key in differ)
+            causes = []
+            if "documents_sha256" in differ:
+                causes.append("the --data text (or the tokenizer) changed" if settings.data is not None else
+                              "the default documents, read from this Python's standard library, differ from those "
+                              "of the run that began it")
+            if "model_fingerprint" in differ:
+                causes.append(f"'{settings.model}' holds other weights")
+            raise RopekitError(f"{path.parent} holds a search whose perplexities were computed on {what}: "
+                               f"{' and '.join(causes)}, so its stored values do not apply to this run",
+                               "pass another --out directory, or the documents and model it was computed on to "
+                               "continue it")
 
     @staticmethod
     def key(c: Candidate) -> str:
@@ -298,6 +375,7 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
     check_settings(settings, info.window, info.rotary_dim // 2)
     out = Path(out_dir)
     factor = settings.target_length / info.window
+    check_candidates_install(model, settings, factor)
     starts = settings.searched_starts
     documents = search_documents(tokenizer, settings)  # too little text is refused before the directory exists
     check_search_dir(out)
@@ -310,7 +388,8 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
                 yield c, objective(model, documents, factors, factor, n_hat), time.perf_counter() - started
 
     where = computed_on(model)
-    store = SearchStore(out / "search.sqlite", settings, dtype=where["dtype"])
+    digests = {"documents_sha256": documents_digest(documents), "model_fingerprint": model_fingerprint(model)}
+    store = SearchStore(out / "search.sqlite", settings, dtype=where["dtype"], digests=digests)
     started = time.perf_counter()
     try:
         stored = store.finished()
@@ -366,6 +445,7 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
                   for name, values in seeds.items()},
         "export": report,
         "computed_on": where,
+        "digests": digests,
     }
     tmp = out / "result.json.tmp"
     tmp.write_text(json.dumps(result, indent=2))
@@ -376,13 +456,45 @@ def run_search(model, tokenizer, settings: SearchSettings, out_dir: str | Path, 
 
 
 def require_base_model(model) -> None:
-    """Each candidate is LongRoPE installed on ``model``, and a method goes on a model not extended by ropekit (an
-    export of ``ropekit extend`` or ``train`` carries its method): one line otherwise."""
+    """Each candidate is LongRoPE installed on ``model``; one line, before anything is written, for a model the
+    search does not take.
+
+    * A model extended by ropekit (an export of ``ropekit extend`` or ``train`` carries its method): a method goes on
+      a model not extended by ropekit.
+    * A model whose own RoPE is a switching LongRoPE (Phi-3/3.5/4-mini: transformers' ``longrope`` with short and
+      long factors that differ, switching at ``original_max_position_embeddings``): searching factors on it would be
+      LongRoPE's progressive extension (Ding et al. 2024: a second search on a model already extended with searched
+      factors, the route from 256k to 2048k tokens), which this search does not implement — its candidates would
+      switch at another length than the model's own set does. The model's base at its original window, or the
+      factors it ships, are the alternatives.
+    """
     record = installed(model)
     if record:
         raise UnsupportedModelError(f"the model is already extended with '{record['method']}'",
                                     "search on the base model it was extended from: LongRoPE's factors replace the "
                                     "method's")
+    info = rope_info(model)
+    kind, switch = length_dependence(info)
+    if kind == "switch":
+        raise UnsupportedModelError(
+            f"a LongRoPE search on a model whose RoPE already switches between short and long factors "
+            f"('{info.rope_type}' at {switch} tokens, window {info.window}) is not supported: it would be a "
+            "progressive search on an already extended model",
+            f"search on the model's base at its original {switch}-token window, or use the long_factor it ships")
+
+
+def check_candidates_install(model, settings: SearchSettings, factor: float) -> None:
+    """Install and remove the search's first candidate (PI's factors, with the largest n̂) on ``model``: a model
+    that cannot take LongRoPE is refused in one line here, before the search directory is made, not at its first
+    evaluation."""
+    pairs = rope_info(model).rotary_dim // 2
+    try:
+        extend(model, LongRoPE.name, long_factor=[factor] * pairs, factor=factor,
+               start_tokens=max(settings.start_tokens))
+    except RopekitError as e:
+        raise type(e)(f"the search's candidates (LongRoPE factors) cannot be installed on this model: {e.problem}",
+                      e.fix or "search on another model") from None
+    uninstall(model)
 
 
 def check_search_dir(out: Path) -> None:
