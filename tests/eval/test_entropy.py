@@ -157,7 +157,9 @@ def test_replaced_attention_entropy_equals_the_method_own_distribution(method, p
     assert torch.allclose(probs.sum(-1), torch.ones(probs.shape[:-1], dtype=probs.dtype), atol=1e-5)
     ref = entropy_of(probs)
     assert torch.allclose(got["entropy"], ref, atol=2e-4), (got["entropy"] - ref).abs().max()
-    assert int(got["keys"][0, -1]) == keys_last == int((probs[0, 0, -1] > 0).sum())
+    # keys per layer, head and query: the pairs of the method's own distribution
+    assert torch.equal(got["keys"], (probs > 0).sum(-1))
+    assert got["keys"][:, :, -1].unique().tolist() == [keys_last]
     # normalised by the keys the query really sees (the Λ mask hides most of them)
     assert math.isclose(float(got["normalised"][0, 0, -1]), float(ref[0, 0, -1]) / math.log(keys_last), rel_tol=1e-4)
     # and not the plain model's entropy: the method's own pattern is what was measured
@@ -177,8 +179,9 @@ def test_s2_attn_in_training_mode_is_measured_with_its_groups(make_ids):
     ref = entropy_of(probs)
     assert torch.allclose(got["entropy"], ref, atol=2e-4), (got["entropy"] - ref).abs().max()
     g = N // 4  # group size ⌈n/4⌉; head 0 is unshifted: query i sees the keys ⌊i/g⌋·g … i
-    assert got["keys"][0].tolist() == [i % g + 1 for i in range(N)]
+    assert got["keys"][0, 0].tolist() == [i % g + 1 for i in range(N)]
     assert int((probs[0, 0, -1] > 0).sum()) == g
+    assert torch.equal(got["keys"], (probs > 0).sum(-1))  # each head its own count (the shifted half differs)
     full = task.attention_entropy(model.eval(), ids, positions=list(range(N)))["entropy"]
     assert float((got["entropy"][:, :, g:] - full[:, :, g:]).abs().max()) > 1e-2
 
@@ -284,6 +287,10 @@ def test_run_records_resume_summary_and_plot(tmp_path):
                     assert 0.0 <= h <= ceiling + 1e-4 and 0.0 <= hn <= 1.0 + 1e-4
         assert math.isclose(r["entropy_last"], sum(h[-1] for l in r["entropy"] for h in l) / 8, rel_tol=1e-4)
         assert r["tokens"] == r["length"] and r["source"] == "python-docs-prose" and r["method"] == "plain"
+        # causal attention: every layer and head sees i + 1 keys at position i
+        assert r["keys"] == [[[p + 1 for p in r["positions"]]] * 4] * 2
+        assert r["layer_uniform_last"] == pytest.approx([math.log(r["length"])] * 2)
+        assert r["uniform_last"] == pytest.approx(math.log(r["length"]))
     # the record is the measurement of that sample's text, recomputed here from the tokens
     ids, _ = task.document_ids(tok, 128, 1, 0)
     again = task.attention_entropy(model, torch.tensor([ids]))
@@ -320,7 +327,7 @@ def test_run_records_resume_summary_and_plot(tmp_path):
 
 def test_summary_of_a_deep_model_shows_five_layers():
     def record(sample, last):
-        return {"method": "plain", "params": {}, "length": 512, "sample": sample, "keys": [1, 512],
+        return {"method": "plain", "params": {}, "length": 512, "sample": sample, "uniform_last": math.log(512),
                 "entropy_last": sum(last) / 30, "normalised_last": 0.5, "layer_entropy_last": last}
 
     recs = [record(0, [float(i) for i in range(30)]), record(1, [float(2 * i) for i in range(30)])]
@@ -330,6 +337,9 @@ def test_summary_of_a_deep_model_shows_five_layers():
     assert row["entropy_last"] == pytest.approx((14.5 + 29.0) / 2)
     assert row["uniform_last"] == pytest.approx(math.log(512))
     assert task.shown_layers(2) == [0, 1] and task.shown_layers(32, most=6) == [0, 1, 8, 16, 24, 31]
+    # a record written before the field existed carries no ceiling: none is made up
+    del recs[1]["uniform_last"]
+    assert task.summarize(recs)[0]["uniform_last"] is None
 
 
 def test_cli_entropy_json(run_cli, tmp_path):

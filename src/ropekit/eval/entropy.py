@@ -17,10 +17,25 @@ visible token loses its share, so ``Σ_j p_ij < 1``); then ``H = −Σ_j p_ij ln
 replacement attention that states no rule raises a one-line error rather than reporting numbers for a
 distribution that is not the one used.
 
-The normalised entropy divides by the uniform ceiling ``ln(k_i)``, ``k_i`` the number of keys query ``i``
-sees: ``k_i = i + 1`` for causal attention (the ``H/ln(i+1)`` of docs/methods-reference.md §10), fewer under LM-Infinite's
-mask or a sliding window. A query that sees one key (position 0) has ``H = 0`` and its normalised entropy
-is defined as 0.
+Under Landmark attention (Mohtashami & Jaggi 2023, arXiv 2305.16300 §3) the model's decoder inserts a
+landmark token after every ``mem_freq`` tokens of the input (:func:`ropekit.methods.landmark_layout.landmark_layout`),
+so every layer sees ``n + ⌊n/mem_freq⌋`` queries and keys. Query position ``i`` is then the row of input token
+``i`` in that longer sequence — the query of token ``i`` itself (the landmark rows are no input token and are not
+measured, not even the landmark after a block's last token, whose output the model reads that token's next-token
+prediction from) — and its distribution is Landmark's grouped softmax (over every block in training mode, over
+the local window and the retrieved blocks at inference), whose weights lie on text keys only (a landmark gates
+its block and gets no weight itself). The method is recognised by the state its installation leaves on the decoder
+(:data:`ropekit.methods.landmark_stream.SETTINGS_ATTR`); ids that already hold the landmark token are refused,
+and a layer that receives another number of queries than the input makes is refused rather than measured at
+the wrong rows.
+
+The normalised entropy divides by the uniform ceiling ``ln(k)`` of each layer, head and query: ``k = k_{l,h}(i)``
+the number of keys query ``i`` attends with nonzero weight in that head (the pairs the rule keeps): ``k = i + 1``
+for causal attention (the ``H/ln(i+1)`` of docs/methods-reference.md §10), fewer under LM-Infinite's mask, a
+sliding window (the local layers of Gemma 3; Gemma Team 2025, arXiv 2503.19786), Landmark's retrieval, or in
+the heads of S²-Attn whose shifted groups start elsewhere than the unshifted ones (Chen et al. 2024, LongLoRA
+§3.2) — a count per head, since the mask may differ between heads. A query that sees one key (position 0) has
+``H = 0`` and its normalised entropy is defined as 0.
 
 How it is measured: a temporary attention function is registered with transformers'
 ``AttentionInterface`` and the model is switched to it for one forward pass; it receives the queries
@@ -45,10 +60,13 @@ length, so the inputs of one sample at different lengths are prefixes of one tex
 entropy-vs-length curves. A model without a tokenizer is refused (random token ids would measure a
 different input distribution without saying so).
 
-Records (one per length × sample): ``positions`` and the nested lists ``entropy`` and ``normalised``
-indexed ``[layer][head][position]`` (5 significant digits), ``keys`` (keys seen per position, in
-layer 0), the means over layers and heads at the last position (``entropy_last``, ``normalised_last``)
-and per layer (``layer_entropy_last``). The figure follows Entropy-ABF (Entropy-ABF, Zhang et al. 2024) Fig. 1: entropy at the last
+Records (one per length × sample): ``positions`` and the nested lists ``entropy``, ``normalised`` and ``keys``
+(the ``k`` of each entropy) indexed ``[layer][head][position]`` (5 significant digits), the means over layers and
+heads at the last position (``entropy_last``, ``normalised_last``) and per layer (``layer_entropy_last``, and
+``layer_uniform_last``: the mean over heads of ``ln k``, the layer's entropy if each head attended uniformly to
+the keys it sees — its ceiling), and ``uniform_last``, the largest layer ceiling (``ln n`` for causal attention;
+on Gemma 3 that of the global layers, while the sliding-window layers' ``ln(window)`` stays in
+``layer_uniform_last``): no entropy at the last position, of a layer or of the mean, exceeds it. The figure follows Entropy-ABF (Entropy-ABF, Zhang et al. 2024) Fig. 1: entropy at the last
 position vs context length per layer, plus entropy vs query position.
 """
 
@@ -65,6 +83,9 @@ from ..adapters import transformers as hf
 from ..attention.interface import PREFIX, PairLogits, PairRule, attention_modules, plain_pair_logits
 from ..attention.masks import AttentionMask
 from ..errors import RopekitError
+from ..methods.landmark_attention import LANDMARKS_KWARG
+from ..methods.landmark_layout import landmark_layout
+from ..methods.landmark_stream import SETTINGS_ATTR as LANDMARK_SETTINGS_ATTR
 from ..runtime.atomic import save_figure
 from .common import EvalContext, encode, mean, require_tokenizer, timer, token_lengths, whole_number
 
@@ -175,18 +196,32 @@ def row_entropy(logits: torch.Tensor, allowed: torch.Tensor,
 
 # ---- the probe ------------------------------------------------------------------------------------
 class _Probe:
-    """Collects per-layer entropies of the rows ``rows`` during one forward pass."""
+    """Collects per-layer entropies of the query rows ``rows`` (of the ``queries`` every layer must receive)
+    during one forward pass."""
 
-    def __init__(self, rows: list[int], chunk: int | None):
+    def __init__(self, rows: list[int], chunk: int | None, queries: int):
         self.rows = rows
         self.chunk = chunk
+        self.queries = queries
         self.entropy: dict[int, torch.Tensor] = {}
         self.keys: dict[int, torch.Tensor] = {}
 
     def observe(self, module, query, key, attention_mask, scaling, kwargs, implementation: str) -> None:
         q_len = query.shape[2]
-        if self.rows and max(self.rows) >= q_len:
-            raise RuntimeError(f"query position {max(self.rows)} is past the {q_len} queries of this call")
+        if q_len != self.queries:  # the rows would not be the input positions they stand for
+            raise RopekitError(
+                f"attention layer {module.layer_idx} received {q_len} queries where the input makes {self.queries}, "
+                "so the measured rows would not be the requested positions",
+                "measure the model without hooks that add or drop tokens inside its forward",
+            )
+        landmarks = kwargs.get(LANDMARKS_KWARG)
+        if landmarks is not None and self.rows:
+            flags = landmarks.is_landmark[:, -q_len:][:, torch.tensor(self.rows, device=landmarks.is_landmark.device)]
+            if bool(flags.any()):
+                raise RopekitError(
+                    f"attention layer {module.layer_idx} holds landmark tokens at rows measured as input tokens",
+                    "pass plain ids and no KV cache, so that the landmarks follow the model's own layout",
+                )
         logits = LayerLogits(module, query, key, attention_mask, scaling, kwargs, implementation)
         rows = torch.tensor(self.rows, device=query.device, dtype=torch.long)
         b, heads, _, _ = logits.query.shape
@@ -234,14 +269,14 @@ def _register_probe(implementation: str) -> str:
 
 
 @contextmanager
-def _probing(model, rows: list[int], chunk: int | None) -> Iterator[_Probe]:
+def _probing(model, rows: list[int], chunk: int | None, queries: int) -> Iterator[_Probe]:
     implementation = hf.attn_implementation(model.config) or "sdpa"
     if implementation.startswith(PROBE_PREFIX):
         raise RuntimeError("attention entropy is already being measured on this model")
     modules = attention_modules(model)
     if not modules:
         raise RopekitError("found no attention layers to measure in this model", "measure a transformers RoPE model")
-    probe = _Probe(rows, chunk)
+    probe = _Probe(rows, chunk, queries)
     model.set_attn_implementation(_register_probe(implementation))
     for module in modules:
         module._ropekit_entropy_probe = probe
@@ -261,7 +296,9 @@ def attention_entropy(
     ``positions`` defaults to :func:`log_positions` of the input length; ``chunk`` is the number of query
     rows whose logits are formed at once (default: as many as fit in :data:`CHUNK_ELEMENTS`). Returns
     ``positions``, ``entropy`` and ``normalised`` (float64 tensors ``(layers, heads, positions)``, nats and
-    fraction of ``ln k``) and ``keys`` (``(layers, positions)``, keys seen by each query).
+    fraction of ``ln k``) and ``keys`` (``(layers, heads, positions)``, the keys each query attends in that
+    layer and head: the ``k`` of ``normalised``). Positions are positions of ``input_ids``, also where the
+    model inserts tokens of its own (Landmark; module docstring).
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError("attention_entropy measures one input: pass input_ids of shape (1, n)")
@@ -271,9 +308,10 @@ def attention_entropy(
         raise RopekitError(f"query positions must be increasing and within [0, {n})", "pass positions inside the input")
     if chunk is not None and chunk < 1:
         raise RopekitError(f"chunk {chunk} is not positive", "pass chunk ≥ 1 (query rows per block)")
+    internal, queries = _query_rows(model, input_ids, rows)
     device = next(model.parameters()).device
     ids = input_ids.to(device)
-    with _probing(model, rows, chunk) as probe, torch.no_grad():
+    with _probing(model, internal, chunk, queries) as probe, torch.no_grad():
         model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
     layers = sorted(probe.entropy)
     expected = len(attention_modules(model))
@@ -283,10 +321,33 @@ def attention_entropy(
             "measure a model whose layers all use AttentionInterface (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX)",
         )
     entropy = torch.stack([probe.entropy[l][0] for l in layers]).double()  # (layers, heads, positions)
-    keys = torch.stack([probe.keys[l][0].reshape(-1, len(rows))[0] for l in layers])  # (layers, positions)
-    ceiling = torch.log(keys.double().clamp_min(1)).unsqueeze(1)
+    keys = torch.stack([probe.keys[l][0] for l in layers])  # (layers, heads, positions): per head, per query
+    ceiling = torch.log(keys.double().clamp_min(1))
     normalised = torch.where(ceiling > 0, entropy / ceiling.clamp_min(1e-300), torch.zeros_like(entropy))
     return {"positions": rows, "entropy": entropy, "normalised": normalised, "keys": keys}
+
+
+def _query_rows(model, input_ids: torch.Tensor, rows: list[int]) -> tuple[list[int], int]:
+    """The query rows the attention layers give input positions ``rows``, and how many queries they receive.
+
+    The input's own positions, except under Landmark attention (module docstring): its decoder hook inserts a
+    landmark after every ``mem_freq`` tokens (Mohtashami & Jaggi 2023 §3), so input token ``t`` is the row of
+    :func:`~ropekit.methods.landmark_layout.landmark_layout` whose source is ``t`` and that is no landmark.
+    """
+    n = input_ids.shape[1]
+    settings = getattr(getattr(model, "base_model", model), LANDMARK_SETTINGS_ATTR, None)
+    if settings is None:
+        return rows, n
+    mem_freq, token_id = settings
+    if bool((input_ids == token_id).any()):
+        raise RopekitError(
+            f"the input already holds the landmark token (id {token_id}), so its positions are not text positions",
+            "pass plain token ids: the model inserts the landmarks itself",
+        )
+    source, is_landmark, _ = landmark_layout(n, mem_freq)
+    text_row = torch.empty(n, dtype=torch.long)
+    text_row[source[~is_landmark]] = torch.nonzero(~is_landmark).flatten()
+    return [int(text_row[t]) for t in rows], int(source.numel())
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
@@ -364,15 +425,18 @@ def run(
                 ids, paragraph = document_ids(tokenizer, length, sample, ctx.seed)
                 got = attention_entropy(ctx.model, torch.tensor([ids]), positions=grid, chunk=chunk)
             entropy, normalised = got["entropy"], got["normalised"]
+            uniform = torch.log(got["keys"].double().clamp_min(1))  # ln k: each entropy's uniform ceiling
             ctx.write(
                 key,
                 positions=grid,
                 entropy=_rounded(entropy),
                 normalised=_rounded(normalised),
-                keys=got["keys"][0].tolist(),
+                keys=got["keys"].tolist(),
                 entropy_last=float(entropy[:, :, -1].mean()),
                 normalised_last=float(normalised[:, :, -1].mean()),
+                uniform_last=float(uniform[:, :, -1].mean(dim=1).max()),
                 layer_entropy_last=[float(x) for x in entropy[:, :, -1].mean(dim=1)],
+                layer_uniform_last=[float(x) for x in uniform[:, :, -1].mean(dim=1)],
                 tokens=len(ids),
                 paragraph=paragraph,
                 source=PROSE_SOURCE,
@@ -393,10 +457,13 @@ def _groups(records: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per length (per method too when the records hold several): mean over samples, layers and
-    heads of the entropy and the normalised entropy at the last position, the uniform ceiling ``ln k`` of
-    the last position, then the mean over heads and samples at the last position of at most five layers
-    (``layer_0``, ``layer_1``, evenly spaced ones, the last — :func:`shown_layers`; every layer is in the
-    records' ``layer_entropy_last``), and the number of samples."""
+    heads of the entropy and the normalised entropy at the last position, the mean over samples of the records'
+    ``uniform_last`` (the largest per-layer uniform ceiling ``ln k`` at the last position, ``k`` per head: no
+    entropy of the row exceeds it — ``ln n`` for causal attention, the global layers' on Gemma 3; ``None`` when a
+    record predates the field), then the mean over heads and samples at the last position of at most five
+    layers (``layer_0``, ``layer_1``, evenly spaced ones, the last — :func:`shown_layers`; every layer, and its
+    own ceiling, is in the records' ``layer_entropy_last`` and ``layer_uniform_last``), and the number of
+    samples."""
     groups = _groups(records)
     several = len({label for label, _ in groups}) > 1
     rows = []
@@ -405,7 +472,8 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["length"] = length
         row["entropy_last"] = mean(r["entropy_last"] for r in recs)
         row["normalised_last"] = mean(r["normalised_last"] for r in recs)
-        row["uniform_last"] = math.log(max(recs[0]["keys"][-1], 1))
+        ceilings = [r.get("uniform_last") for r in recs]
+        row["uniform_last"] = mean(ceilings) if all(c is not None for c in ceilings) else None
         per_layer = [r["layer_entropy_last"] for r in recs]
         for layer in shown_layers(min(len(p) for p in per_layer)):
             row[f"layer_{layer}"] = mean(p[layer] for p in per_layer)
