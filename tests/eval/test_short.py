@@ -153,6 +153,37 @@ def test_builtin_task_end_to_end_equals_direct_scoring_and_resumes(tmp_path):
         assert a["loglikelihoods"] == pytest.approx(b["loglikelihoods"], abs=1e-5) and a["score"] == b["score"]
 
 
+def test_bf16_model_scores_are_float32_log_softmax_of_its_logits():
+    """With a bfloat16 model, lm-eval's log_softmax and the sum over an answer's tokens would be done in bfloat16
+    (transformers 5 does not upcast logits): choice scores rounded by up to tenths of a nat. The records hold a
+    float32 log_softmax of the same bfloat16 logits, computed here independently of lm-eval."""
+    pytest.importorskip("lm_eval", exc_type=ImportError)
+    n = 4
+    model = sharpened_tiny().to(torch.bfloat16)
+    ctx = make_context("short", model, byte_tokenizer(), method=None, params=None, lengths=short.DEFAULT_LENGTHS,
+                       key_fields=short.KEY_FIELDS)
+    short.run(ctx, samples=n)
+    records = sorted(ctx.writer.records(), key=lambda r: r["sample"])
+    docs = short.builtin_documents(ctx.seed, short.BUILTIN_DOCS)[:n]
+    assert [r["sample"] for r in records] == list(range(n))
+    worst_rounding = 0.0
+    for doc, rec in zip(docs, records):
+        exact = direct_loglikelihoods(model, ctx.tokenizer, doc["context"], doc["choices"])
+        assert rec["loglikelihoods"] == pytest.approx(exact, rel=0, abs=1e-4)
+        assert rec["prediction"] == max(range(4), key=lambda i: exact[i])
+        # what bfloat16 arithmetic gives for the same logits: the check tells the two apart
+        ctx_ids = ctx.tokenizer(doc["context"], add_special_tokens=False).input_ids
+        for choice, value in zip(doc["choices"], exact):
+            whole = ctx.tokenizer(doc["context"] + " " + choice, add_special_tokens=False).input_ids
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([whole[:-1]])).logits[0]
+            assert logits.dtype == torch.bfloat16
+            logp = torch.log_softmax(logits, dim=-1)[len(ctx_ids) - 1:]
+            rounded = float(logp.gather(1, torch.tensor(whole[len(ctx_ids):]).unsqueeze(-1)).sum())
+            worst_rounding = max(worst_rounding, abs(rounded - value))
+    assert worst_rounding > 1e-2
+
+
 def test_cli_runs_a_local_task_directory(run_cli, tmp_path):
     pytest.importorskip("lm_eval", exc_type=ImportError)
     data = tmp_path / "tasks"

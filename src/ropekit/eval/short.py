@@ -36,6 +36,24 @@ as Dynamic NTK would otherwise see the padded length); the global ``random``/num
 seeded with ``--seed`` for the call and restored afterwards; the tokenizer is copied, because ``HFLM``
 may add a pad token to it. ``lengths`` mean nothing here: records use length 0 (``DEFAULT_LENGTHS``),
 and ``--lengths`` only sizes a factor-based method (through ``make_context``).
+
+Few-shot demonstrations are those of one uninterrupted lm-eval run with ``fewshot_random_seed=--seed``,
+whatever the calls and resumes. lm-eval draws them in sequence (lm-evaluation-harness 0.4.13,
+https://github.com/EleutherAI/lm-evaluation-harness): ``simple_evaluate`` reseeds the task's
+generators (``Task.set_fewshot_seed``: ``random.Random(seed)``, ``lm_eval/evaluator.py`` and
+``lm_eval/api/task.py``), then ``Task.build_all_requests`` builds the documents' contexts in order, and
+``ConfigurableTask.fewshot_context`` takes each one's demonstrations with ``ContextSampler.sample``
+(``self.rnd.sample(...)``, ``lm_eval/api/samplers.py``), so a document's demonstrations depend on how many
+documents were drawn before it in the same call. Calling lm-eval per :data:`CALL_DOCS` documents, or for the
+documents a resume left, would restart that sequence. So :class:`_FewshotReplay` replays the draws of
+documents 0, 1, 2… once, in order (``fewshot_context`` itself, on the same task object, freshly seeded),
+keeping the generators' states before each document, and during a call :func:`_fewshot_states` puts a
+document's state back just before lm-eval builds its context. The same task objects are handed to every call.
+
+Scores are computed in float32, like ropekit's own scorers: ``HFLM`` gets ``softmax_dtype=torch.float32`` (its
+documented option, ``HFLM.__init__`` in ``lm_eval/models/huggingface.py``: the dtype of its ``F.log_softmax``), so
+that with a bfloat16 or float16 model lm-eval's ``log_softmax`` and the sum over an answer's tokens are not
+rounded to the model's dtype (transformers 5 no longer upcasts logits).
 """
 
 from __future__ import annotations
@@ -260,6 +278,93 @@ def _window_assertion(task: str, max_length: int) -> Iterator[None]:
                            "evaluate a model with a longer window, or extend it with --method") from None
 
 
+def _fewshot_generators(task) -> tuple[Any, Any]:
+    """The ``random.Random`` generators lm-eval draws a task's demonstrations from: the few-shot sampler's
+    (``ConfigurableTask.sampler.rnd``) and the task's own (``Task.fewshot_rnd``, used by the base ``Task``)."""
+    return getattr(getattr(task, "sampler", None), "rnd", None), getattr(task, "fewshot_rnd", None)
+
+
+def _get_fewshot_state(task) -> tuple[Any, ...]:
+    return tuple(g.getstate() if isinstance(g, random.Random) else None for g in _fewshot_generators(task))
+
+
+def _set_fewshot_state(task, state: tuple[Any, ...]) -> None:
+    for generator, saved in zip(_fewshot_generators(task), state):
+        if isinstance(generator, random.Random) and saved is not None:
+            generator.setstate(saved)
+
+
+def _same_doc(a: Any, b: Any) -> bool:
+    if a == b:
+        return True
+    try:  # NaN fields compare unequal to themselves
+        return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return False
+
+
+def _num_fewshot(task) -> int:
+    """The shots ``simple_evaluate`` gives a task when no ``num_fewshot`` is passed: its config's, else 0."""
+    return int(task.get_config("num_fewshot") or 0)
+
+
+class _FewshotReplay:
+    """The state of a task's few-shot generators before each document, as one uninterrupted lm-eval run with
+    ``fewshot_random_seed=seed`` has them: the task is seeded as ``simple_evaluate`` seeds it
+    (``set_fewshot_seed``) and ``fewshot_context`` is called for documents 0, 1, 2… in order, as
+    ``Task.build_all_requests`` calls it. The replay moves forward only (documents are asked for in increasing
+    order) and keeps the states of the documents asked for, not of all: a state is a few kilobytes."""
+
+    def __init__(self, task, docs, seed: int, shots: int):
+        self.task, self.docs, self.shots = task, docs, shots
+        task.set_fewshot_seed(seed=seed)
+        self.next_doc = 0
+        self.state = _get_fewshot_state(task)
+
+    def states(self, wanted: list[int]) -> dict[int, tuple[Any, ...]]:
+        """``{doc: state before it}`` for ``wanted`` (increasing, none before a document already passed)."""
+        if not wanted:
+            return {}
+        if wanted[0] < self.next_doc or wanted != sorted(wanted):
+            raise RuntimeError("few-shot replay: documents must be asked for in increasing order")
+        wanted_set, out = set(wanted), {}
+        _set_fewshot_state(self.task, self.state)
+        for d in range(self.next_doc, wanted[-1] + 1):
+            if d in wanted_set:
+                out[d] = _get_fewshot_state(self.task)
+            self.task.fewshot_context(self.docs[d], num_fewshot=self.shots)
+        self.next_doc = wanted[-1] + 1
+        self.state = _get_fewshot_state(self.task)
+        return out
+
+
+@contextlib.contextmanager
+def _fewshot_states(task, docs, chunk: list[int], states: dict[int, tuple[Any, ...]]) -> Iterator[None]:
+    """For one ``simple_evaluate`` call over ``chunk`` (increasing document ids): each call of the task's
+    ``fewshot_context`` first sets the few-shot generators to the state its document has in an uninterrupted run.
+    ``build_all_requests`` calls it once per document, in the documents' order; the document is checked, so that
+    another order in a later lm-eval fails loudly instead of giving the wrong demonstrations."""
+    original = task.fewshot_context
+    pending = list(chunk)
+
+    def fewshot_context(doc, *args, **kwargs):
+        if not pending:
+            raise RuntimeError(f"lm-eval built more few-shot contexts than the {len(chunk)} documents asked for")
+        d = pending.pop(0)
+        if not _same_doc(doc, docs[d]):
+            raise RuntimeError(f"lm-eval built few-shot contexts out of document order (expected document {d})")
+        _set_fewshot_state(task, states[d])
+        return original(doc, *args, **kwargs)
+
+    task.fewshot_context = fewshot_context
+    try:
+        yield
+    finally:
+        del task.fewshot_context  # the class's method again
+    if pending:
+        raise RuntimeError(f"lm-eval built no few-shot context for documents {pending[:5]}")
+
+
 def _jsonable(value):
     try:
         import numpy as np
@@ -325,6 +430,7 @@ def run(
     """Run the lm-eval tasks (``tasks`` from ``data``, or the built-in one) on ``ctx.model``; one record per
     document. ``lengths`` are accepted and ignored (records use length 0)."""
     lm_eval = _require_lm_eval()
+    import torch
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
@@ -364,17 +470,29 @@ def run(
             plan.append((name, docs))
         ctx.set_total(total)
         with _seeded_and_quiet(ctx.seed):
+            # float32 log_softmax and sums whatever the model's dtype (HFLM's softmax_dtype)
             lm = HFLM(pretrained=ctx.model, tokenizer=copy.deepcopy(ctx.tokenizer), batch_size=1,
-                      device=str(ctx.device))
+                      device=str(ctx.device), softmax_dtype=torch.float32)
         max_length = int(lm.max_length)  # HFLM keeps the last max_length tokens of longer inputs
         version = lm_eval_version()
         for name, docs in plan:
+            task = leaves[name]
             todo = [d for d in docs if not ctx.done(ctx.key(0, subtask=name, sample=d))]
+            n_shots = _num_fewshot(task)
+            replay = eval_docs = None
+            if todo and n_shots > 0:
+                eval_docs = task.eval_docs
+                with _seeded_and_quiet(ctx.seed):
+                    replay = _FewshotReplay(task, eval_docs, ctx.seed, n_shots)
             for start in range(0, len(todo), CALL_DOCS):
                 chunk = todo[start:start + CALL_DOCS]
-                with timer() as elapsed, _seeded_and_quiet(ctx.seed), _window_assertion(name, max_length):
+                placed = contextlib.nullcontext()
+                if replay is not None:
+                    with _seeded_and_quiet(ctx.seed):
+                        placed = _fewshot_states(task, eval_docs, chunk, replay.states(chunk))
+                with timer() as elapsed, _seeded_and_quiet(ctx.seed), _window_assertion(name, max_length), placed:
                     result = lm_eval.simple_evaluate(
-                        model=lm, tasks=[name], task_manager=manager, samples={name: chunk}, log_samples=True,
+                        model=lm, tasks=[task], task_manager=manager, samples={name: chunk}, log_samples=True,
                         apply_chat_template=bool(chat), bootstrap_iters=0, random_seed=None, numpy_random_seed=None,
                         torch_random_seed=None, fewshot_random_seed=ctx.seed,
                     )
