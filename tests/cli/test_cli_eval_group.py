@@ -271,3 +271,22 @@ def test_the_default_length_is_the_window_of_the_model_as_evaluated(run_cli, tas
             assert {r["length"] for r in json.loads(out)} == {window}, out
         else:  # the byte-level tiny model's prompt may not fit: the refusal names the length tried
             assert code == 2 and f"length {window} is too short" in err, err
+
+
+def test_a_ppl_resume_with_another_longest_length_is_refused_in_one_line(run_cli, tmp_path):
+    """--lengths only chooses samples, but ppl's longest length chooses the documents of every length (and where
+    same_targets' targets end): a resume with a longer one kept the earlier records next to records of other documents.
+    Now one line, exit 2, the file as it was; lengths under the same longest resume."""
+    data = tmp_path / "doc.txt"
+    data.write_text("The quick brown fox jumps over the lazy dog. " * 20)
+    out = tmp_path / "ppl.jsonl"
+    common = ["eval", "ppl", "tiny", "--data", str(data), "--out", str(out), "--json", "--score-mode", "same_targets",
+              "--stride", "32"]
+    assert run_cli(*common, "--lengths", "64,128")[0] == 0
+    before = out.read_text()
+    line = _one_line_error(run_cli, *common, "--lengths", "64,128,256", "--resume")
+    assert "longest length of 128" in line and "256" in line and "another --out" in line
+    assert out.read_text() == before
+    code, stdout, stderr = run_cli(*common, "--lengths", "96,128", "--resume")
+    assert code == 0, stderr
+    assert [r["length"] for r in json.loads(stdout)] == [64, 96, 128]

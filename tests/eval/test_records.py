@@ -50,3 +50,21 @@ def test_resume_drops_only_the_line_a_crash_cut_short(tmp_path):
     writer = RecordWriter(path, resume=True, key_fields=_key_fields())
     assert list(writer.records()) == [first]
     assert path.read_text() == json.dumps(first) + "\n"
+
+
+def test_resume_after_a_record_whose_newline_was_not_written(tmp_path):
+    """A crash between a record and its newline left a whole JSON line without "\\n": the resume kept it as it was and
+    appended the next record onto the same line, and the resume after that read a line that is not JSON."""
+    path = tmp_path / "r.jsonl"
+    first = {"task": "ppl", "sample": 0}
+    path.write_text(json.dumps(first))
+    writer = RecordWriter(path, resume=True, key_fields=_key_fields())
+    assert list(writer.records()) == [first]
+    assert path.read_text() == json.dumps(first)  # opening it changes nothing (a refused resume leaves it so)
+    second = {"task": "ppl", "sample": 1}
+    writer.write(second)
+    writer.write({"task": "ppl", "sample": 2})
+    lines = path.read_text().split("\n")
+    assert lines[-1] == "" and [json.loads(line) for line in lines[:-1]] == [first, second, {"task": "ppl", "sample": 2}]
+    again = RecordWriter(path, resume=True, key_fields=_key_fields())
+    assert [r["sample"] for r in again.records()] == [0, 1, 2]

@@ -18,8 +18,15 @@ log-probability per character of the label, the joining space not counted (lm-ev
 ``len(choice)`` of the choice string, ``lm_eval/api/task.py``). Ranking is deterministic and
 cannot fail on formatting, unlike parsing a generation. It is batched: continuations that share all their
 tokens but the last read their log-probabilities from the same row, so single-token labels cost one forward of
-the prompt, and the remaining rows go through the model together (right-filled to one width; causal attention
-keeps every real position exact, so no padding mask is needed).
+the prompt. When the model's frequencies do not depend on the input length, a continuation also reads its
+log-probabilities from a longer one's row when its tokens are a prefix of that row, and the remaining rows go
+through the model together (right-filled to one width; causal attention keeps every real position exact, so no
+padding mask is needed). When they do (Dynamic NTK, Dynamic YaRN, LongRoPE's switch, CLEX:
+:meth:`ropekit.methods.base.Method.length_dependence`), a longer row or filler would change them, so each
+continuation is scored on a row of exactly ``prompt + continuation[:-1]`` — the input lm-evaluation-harness builds
+for a request, ``(context_enc + continuation_enc)[-(max_length + 1):][:-1]`` (``lm_eval/models/huggingface.py``,
+``_loglikelihood_tokens``) — rows of one width together, each forward from the model's freshly installed RoPE
+state (:func:`ropekit.install.installer.reset_length_state`), so a score never depends on what ran before it.
 
 Demonstrations: drawn for each (shots, query) with ``random.Random(f"manyshot:{seed}:{shots}:{sample}")``,
 the same for every length (a length only decides whether the prompt fits). ``sampling="balanced"``
@@ -54,9 +61,13 @@ from typing import Any
 
 import torch
 
+from ..core.base_rope import length_dependence
 from ..core.jsonl import jsonl_rows
 from ..errors import RopekitError
-from ..install import rope_info
+from ..install import installed, rope_info, text_config
+from ..install.installer import reset_length_state
+from ..install.model_rope import base_info
+from ..methods import get_method
 from .common import EvalContext, accuracy_by, encode, mean, require_tokenizer, timer, token_lengths, whole_number
 
 KEY_FIELDS = ("shots", "sample")
@@ -331,33 +342,64 @@ def _forward_rows(model, prompt_ids: list[int], extensions: Sequence[tuple[int, 
     return torch.log_softmax(logits[:, -keep:, :].float(), dim=-1).cpu()
 
 
+def length_dependent(model) -> bool:
+    """Whether ``model``'s rotary frequencies depend on the length of its input: the installed method's
+    :meth:`~ropekit.methods.base.Method.length_dependence` (on every layer type it extends), or the model's own
+    (a Dynamic-NTK or LongRoPE checkpoint) when nothing is installed."""
+    record = installed(model)
+    if not record:
+        return length_dependence(rope_info(model))[0] != "static"
+    method = get_method(record["method"])
+    config = text_config(model)
+    per_type = record.get("layer_params") or {None: record["params"]}
+    return any(method.length_dependence(base_info(config, layer_type), params)[0] != "static"
+               for layer_type, params in per_type.items())
+
+
 def label_logprobs(model, prompt_ids: list[int], continuations: Sequence[Sequence[int]], *, pad_id: int = 0,
-                   max_batch_tokens: int = 32768) -> list[float]:
+                   max_batch_tokens: int = 32768, own_length: bool | None = None) -> list[float]:
     """``log p(continuation | prompt)`` (sum over its tokens) for each continuation, batched.
 
     Token ``j`` of a continuation is predicted at position ``len(prompt) − 1 + j``, so a continuation needs a
-    row holding the prompt and all its tokens but the last. Rows are the distinct such prefixes that are not
-    themselves a prefix of another (under causal attention a longer row gives the shorter one's logits too);
-    they are right-filled to one width (:func:`_forward_rows`) and run ``max_batch_tokens`` tokens at a time.
+    row holding the prompt and all its tokens but the last. ``own_length`` (default: :func:`length_dependent`)
+    False: rows are the distinct such prefixes that are not themselves a prefix of another (under causal attention
+    a longer row gives the shorter one's logits too); they are right-filled to one width (:func:`_forward_rows`)
+    and run ``max_batch_tokens`` tokens at a time. True: every distinct prefix is a row of exactly its own length,
+    rows of one width run together, each forward from the freshly installed RoPE state (module doc).
     """
     if not continuations or any(len(c) == 0 for c in continuations):
         raise ValueError("every continuation needs at least one token")
+    if own_length is None:
+        own_length = length_dependent(model)
     heads = sorted({tuple(c[:-1]) for c in continuations}, key=lambda h: (-len(h), h))
     kept: list[tuple[int, ...]] = []
     for h in heads:
-        if not any(k[: len(h)] == h for k in kept):
+        if own_length or not any(k[: len(h)] == h for k in kept):
             kept.append(h)
-    row_of = [next(i for i, k in enumerate(kept) if k[: len(c) - 1] == tuple(c[:-1])) for c in continuations]
-    longest = max(len(k) for k in kept)
-    width = len(prompt_ids) + longest
-    per_batch = max(1, max_batch_tokens // max(1, width))
-    tails = [_forward_rows(model, prompt_ids, kept[i : i + per_batch], longest, pad_id)
-             for i in range(0, len(kept), per_batch)]
-    logp = torch.cat(tails, dim=0)
+    row_of = [kept.index(tuple(c[:-1])) if own_length else
+              next(i for i, k in enumerate(kept) if k[: len(c) - 1] == tuple(c[:-1])) for c in continuations]
+    # rows of one width, longest first: all of them (right-filled to the longest) when filler changes nothing
+    groups: list[list[int]] = []
+    for i, k in enumerate(kept):
+        if groups and (not own_length or len(kept[groups[-1][0]]) == len(k)):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    row_logp: list[torch.Tensor] = [torch.empty(0)] * len(kept)
+    for group in groups:
+        longest = max(len(kept[i]) for i in group)
+        per_batch = max(1, max_batch_tokens // max(1, len(prompt_ids) + longest))
+        for start in range(0, len(group), per_batch):
+            batch = group[start : start + per_batch]
+            if own_length:
+                reset_length_state(model)
+            tail = _forward_rows(model, prompt_ids, [kept[i] for i in batch], longest, pad_id)
+            for i, logp in zip(batch, tail):
+                row_logp[i] = logp
     out = []
     for c, r in zip(continuations, row_of):
         idx = torch.arange(len(c))
-        out.append(float(logp[r, idx, torch.tensor(list(c))].sum()))
+        out.append(float(row_logp[r][idx, torch.tensor(list(c))].sum()))
     return out
 
 
@@ -457,6 +499,7 @@ def run(
         warnings.warn(f"ropekit manyshot: {notes}; skipped", stacklevel=2)
     ctx.set_total(len(plan) * len(queries))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    own_length = length_dependent(ctx.model)  # each label on a row of its own length, from a fresh RoPE state
     for k in counts:
         lengths_k = [b for b in budgets if (b, k) in plan]
         if not lengths_k:
@@ -471,7 +514,7 @@ def run(
                 prompt = build_prompt(demos, q.text)
                 ids = encode(tokenizer, prompt, add_special_tokens=True)
                 conts = [continuation_ids(tokenizer, prompt, y, ids) for y in labels]
-                scores = dict(zip(labels, label_logprobs(ctx.model, ids, conts, pad_id=pad_id)))
+                scores = dict(zip(labels, label_logprobs(ctx.model, ids, conts, pad_id=pad_id, own_length=own_length)))
                 best, best_norm = rank_labels(scores)
                 seconds = elapsed()
             # the prompt is the same at every length where it fits, so one scoring serves them all

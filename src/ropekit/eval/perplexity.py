@@ -50,7 +50,16 @@ tokenised without special tokens. Only documents with at least C tokens at the *
 evaluated are used, at every length — as YaRN filters its documents by the largest length — so all
 lengths are measured on the same documents (in ``last_stride`` mode on exactly the same tokens) and are
 comparable; shorter ones are counted as ``skipped_short``. ``samples`` = N keeps the first N such
-documents (corpus order; the built-in corpus is ordered longest first).
+documents (corpus order; the built-in corpus is ordered longest first). Every record says which longest length
+chose its documents (``longest_length``; in ``same_targets`` mode it also places the targets), and a resume whose
+longest length differs from the one of the records already there (same method, corpus and protocol) is refused:
+its documents, and its targets, would not be theirs.
+
+Each record is computed from the model's freshly installed RoPE state
+(:func:`ropekit.install.installer.reset_length_state`): methods whose frequencies follow the longest input seen
+(Dynamic NTK's transformers rule) would otherwise score a length after a longer one at the longer one's
+frequencies, and a resumed run would differ from an uninterrupted one. Within one document every protocol starts
+with a full window of L tokens, so this is what a run of that length alone computes.
 
 One record per (length, document): ``nll_sum``, ``tokens_scored``, ``windows``, ``forwards`` (batched
 model calls), ``window_mean_nll_sum`` (Σ of per-window mean NLLs, for window weighting), the protocol,
@@ -76,6 +85,7 @@ import torch.nn.functional as F
 
 from ..data.corpora import corpus_label, ids_digest, iter_documents
 from ..errors import RopekitError
+from ..install.installer import reset_length_state
 from ..runtime.atomic import save_figure
 from .common import EvalContext, require_tokenizer, timer, token_lengths, whole_number
 
@@ -344,6 +354,7 @@ def run(
     else:
         strides = {length: _resolve_stride(stride, score_mode, length, add_bos) for length in lengths}
     common_end = max(lengths) - b
+    _check_longest(ctx, corpus_label(data), score_mode, weighting, add_bos, max(lengths))
     docs, short, label = _select_documents(data, tokenizer, common_end, samples)
     ctx.set_total(len(lengths) * len(docs))
     mine = []
@@ -357,6 +368,7 @@ def run(
                 continue
             ctx.advance(0, f"ppl {length} · {doc.name}")
             ids = doc.ids[:common_end] if score_mode == "same_targets" else doc.ids
+            reset_length_state(ctx.model)  # as a fresh process would: nothing scored before changes this record
             with timer() as elapsed:
                 result = score_document(ctx.model, ids, length=length, stride=strides[length],
                                         score_mode=score_mode, bos_id=bos_id if add_bos else None)
@@ -372,11 +384,32 @@ def run(
                 curve_positions=curve_edges(length),
                 documents_selected=len(docs),
                 skipped_short=short,
+                longest_length=max(lengths),
                 seconds=elapsed(),
                 **result,
             )
     if plot:
         plot_curve([ctx.writer.done[ctx.writer.key(k)] for k in mine], plot)
+
+
+def _check_longest(ctx: EvalContext, corpus: str, score_mode: str, weighting: str, add_bos: bool, longest: int) -> None:
+    """Refuse, before anything is written, to add records chosen for another longest length to those already in the
+    results (same task, method, parameters, corpus, score mode, weighting and BOS): the longest length decides which
+    documents every length reads and, in ``same_targets`` mode, where the targets end, so the two sets would not
+    be measured on the same documents (or targets) and their summary rows would not compare."""
+    for r in ctx.writer.records():
+        before = r.get("longest_length")
+        if before is None or before == longest:
+            continue  # a record written before the field was kept cannot be checked
+        if (r.get("task"), r.get("method"), r.get("params"), r.get("corpus"), r.get("score_mode"), r.get("weighting"),
+                r.get("add_bos")) != (ctx.task, ctx.method, ctx.params, corpus, score_mode, weighting, add_bos):
+            continue
+        where = f"'{ctx.writer.path}'" if getattr(ctx.writer, "path", None) else "the results"
+        targets = " and targets placed" if score_mode == "same_targets" else ""
+        raise RopekitError(
+            f"{where} holds {ctx.task} records of {ctx.method} whose documents were chosen{targets} for a longest length "
+            f"of {before}; this run's longest length is {longest}, and resuming would mix the two sets",
+            f"pass --lengths whose longest is {before} to continue it, or another --out")
 
 
 def _ppl(r: dict[str, Any], weighting: str) -> float | None:

@@ -48,6 +48,8 @@ class RecordWriter:
         self.path = Path(path) if path else None
         self.key_fields = key_fields
         self.done: dict[tuple, dict[str, Any]] = {}
+        #: The file's last record lacks its newline (a crash between the two writes): the next write starts one.
+        self._unterminated = False
         if self.path is None:
             return
         if self.path.is_dir():
@@ -70,6 +72,8 @@ class RecordWriter:
                     json.loads(lines[-1])
                 except json.JSONDecodeError:  # the line a crash cut short: dropped (that piece is redone)
                     lines, cut = lines[:-1], True
+                else:  # a whole record whose newline was not written: the next record must not join its line
+                    self._unterminated = True
             records = []
             for number, line in enumerate(lines, 1):
                 if not line.strip():
@@ -98,10 +102,13 @@ class RecordWriter:
         self.done[self.key(record)] = record
         if self.path is None:
             return
+        line = json.dumps(record, sort_keys=True, default=str) + "\n"
         with self.path.open("a") as fh:
-            fh.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+            # the missing newline goes in with the first record, so a resume that is then refused leaves the file as it was
+            fh.write(("\n" if self._unterminated else "") + line)
             fh.flush()
             os.fsync(fh.fileno())
+        self._unterminated = False
 
     def records(self) -> Iterable[dict[str, Any]]:
         return self.done.values()

@@ -275,6 +275,50 @@ class LengthSchedule:
         inv_freq, attention_factor = hf.rotary_frequencies(module, seq_len, device=module.inv_freq.device)
         hf.set_rotary_frequencies(module, inv_freq, attention_factor)
 
+    def reset(self) -> None:
+        """Forget every input seen: the state the hook is registered with (the module's own set loaded)."""
+        self.longest, self.long = self.length, False
+
+
+def reset_length_state(model: torch.nn.Module) -> None:
+    """Put every rotary module whose frequencies depend on the input length back to the state it was built in
+    (for an extended model: as the method was installed), so that the next input is computed as in a fresh process.
+
+    Two mechanisms remember earlier inputs. transformers' dynamic update (``dynamic_rope_update`` in
+    ``transformers/modeling_rope_utils.py``, for every rope type whose name contains "dynamic") recomputes
+    ``inv_freq`` and ``attention_scaling`` when an input grows past ``max_seq_len_cached``, keeps them for shorter
+    inputs, and goes back to ``original_inv_freq`` only below ``original_max_seq_len``. ropekit's
+    :class:`LengthSchedule` keeps the longest length seen (``continuous``) or the last set it loaded. So on one
+    model an input scored after a longer one gets the longer one's frequencies (Dynamic NTK, bloc97 2023,
+    reddit.com/r/LocalLLaMA "Dynamically Scaled RoPE"; transformers' rule), and a result depends on what ran before
+    it. Here ``inv_freq`` becomes a copy of ``original_inv_freq`` (the set ``__init__`` computed), the attention
+    factor the module's rope-init function gives without a length (what ``__init__`` computed),
+    ``max_seq_len_cached`` goes back to ``original_max_seq_len``, and every :class:`LengthSchedule` forgets its
+    inputs. Modules whose frequencies do not depend on the length are left alone.
+    """
+    for _, _, rotary in rotary_modules(model):
+        schedules = [hook for hook in rotary._forward_pre_hooks.values() if isinstance(hook, LengthSchedule)]
+        kinds = getattr(rotary, "rope_type", None)
+        kinds = dict(kinds) if isinstance(kinds, dict) else {None: kinds}
+        dynamic = any(isinstance(kind, str) and "dynamic" in kind for kind in kinds.values())
+        if not schedules and not dynamic:
+            continue
+        for hook in schedules:
+            hook.reset()
+        for layer_type, kind in kinds.items():
+            prefix = "" if layer_type is None else f"{layer_type}_"
+            original = getattr(rotary, f"{prefix}original_inv_freq", None)
+            if original is None:
+                continue
+            # a copy: transformers' own reset registers original_inv_freq itself, and an in-place write would then
+            # change the set every later reset restores
+            rotary.register_buffer(f"{prefix}inv_freq", original.clone(), persistent=False)
+            if hasattr(rotary, f"{prefix}max_seq_len_cached") and hasattr(rotary, "original_max_seq_len"):
+                setattr(rotary, f"{prefix}max_seq_len_cached", rotary.original_max_seq_len)
+            if isinstance(kind, str) and hf.rope_init_function(kind) is not None:
+                _, factor = hf.rotary_frequencies(rotary, None, layer_type)
+                setattr(rotary, f"{prefix}attention_scaling", factor)
+
 
 def _rope_dict(m: Method, info: RopeInfo, resolved: dict[str, Any], base_rope: dict[str, Any]) -> dict[str, Any]:
     """``rope_parameters`` of one RoPE under the method: its ropekit rope type and resolved parameters."""
