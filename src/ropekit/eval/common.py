@@ -26,6 +26,7 @@ from ..errors import RopekitError
 from ..install import extend, rope_info
 from ..methods import get_method
 from .records import RecordWriter
+from ..install.installer import reset_length_state
 from ..runtime.devices import computed_on
 
 #: Fields every record carries; with a task's own KEY_FIELDS they identify a sample for ``--resume``.
@@ -107,8 +108,11 @@ def greedy_generate(model, input_ids: list[int], max_new_tokens: int, *, eos_tok
     """Greedy continuation of one prompt (the new token ids only, cut at the first end token), with an explicit
     attention mask. ``min_new_tokens``: end tokens are suppressed until that many tokens are out.
 
-    The mask matters: transformers reads position_ids without one as packed sequences (methods.md §9).
+    The mask matters: transformers reads position_ids without one as packed sequences (methods.md §9). The model's
+    length-dependent RoPE state is reset first (:func:`~ropekit.install.installer.reset_length_state`): Dynamic NTK
+    would otherwise keep the frequencies of the longest prompt generated before this one.
     """
+    reset_length_state(model)
     device = next(model.parameters()).device
     ids = torch.tensor([input_ids], device=device)
     eos = [int(e) for e in (eos_token_ids or []) if e is not None]
