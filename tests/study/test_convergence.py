@@ -3,6 +3,7 @@ as not converged under the study's budget; one within 10 points is not."""
 
 from __future__ import annotations
 
+import pytest
 from synthetic_study import WINDOW, build, variant
 
 from ropekit.study.convergence import RETENTION_POINTS, in_window_retention, unconverged
@@ -36,3 +37,29 @@ def test_retention_marks_only_the_variant_far_below_the_control(tmp_path):
     assert pi["accuracy"] == accuracy("pi-ft") and pi["control_accuracy"] == accuracy("base-ft")
     assert pi["difference"] == accuracy("pi-ft") - accuracy("base-ft")
     assert pi["difference"] < -RETENTION_POINTS and pi["ci95"][1] < 0 and pi["n"] == 5 * 8
+
+
+def _passkey(method, length, found, n=20):
+    """n prompts (5 depths × n/5 trials), the first ``found`` of them found."""
+    return [{"task": "passkey", "method": method, "params": {}, "length": length, "depth": d / 4, "trial": t,
+             "score": float(t * 5 + d < found)} for t in range(n // 5) for d in range(5)]
+
+
+def test_a_variant_lacking_an_in_window_length_is_judged_on_the_lengths_it_shares():
+    """pi-ft's 256-token cell is missing (a failed or unfinished piece): it is judged at 128, the in-window length it
+    shares with the control — 2 of 20 found against 18 of 20, −80 points — and marked, not left unjudged; the row
+    names the lengths it used and the one it lacked. A variant sharing no in-window length gets no row."""
+    window = 256
+    records = _passkey("base-ft", 128, 18) + _passkey("base-ft", 256, 18) + _passkey("pi-ft", 128, 2)
+    records += _passkey("ntk-ft", 512, 20)  # evaluated only beyond the window: nothing in-window to judge
+    rows = in_window_retention(Analysis(records), "base-ft", ["pi-ft", "ntk-ft"], window)
+    (row,) = rows
+    assert row["method"] == "pi-ft" and row["lengths"] == [128] and row["missing_lengths"] == [256]
+    assert row["accuracy"] == 100 * 2 / 20 and row["control_accuracy"] == 100 * 18 / 20
+    assert row["difference"] == pytest.approx(100 * (2 / 20 - 18 / 20)) and row["n"] == 20
+    assert row["ci95"][1] < -RETENTION_POINTS and row["converged"] is False
+    assert unconverged(rows) == ["pi-ft"]
+    # with every in-window length the same verdict, over both lengths, and nothing missing
+    full = records + _passkey("pi-ft", 256, 2)
+    (row,) = in_window_retention(Analysis(full), "base-ft", ["pi-ft", "ntk-ft"], window)
+    assert row["lengths"] == [128, 256] and row["missing_lengths"] == [] and row["converged"] is False

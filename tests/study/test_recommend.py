@@ -425,3 +425,38 @@ def test_a_ratio_and_its_interval_are_written_with_the_digits_that_tell_them_apa
     assert _fmt({"estimate": 1.0004, "ci95": [1.0001, 1.0007], "n": 21}) == "1.0004 [1.0001, 1.0007] (n=21)"
     assert _fmt({"estimate": 1.23, "ci95": [1.1, 1.4], "n": 5}) == "1.23 [1.1, 1.4] (n=5)"
     assert _fmt(None) == "not measured"
+
+
+def test_step_3_drops_a_candidate_significantly_below_any_other_tied_one():
+    """Tied on perplexity (the same NLL on every document), the three differ on passkey at the target. D is
+    significantly below C — C finds the 7 prompts D finds and 4 more, so a resample shows no difference only when it
+    draws none of the 4, with probability 0.8²⁰ ≈ 1.2 % < 2.5 % — but not below B, the best by point accuracy (they
+    disagree both ways: naive paired bootstrap below). The rule drops a candidate below *another* tied one: D loses at
+    step 3 although it is the simplest, and C, simpler than B, wins."""
+    import numpy as np
+
+    from ropekit.study import stats
+
+    passkey = {"base": [0] * 20, "B": [0] * 7 + [1] * 12 + [0], "C": [1] * 11 + [0] * 9, "D": [1] * 7 + [0] * 13}
+    records = []
+    for label, scores in passkey.items():
+        for d in range(12):
+            records += [_ppl(label, 100, d, 2.0 + 0.05 * d), _ppl(label, 400, d, (5.0 if label == "base" else 2.4) + 0.05 * d)]
+        records += [{"task": "passkey", "method": label, "length": 400, "depth": 0.5, "trial": t, "score": float(s)}
+                    for t, s in enumerate(scores)]
+        records += [{"task": "passkey", "method": label, "length": 100, "depth": 0.5, "trial": t, "score": 1.0}
+                    for t in range(40)]
+    draws = np.random.default_rng(stats.BOOTSTRAP_SEED).integers(0, 20, size=(stats.BOOTSTRAP_RESAMPLES, 20))
+
+    def naive(x, y):
+        diffs = np.array([passkey[x][i] - passkey[y][i] for i in range(20)])[draws].mean(axis=1)
+        return np.percentile(diffs, [2.5, 97.5])
+
+    assert naive("D", "C")[1] < 0 and 0.8 ** 20 < 0.025
+    lo, hi = naive("D", "B")
+    assert lo < 0 < hi and sum(passkey["B"]) > sum(passkey["C"]) > sum(passkey["D"])
+    verdict = decide(records, [_candidate("B", (0, 0, 0, 0, 2)), _candidate("C", (0, 0, 0, 0, 1)),
+                               _candidate("D", (0, 0, 0, 0, 0))], 100, 400)
+    assert verdict.winner == "C"
+    assert verdict.why["D"].startswith("step 3") and "below C's" in verdict.why["D"]
+    assert verdict.why["B"].startswith("step 4")

@@ -223,3 +223,114 @@ def test_length_claims_compare_identical_targets_when_the_study_scored_them(tmp_
     (ntk,) = [e for e in b["evidence"] if e.startswith("ntk-ft:")]
     assert ntk.endswith(f"→ {FAILS}") and "ratio 1.3" in ntk  # exp(0.3) = 1.350 on the shared targets
     assert verdicts(same)["a"] == HOLDS
+
+
+# ---- parts a claim names but the study did not measure; the headline's "ahead of every other" ---------------------
+def _ppl(method, length, nll, doc):
+    return {"task": "ppl", "method": method, "params": {}, "length": length, "doc": doc, "nll_sum": nll * 10,
+            "tokens_scored": 10, "corpus": "c", "score_mode": "same_targets", "stride": 32, "weighting": "token",
+            "add_bos": False}
+
+
+def _judge(records, infos, item, window, target, claims=None):
+    from ropekit.study import stats
+
+    item = {"id": "x", "claim": "claim about {tasks}", "source": "test", **item}
+    (out,) = findings.evaluate_claims(stats.Analysis(records).table, infos, window, target, [],
+                                      {"items": [item], **(claims or {})})
+    return out
+
+
+def test_a_length_ratio_claim_never_holds_on_part_of_the_variants_it_names():
+    """yarn-ft's ratio 512/128 is exp(0.02) = 1.020 on every document, under 1.10: that part holds. ntk-ft, also in
+    the family, was not scored at 512: its part is not measured, so the claim ("every variant must hold") is
+    inconclusive, not "holds"."""
+    recs = [_ppl("yarn-ft", L, 3 + 0.3 * (d % 3) + (0.02 if L == 512 else 0), d) for d in range(8) for L in (128, 512)]
+    recs += [_ppl("ntk-ft", 128, 3 + 0.3 * (d % 3), d) for d in range(8)]
+    infos = {m: findings.VariantInfo(m, m.split("-")[0], kind="fine-tuned") for m in ("yarn-ft", "ntk-ft")}
+    claims = {"families": {"fam": ["yarn-ft", "ntk-ft"]}}
+    out = _judge(recs, infos, {"compare": "length_ratio", "variants": "fam", "to": "target", "at_most": 1.10}, 128, 512, claims)
+    assert out["verdict"] == INCONCLUSIVE
+    (yarn,) = [e for e in out["evidence"] if e.startswith("yarn-ft:")]
+    assert "ratio 1.020" in yarn and yarn.endswith(f"→ {HOLDS}")
+    assert any(e.startswith("ntk-ft: not measured at 512") and e.endswith(ABSENT) for e in out["evidence"])
+    # "to: beyond" alike: ntk-ft lacks the longest length, the one the ratio is judged at
+    recs2 = recs + [_ppl("ntk-ft", 256, 3 + 0.3 * (d % 3), d) for d in range(8)]
+    recs2 += [_ppl("yarn-ft", 256, 3 + 0.3 * (d % 3) + 0.01, d) for d in range(8)]
+    out = _judge(recs2, infos, {"compare": "length_ratio", "variants": "fam", "to": "beyond", "at_most": 1.5}, 128, 512, claims)
+    assert out["verdict"] == INCONCLUSIVE
+    assert any(e.startswith("ntk-ft: not measured at 512") for e in out["evidence"])
+    # and a family of which no variant was measured at the window is not measured at all
+    out = _judge([r for r in recs if r["length"] == 512], infos,
+                 {"compare": "length_ratio", "variants": "fam", "to": "target", "at_most": 1.10}, 128, 512, claims)
+    assert out["verdict"] == ABSENT
+
+
+def test_a_beyond_window_ratio_under_a_bound_states_the_rule_it_applies():
+    """``to: beyond`` with ``at_most``: the verdict holds when the interval's upper end is at most the bound (here the
+    ratio is exp(0.05) = 1.051 on every document, far under 1.50); the rule said "lies above 1.50", the opposite, and
+    read "of per variant"."""
+    recs = [_ppl("yarn", L, 3 + 0.3 * (d % 3) + (0.05 if L == 256 else 0), d) for d in range(8) for L in (128, 256)]
+    infos = {"yarn": findings.VariantInfo("yarn", "yarn")}
+    out = _judge(recs, infos, {"compare": "length_ratio", "variants": ["yarn"], "to": "beyond", "at_most": 1.5}, 128, 256)
+    assert out["verdict"] == HOLDS
+    assert "upper end is ≤ 1.50" in out["rule"] and "lower end is > 1.50" in out["rule"]
+    assert "lies above 1.50" not in out["rule"] and "of per variant" not in out["rule"]
+    assert out["rule"].startswith("ratio ppl(L)/ppl(window) of each variant at the longest length")
+
+
+def test_a_retrieval_claim_naming_a_task_the_base_model_lacks_is_not_held():
+    """The base model was not scored on RULER at 512 (a piece failed): passkey alone meets the rule (0 of 40 found,
+    every passkey found by yarn), but the claim names RULER too, so it is inconclusive, and the evidence says why."""
+    recs = []
+    for m, s in (("base", 0.0), ("yarn", 1.0)):
+        for L in (128, 256, 512):
+            recs += [{"task": "passkey", "method": m, "params": {}, "length": L, "depth": 0.5, "trial": t, "score": s}
+                     for t in range(20)]
+            if not (m == "base" and L == 512):
+                recs += [{"task": "ruler", "method": m, "params": {}, "length": L, "subtask": "niah_single_1", "sample": t,
+                          "score": 1.0 if m == "yarn" else float(t < 14)} for t in range(20)]
+    infos = {"base": findings.VariantInfo("base", None, kind="base"), "yarn": findings.VariantInfo("yarn", "yarn")}
+    item = {"compare": "retrieval_beyond_window", "tasks": ["passkey", "ruler"], "near_zero": 0.1, "beaten": True}
+    out = _judge(recs, infos, item, 128, 512)
+    assert out["claim"] == "claim about passkey retrieval and RULER"
+    assert out["verdict"] == INCONCLUSIVE
+    assert any(e.startswith("RULER: base not measured at 512") and e.endswith(ABSENT) for e in out["evidence"])
+    # passkey alone: the claim names passkey alone, and holds
+    out = _judge(recs, infos, dict(item, tasks=["passkey"]), 128, 512)
+    assert out["verdict"] == HOLDS and out["claim"] == "claim about passkey retrieval"
+
+
+def _headline_of(records, window=64, target=128):
+    from ropekit.study import stats
+
+    table = stats.Analysis(records).table
+    ranking = stats.rank_methods(table, window=window, target_length=target)
+    return ranking, findings.headline(table, ranking, [], window, target)
+
+
+def _prompts(method, scores, length=128):
+    return [{"task": "passkey", "method": method, "params": {}, "length": length, "depth": 0.5, "trial": t,
+             "score": float(s)} for t, s in enumerate(scores)]
+
+
+def test_the_headline_says_significantly_ahead_only_when_each_pairwise_difference_is():
+    """A and B find every passkey (10 of 10 each: the difference 0, Newcombe's interval around it); B's perplexity is
+    0.2 nats higher on every document, so B ranks 2 — on perplexity. The headline is about passkey, where A is not
+    ahead of B: it names B as tied, not "significantly ahead of every other method"."""
+    recs = _prompts("A", [1] * 10) + _prompts("B", [1] * 10)
+    recs += [_ppl(m, 128, 3 + 0.3 * (d % 3) + (0.2 if m == "B" else 0), d) for d in range(8) for m in ("A", "B")]
+    ranking, text = _headline_of(recs)
+    assert [(r["method"], r["rank"]) for r in ranking["rows"]] == [("A", 1), ("B", 2)]
+    assert "A with 100 %" in text and "statistically tied with B" in text and "significantly ahead" not in text
+    # rank 1 by ranking, but B is beaten only by C (see test_stats' non-transitive ranking): A is tied with C and B
+    acc = {"A": [0] * 7 + [1] * 12 + [0], "B": [1] * 7 + [0] * 13, "C": [1] * 11 + [0] * 9}
+    recs = [r for m, s in acc.items() for r in _prompts(m, s)]
+    recs += [_ppl(m, 128, 3 + 0.3 * (d % 3) + (0.2 if m == "C" else 0), d) for d in range(8) for m in acc]
+    ranking, text = _headline_of(recs)
+    assert [(r["method"], r["rank"]) for r in ranking["rows"]] == [("A", 1), ("C", 2), ("B", 2)]
+    assert "A with 60 %" in text and "statistically tied with C and B" in text and "significantly ahead" not in text
+    # 20 of 20 against 0 of 20: Newcombe's lower bound 1 − √2·z²/(20 + z²) = 0.772 > 0, ahead of it, one by one
+    recs = _prompts("A", [1] * 20) + _prompts("B", [0] * 20)
+    ranking, text = _headline_of(recs)
+    assert "A with 100 %" in text and "significantly ahead of every other method" in text and "tied" not in text

@@ -512,3 +512,134 @@ def test_ranking_ties_methods_inside_the_noise():
     shifted += [ppl_record("b", 128, (math.log(129.0) + noise[d] + 0.002) * 20, 20, d) for d in range(6)]
     ranking = stats.rank_methods(stats.Analysis(shifted).table, window=64, target_length=128)
     assert {r["method"]: r["rank"] for r in ranking["rows"]} == {"a": 1, "b": 2, "c": 3}
+
+
+# ---- alike prompts, decided on the scores -------------------------------------------------------------------------
+Z = 1.959963984540054
+
+
+def wilson(p, n):
+    """Wilson's score interval at p̂ = p over n (Wilson 1927), written out: the centre and half-width of its roots."""
+    centre = (p + Z * Z / (2 * n)) / (1 + Z * Z / n)
+    half = Z / (1 + Z * Z / n) * math.sqrt(p * (1 - p) / n + Z * Z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def newcombe(pa, pb, n):
+    """Newcombe's hybrid score interval of pa − pb over n each (Newcombe 1998, method 10), from the Wilson bounds."""
+    (la, ua), (lb, ub) = wilson(pa, n), wilson(pb, n)
+    d = pa - pb
+    return d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2), d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)
+
+
+def test_a_partial_credit_score_alike_on_every_prompt_gets_wilsons_interval_not_a_point():
+    """Resampled sums of 0.3 (or 1/3) come back a rounding error apart, so the bootstrap percentiles differ in the
+    last bit: a point all the same. Alike is read off the scores, and the cell gets Wilson's interval at p̂ = score
+    (statsmodels' ``proportion_confint(6, 20, method="wilson")`` is [0.14548, 0.51897])."""
+    for score in (0.3, 1 / 3, 0.7, 2 / 3, 0.1):
+        for n in (7, 20, 33):
+            (row,) = stats.aggregate([acc_record("pi", 128, score, i) for i in range(n)])
+            assert row["ci95"] == pytest.approx(list(wilson(score, n)), abs=1e-12), (score, n)
+            assert row["ci95"][1] - row["ci95"][0] > 0.1
+    assert wilson(0.3, 20) == pytest.approx((0.14547724486760422, 0.5189728183535234), abs=1e-12)
+
+
+def test_partial_credit_alike_cells_compare_by_newcombe_not_by_a_point():
+    """0.3 on every one of 20 prompts against 0.2 on every one: the paired bootstrap's percentiles came out 1 ulp
+    apart around +0.1, which was called significant. Newcombe's interval instead — statsmodels'
+    ``confint_proportions_2indep(6, 20, 4, 20, method="newcomb")`` gives [-0.16560, 0.34938] — and not significant."""
+    for pa, pb, ref in ((0.3, 0.2, (-0.16559520494618835, 0.34938261502879964)),
+                        (0.7, 0.6, (-0.18421852136771144, 0.36348574471989653))):
+        recs = [acc_record("a", 64, pa, i) for i in range(20)] + [acc_record("b", 64, pb, i) for i in range(20)]
+        c = stats.Analysis(recs).compare("a", "b", "passkey", 64, "accuracy")
+        assert c["ci95"] == pytest.approx(list(newcombe(pa, pb, 20)), abs=1e-12)
+        assert c["ci95"] == pytest.approx(list(ref), abs=1e-9)
+        assert not c["significant"] and c["direction"] == 0
+    # RULER subtasks each alike at its own partial-credit fraction: the mean of the subtasks' Wilson bounds
+    fractions = {"a": 1 / 3, "b": 2 / 3, "c": 0.1}
+    recs = [{"task": "ruler", "method": "m", "params": {}, "length": 64, "subtask": sub, "sample": i, "score": sc}
+            for sub, sc in fractions.items() for i in range(15)]
+    (row,) = stats.aggregate(recs)
+    bounds = [wilson(p, 15) for p in fractions.values()]
+    assert row["ci95"] == pytest.approx([sum(lo for lo, _ in bounds) / 3, sum(hi for _, hi in bounds) / 3], abs=1e-12)
+
+
+def test_a_mean_over_lengths_each_alike_at_its_own_score_is_not_a_point():
+    """Every prompt found at 256 and none at 512: every resample of the mean is 0.5 again. Each length's Wilson
+    interval over its 20 prompts, and the mean of their bounds (the mean over lengths weighs them equally)."""
+    recs = [acc_record("m", L, float(L == 256), t) for L in (256, 512) for t in range(20)]
+    st = stats.Analysis(recs)
+    (lo1, hi1), (lo0, hi0) = wilson(1.0, 20), wilson(0.0, 20)
+    assert (lo0, hi1) == (0.0, 1.0) and hi0 == pytest.approx(0.1611251580528194)  # statsmodels' Wilson at 0 of 20
+    got = st.mean_interval("m", "passkey", [256, 512], "accuracy")
+    assert got == pytest.approx([(lo1 + lo0) / 2, (hi1 + hi0) / 2], abs=1e-12)
+    assert got == pytest.approx([0.4194, 0.5806], abs=1e-4)
+    # the paired difference over those lengths against a method that found nothing: per length Newcombe, then the
+    # mean of the bounds (a point +0.5 [+0.5, +0.5] before)
+    other = [acc_record("z", L, 0.0, t) for L in (256, 512) for t in range(20)]
+    c = stats.Analysis(recs + other).compare("m", "z", "passkey", [256, 512], "accuracy")
+    (a_lo, a_hi), (b_lo, b_hi) = newcombe(1.0, 0.0, 20), newcombe(0.0, 0.0, 20)
+    assert c["estimate"] == pytest.approx(0.5)
+    assert c["ci95"] == pytest.approx([(a_lo + b_lo) / 2, (a_hi + b_hi) / 2], abs=1e-12)
+    assert c["significant"]  # its lower bound, (0.772 − 0.161) / 2, is still above 0
+
+
+def test_kendall_interval_depends_on_the_data_not_on_record_order_or_labels():
+    """The two-level bootstrap draws methods by position. The positions follow the methods' (log-perplexity,
+    accuracy), not the order their records came in: the reference numbers the methods by perplexity and counts τ-b
+    pair by pair on the documented draws; the records come in another order, then reversed, then relabelled."""
+    ppl = {"q": 5.0, "c": 6.0, "x": 7.5, "a": 8.0, "m": 9.0, "b": 12.0}
+    acc = {"q": 0.9, "c": 0.8, "x": 0.85, "a": 0.4, "m": 0.5, "b": 0.1}
+    first_seen = ["m", "a", "q", "b", "x", "c"]  # neither perplexity order nor name order
+
+    def records(order, rename=lambda m: m):
+        recs = []
+        for m in order:
+            recs += [ppl_record(rename(m), 128, math.log(ppl[m]) * 10, 10, d) for d in range(3)]
+            recs += [acc_record(rename(m), 128, acc[m], t) for t in range(4)]
+        return recs
+
+    def interval(recs):
+        (row,) = [k for k in stats.perplexity_correlations(stats.Analysis(recs).table, 128) if k["mode"] == "target"]
+        return row["ci95"]
+
+    by_ppl = sorted(ppl, key=ppl.get)
+    idx = np.random.default_rng(stats.BOOTSTRAP_SEED + 1).integers(0, 6, size=(B, 6)).tolist()
+    taus = []
+    for r in idx:
+        x, y = [ppl[by_ppl[i]] for i in r], [acc[by_ppl[i]] for i in r]
+        if len(set(x)) > 1 and len(set(y)) > 1:
+            taus.append(naive_tau_b(x, y)[0])
+    want = [naive_percentile(taus, 2.5), naive_percentile(taus, 97.5)]
+    got = interval(records(first_seen))
+    assert got == pytest.approx(want, abs=1e-12)
+    assert interval(list(reversed(records(first_seen)))) == pytest.approx(want, abs=1e-12)
+    renamed = {"q": "zz", "c": "aa", "x": "mm", "a": "yy", "m": "bb", "b": "cc"}
+    assert interval(records(first_seen, renamed.get)) == pytest.approx(want, abs=1e-12)
+
+
+def test_a_ranking_row_above_another_is_not_a_pairwise_verdict():
+    """Significance is not transitive. A and B: accuracy difference inside the noise (naive paired bootstrap below)
+    and the same NLL on every document; C beats B on accuracy (C finds 4 prompts more, none fewer: a resample shows no
+    difference only when it draws none of the 4, with probability 0.8²⁰ ≈ 1.2 % < 2.5 %) and A beats C on perplexity
+    (C's NLL is 0.2 higher on every document). So B ranks 2 behind A although A does not beat it, and C shares rank 2
+    with B although it beats B: ``beats`` says which pairs differ, and the rule says a rank is not that."""
+    acc = {"A": [0] * 7 + [1] * 12 + [0], "B": [1] * 7 + [0] * 13, "C": [1] * 11 + [0] * 9}
+    recs = []
+    for m, scores in acc.items():
+        recs += [acc_record(m, 128, float(s), t) for t, s in enumerate(scores)]
+        recs += [ppl_record(m, 128, (3 + 0.3 * (d % 3) + (0.2 if m == "C" else 0)) * 10, 10, d) for d in range(8)]
+    (idx,) = draws([20])
+
+    def naive(x, y):
+        reps = [sum(acc[x][i] - acc[y][i] for i in row) / 20 for row in idx]
+        return naive_percentile(reps, 2.5), naive_percentile(reps, 97.5)
+
+    assert naive("A", "B")[0] < 0 < naive("A", "B")[1] and naive("A", "C")[0] < 0 < naive("A", "C")[1]
+    assert naive("C", "B")[0] > 0 and 0.8 ** 20 < 0.025
+    ranking = stats.rank_methods(stats.Analysis(recs).table, window=64, target_length=128)
+    got = {r["method"]: (r["rank"], r["beats"]) for r in ranking["rows"]}
+    assert got == {"A": (1, ["C"]), "C": (2, ["B"]), "B": (2, [])}
+    assert [r["method"] for r in ranking["rows"]] == ["A", "C", "B"]
+    assert [r["tied_with_next"] for r in ranking["rows"]] == [False, False, False]
+    assert "not transitive" in ranking["rule"] and "not by itself significantly better" in ranking["rule"]

@@ -8,6 +8,12 @@ passkey accuracy (mean over the evaluated lengths ≤ the window, paired over th
 control) is within :data:`RETENTION_POINTS` points of the control's; otherwise it "did not converge under this
 budget", and the report keeps it out of the claims and the ranking's verdicts. RULER's in-window retention is
 reported beside it, not judged.
+
+A study still running (or one with a failed piece) may lack a variant's cell at some in-window length: the variant
+is then judged over the in-window lengths both it and the control have, paired over the prompts they share there —
+as every paired comparison of a running study is (docs/study.md) — and the row names the lengths it used
+(``lengths``) and those it lacked (``missing_lengths``). Only a variant that shares no in-window length with the
+control is left without a row.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ JUDGED_TASK = "passkey"
 def in_window_retention(analysis, control: str, finetuned: Sequence[str], window: int) -> list[dict[str, Any]]:
     """One row per (fine-tuned variant, retrieval task): the variant's and the control's in-window accuracy (%),
     their paired difference in points with its 95 % interval and n, and — on :data:`JUDGED_TASK` —
-    ``converged`` (True/False). ``analysis`` is a :class:`ropekit.study.stats.Analysis` of the study's records."""
+    ``converged`` (True/False). ``analysis`` is a :class:`ropekit.study.stats.Analysis` of the study's records.
+    ``lengths``: the in-window lengths judged, those where both the variant and the control have prompts in
+    common; ``missing_lengths``: the task's other in-window lengths (module docstring)."""
     table = analysis.table
     rows: list[dict[str, Any]] = []
     for task in table.accuracy_tasks():
@@ -33,13 +41,17 @@ def in_window_retention(analysis, control: str, finetuned: Sequence[str], window
         for variant in finetuned:
             if variant == control or variant not in table.methods(task):
                 continue
-            compared = analysis.compare(variant, control, task, lengths, "accuracy")
-            if compared is None:
+            # the in-window lengths both sides have, each paired over the prompts they share there
+            shared = [length for length in lengths
+                      if analysis.compare(variant, control, task, length, "accuracy") is not None]
+            if not shared:
                 continue
-            mine = [table.get(variant, task, length, "accuracy") for length in lengths]
-            theirs = [table.get(control, task, length, "accuracy") for length in lengths]
+            compared = analysis.compare(variant, control, task, shared, "accuracy")
+            mine = [table.get(variant, task, length, "accuracy") for length in shared]
+            theirs = [table.get(control, task, length, "accuracy") for length in shared]
             row = {
-                "method": variant, "task": task, "lengths": lengths,
+                "method": variant, "task": task, "lengths": shared,
+                "missing_lengths": [length for length in lengths if length not in shared],
                 "accuracy": 100 * sum(mine) / len(mine) if None not in mine else None,
                 "control_accuracy": 100 * sum(theirs) / len(theirs) if None not in theirs else None,
                 "difference": 100 * compared["estimate"],

@@ -12,7 +12,8 @@ with at least :data:`~ropekit.study.stats.MIN_PAIRED` shared samples).
    The candidate with the lowest value leads; every candidate whose paired ratio to the leader is not significant
    is tied with it, the others lose.
 3. **Retrieval at N**: within the tie, a candidate significantly below another tied one on passkey or RULER
-   single-needle accuracy at ``N`` loses.
+   single-needle accuracy at ``N`` loses — compared with every other candidate left, not only the one of highest
+   point accuracy (paired significance is not transitive); passkey first, then RULER among those left.
 4. **Tie-break**: the simplest of those left (:func:`ropekit.study.recommend.simplicity`: no searched factors or
    fine-tuned weights, frequencies only, static, served natively by the engine, fewer parameters), then the lower
    perplexity at ``N``.
@@ -146,15 +147,22 @@ def _one_round(analysis: Analysis, pool: list[Candidate], ev: dict[str, dict[str
             tied.append(c)
     kept = list(tied)
     for task in RETRIEVAL:
-        best = max(kept, key=lambda c: _accuracy_at(ev[c.label], task, target))
-        for c in list(kept):
-            if c is best:
-                continue
-            cmp = analysis.compare(c.label, best.label, task, target, "accuracy")
-            if cmp is not None and cmp["direction"] < 0:
-                why[c.label] = (f"step 3: tied on perplexity, but {task} accuracy at {target} below {best.label}'s, "
-                                f"difference {_fmt(cmp)}")
-                kept.remove(c)
+        # every remaining candidate against every other one (not only the one of highest point accuracy: paired
+        # significance is not transitive, so a candidate may be significantly below one that is itself not the best)
+        by_accuracy = sorted(kept, key=lambda c: -_accuracy_at(ev[c.label], task, target))
+        losers: dict[str, str] = {}
+        for c in kept:
+            for other in by_accuracy:
+                if other is c:
+                    continue
+                cmp = analysis.compare(c.label, other.label, task, target, "accuracy")
+                if cmp is not None and cmp["direction"] < 0:
+                    losers[c.label] = (f"step 3: tied on perplexity, but {task} accuracy at {target} below "
+                                       f"{other.label}'s, difference {_fmt(cmp)}")
+                    break
+        if len(losers) < len(kept):  # with one shared set of prompts the best point accuracy is never below another
+            why.update(losers)
+            kept = [c for c in kept if c.label not in losers]
     kept.sort(key=lambda c: (c.simplicity, _ppl_at(ev[c.label], target)))
     winner = kept[0]
     for c in kept[1:]:

@@ -18,8 +18,10 @@ study's target when evaluated, else the longest length):
 * ``correlation`` — Kendall τ across variants between perplexity and accuracy at the target.
 
 A verdict is *holds*, *does not hold*, *inconclusive at this scale* (the interval straddles the bound), or *not
-measured in this study* (the study lacks the variants or lengths). For claims over several variants or pairs, one
-"does not hold" decides, else all must hold, else inconclusive. A study recorded without claims is judged by the
+measured in this study* (the study lacks the variants or lengths). For claims over several variants, pairs or tasks,
+one "does not hold" decides, else all must hold, else inconclusive; a variant, pair or task the claim names that the
+study did not measure (a piece failed or still running) is a part *not measured*, so the claim never holds on part of
+what it names. A study recorded without claims is judged by the
 quick preset's (:func:`study_claims`).
 """
 
@@ -286,7 +288,25 @@ def _who(names: str | Sequence[str], claims: Mapping[str, Any]) -> str:
     return "per variant," if not isinstance(names, str) or names in (claims.get("families") or {}) else str(names)
 
 
+def _of_whom(names: str | Sequence[str], claims: Mapping[str, Any]) -> str:
+    """Whose ratio a rule names, after "of": "the base model", "the control", "each variant", or the one label."""
+    who = _who(names, claims)
+    return "each variant" if who == "per variant," else who
+
+
+def _bound_test(item: Mapping[str, Any]) -> str:
+    """When a ratio claim holds and when it does not: below/above 1 (``expect``), or under a bound (``at_most``: the
+    upper end at most the bound holds, the lower end above it does not, as :func:`_decide` judges it)."""
+    if item.get("at_most") is not None:
+        near = f"{item['at_most']:.2f}"
+        return f"holds when the 95 % interval's upper end is ≤ {near}, does not hold when its lower end is > {near}"
+    side = item.get("expect") or "above"
+    return f"holds when the 95 % interval lies {side} 1, does not hold when {'below' if side == 'above' else 'above'} 1"
+
+
 def _length_ratio(item, claims, table, infos, window, target):
+    """Every variant the claim names is a part of its verdict: one the study did not measure at the lengths the
+    ratio needs is a part *not measured* (so the claim cannot hold on the others alone), as in :func:`_pair_ratio`."""
     a = table.analysis
     pt = _length_task(table)
     lengths = table.lengths(pt)
@@ -294,14 +314,13 @@ def _length_ratio(item, claims, table, infos, window, target):
     labels = _members(claims, infos, item["variants"])
     evidence, verdicts = [], []
     if item["to"] == "beyond":
-        bound = "1" if item.get("expect") else f"{item['at_most']:.2f}"
-        side = item.get("expect", "above")
-        rule = (f"ratio ppl(L)/ppl(window) of {_who(item['variants'], claims).removesuffix(',')} at the longest length ({pt}), "
-                f"paired over documents: holds when its 95 % interval lies {side} {bound}, does not hold when "
-                f"{'below' if side == 'above' else 'above'} {bound}")
+        rule = (f"ratio ppl(L)/ppl(window) of {_of_whom(item['variants'], claims)} at the longest length ({pt}), "
+                f"paired over documents: {_bound_test(item)}" + ("; every variant must hold" if len(labels) > 1 else ""))
         beyond = [L for L in lengths if window is not None and L > window]
-        for label in labels:
-            if a is None or w_len is None or not beyond or table.get(label, pt, w_len, "ppl") is None:
+        for label in labels if a is not None and w_len is not None and beyond else []:
+            if table.get(label, pt, w_len, "ppl") is None:
+                verdicts.append(ABSENT)
+                evidence.append(f"{label}: not measured at {length_label(w_len)} (the window) → {ABSENT}")
                 continue
             comps = {L: a.compare(label, label, pt, L, "ppl", length_b=w_len) for L in beyond}
             evidence.append(f"{label} at {length_label(w_len)} (window): {_cell_text(table, label, pt, w_len, 'ppl', 'ppl')}")
@@ -310,23 +329,24 @@ def _length_ratio(item, claims, table, infos, window, target):
             last = comps[max(comps)]
             if last is not None:
                 verdicts.append(_decide(last, item.get("expect"), item.get("at_most")))
+            else:
+                verdicts.append(ABSENT)
+                evidence.append(f"{label}: not measured at {length_label(max(comps))}, the longest length → {ABSENT}")
             mode = next((r.get("score_mode") for r in a.records if r.get("task") == pt), None)
             if mode and mode != "same_targets":
                 evidence.append(f"score mode {mode}: each length scores different tokens (the first L of each document), so a "
                                 "change with length mixes content with context; score mode same_targets scores identical tokens at every length")
         return rule, (verdicts[0] if len(verdicts) == 1 else _combine(verdicts)), evidence
     t_len = target_of(lengths, target)
-    if item.get("at_most") is not None:
-        near = f"{item['at_most']:.2f}"
-        test = f"holds when the 95 % interval's upper end is ≤ {near}, does not hold when its lower end is > {near}"
-    else:
-        test = (f"holds when the 95 % interval lies {item['expect']} 1, does not hold when "
-                f"{'below' if item['expect'] == 'above' else 'above'} 1")
-    rule = f"{_who(item['variants'], claims)} ratio ppl(target)/ppl(window) ({pt}) paired over documents: {test}; every variant must hold"
+    rule = (f"{_who(item['variants'], claims)} ratio ppl(target)/ppl(window) ({pt}) paired over documents: "
+            f"{_bound_test(item)}; every variant must hold")
     if a is not None and labels and w_len is not None and t_len is not None and t_len > (window or 0):
         for label in labels:
             c = a.compare(label, label, pt, t_len, "ppl", length_b=w_len)
             if c is None:
+                verdicts.append(ABSENT)
+                missing = [length_label(L) for L in (w_len, t_len) if table.get(label, pt, L, "ppl") is None]
+                evidence.append(f"{label}: not measured at {' and '.join(missing) or length_label(t_len)} → {ABSENT}")
                 continue
             verdicts.append(_decide(c, item.get("expect"), item.get("at_most")))
             evidence.append(f"{label}: {_cell_text(table, label, pt, w_len, 'ppl', 'ppl')} at {length_label(w_len)} → "
@@ -353,9 +373,14 @@ def _retrieval_beyond_window(item, claims, table, infos, window, target):
     for rtask in tasks if a is not None and base and window is not None else []:
         out_lengths = [L for L in table.lengths(rtask) if L > window]
         base_values = [table.get(base, rtask, L, "accuracy") for L in out_lengths]
-        if not out_lengths or any(v is None for v in base_values):
-            continue
         name = TASK_TITLES.get(rtask, rtask)
+        if not out_lengths or any(v is None for v in base_values):
+            # the claim names this task, so it is a part of the verdict: not measured, never left out
+            missing = [length_label(L) for L, v in zip(out_lengths, base_values) if v is None]
+            verdicts.append(ABSENT)
+            evidence.append(f"{name}: " + (f"{base} not measured at {', '.join(missing)} beyond the window" if out_lengths
+                                           else "not evaluated beyond the window") + f" → {ABSENT}")
+            continue
         ci = a.mean_interval(base, rtask, out_lengths, "accuracy")
         mean = statistics.fmean(base_values)
         evidence.append(f"{name}: {base}, mean over {', '.join(length_label(L) for L in out_lengths)}: {100 * mean:.1f} % {fmt_ci(ci, 'pct')}")
@@ -375,6 +400,8 @@ def _retrieval_beyond_window(item, claims, table, infos, window, target):
         if ci is not None:
             found = bool(above) or not item.get("beaten")
             verdicts.append(HOLDS if ci[1] <= near_zero and found else FAILS if ci[0] > near_zero else INCONCLUSIVE)
+        else:  # measured, but no interval (one prompt): nothing can be said either way
+            verdicts.append(INCONCLUSIVE)
     names = " and ".join(_task_name(t) for t in tasks) or "passkey or needle retrieval"
     return rule, _combine(verdicts), evidence, item["claim"].replace("{tasks}", names)
 
@@ -486,8 +513,14 @@ def evaluate_claims(table: stats.Table, infos: Mapping[str, VariantInfo], window
 # ---- headline ---------------------------------------------------------------------------------------------
 def headline(table: stats.Table, ranking: Mapping[str, Any], claims: Sequence[Mapping[str, Any]], window: int | None,
              target: int | None) -> str:
-    """One paragraph: the best perplexity at the target with the methods tied with it, the ranking's leaders,
-    and the count of claims by verdict."""
+    """One paragraph: the best perplexity at the target with the methods tied with it, the ranking's first method on
+    its accuracy task with the methods it is statistically tied with there, and the count of claims by verdict.
+
+    "Significantly ahead of every other method" is said only when the paired accuracy difference of the first
+    method against each other ranked method, one by one (:meth:`~ropekit.study.stats.Analysis.compare`), excludes 0
+    in its favour: a rank of 2 or more says only that *some* method beats that one (:func:`~ropekit.study.stats.
+    rank_methods`), and a method may rank below on perplexity alone. Every other ranked method it is not
+    significantly ahead of is named as tied with it."""
     a = table.analysis
     parts = []
     ppl_lengths = table.lengths("ppl")
@@ -504,14 +537,31 @@ def headline(table: stats.Table, ranking: Mapping[str, Any], claims: Sequence[Ma
             parts.append(text + " (paired bootstrap over documents).")
     rows = ranking.get("rows") or []
     if ranking.get("task") and rows and rows[0].get("primary") is not None:
-        top = [r["method"] for r in rows if r["rank"] == 1]
         r0 = rows[0]
         task = _task_name(ranking["task"])
         span = ", ".join(length_label(L) for L in ranking["lengths"])
         lead = (f"Best {task} beyond the window ({span}): {r0['method']} with {100 * r0['primary']:.0f} % "
                 f"{fmt_ci(r0.get('primary_ci95'), 'pct')}")
-        others = [m for m in top if m != r0["method"]]
-        lead += f", tied with {_join(others)}." if others else ", significantly ahead of every other method."
+        # a rank is not a pairwise verdict (stats.rank_methods): ahead of another method only where the paired
+        # accuracy difference over these lengths says so, one method at a time
+        ranked = [r for r in rows[1:] if r.get("rank") is not None]
+        measured = [r["method"] for r in ranked if r.get("primary") is not None]
+        tied = []
+        for m in measured if a is not None else []:
+            c = a.compare(r0["method"], m, ranking["task"], list(ranking["lengths"]), "accuracy")
+            if c is None or c["direction"] <= 0:
+                tied.append(m)
+        if a is None:  # no resamples behind the table: nothing is significant, equal values share the first place
+            others = [r["method"] for r in ranked if r["rank"] == 1]
+            lead += f", tied with {_join(others)}." if others else "."
+        elif tied:
+            lead += f", statistically tied with {_join(tied)} (paired bootstrap over prompts)."
+        elif len(measured) < len(ranked):
+            lead += ", significantly ahead of every other method measured over these lengths (paired bootstrap over prompts)."
+        elif measured:
+            lead += ", significantly ahead of every other method (paired bootstrap over prompts)."
+        else:
+            lead += "."
         parts.append(lead)
     counts = {v: sum(c["verdict"] == v for c in claims) for v in (HOLDS, FAILS, INCONCLUSIVE, ABSENT)}
     parts.append(f"Of the {len(claims)} claims checked below, {counts[HOLDS]} hold, {counts[FAILS]} do not hold, "

@@ -49,6 +49,15 @@ percentile of the resampled values (``numpy.percentile``, linear interpolation);
 percentiles are taken of the mean NLL and exponentiated. Deterministic: the same records give the same
 intervals. A unit that a method lacks contributes nothing to that method's sums.
 
+**Alike prompts.** Where every prompt of an accuracy cell scored the same (all found, all missed, or one
+partial-credit fraction), every resample is that score again and the percentile interval is a point, which would
+read as certainty; such a cell gets Wilson's score interval (Wilson 1927) over its independent draws instead, a
+stratified cell whose every stratum is alike within itself the weighted mean of its strata's Wilson bounds, a paired
+difference whose two sides are each alike Newcombe's hybrid score interval (Newcombe 1998, method 10), and a mean
+over lengths whose every cell is alike the pooled Wilson interval (one score everywhere) or the mean of the cells'
+intervals (each length at its own score). "Alike" is decided on the scores, equal within :data:`ALIKE_TOLERANCE`,
+not on the interval's ends: resampled sums of 0.3 or 1/3 come back a rounding error apart.
+
 **Paired comparisons** (:meth:`Analysis.compare`): perplexity as the ratio A/B (the difference of mean
 NLL, exponentiated), every other metric as the difference A − B, computed on the units both methods
 have, resample by resample on the same resamples; the interval is its 2.5/97.5 percentiles. Where the
@@ -67,7 +76,9 @@ perplexity and each downstream accuracy, as LCEG (Lu et al. 2024, arXiv 2409.121
 tasks; its 95 % interval is a two-level bootstrap: resample ``b`` draws the methods with replacement
 (``numpy.random.default_rng(BOOTSTRAP_SEED + 1).integers(0, n, size=(B, n))``) and takes each drawn
 method's perplexity and accuracy from resample ``b`` of the evaluation samples above, then recomputes τ-b
-(resamples where τ is undefined are left out).
+(resamples where τ is undefined are left out). For these draws the ``n`` methods are numbered in ascending order of
+their point (log-perplexity, accuracy), then name, so the interval depends on the data alone: not on the order the
+records came in, nor on what the methods are called.
 """
 
 from __future__ import annotations
@@ -267,6 +278,32 @@ def wilson_interval(successes: float, n: int, z: float = Z_95) -> tuple[float, f
     return (0.0 if p == 0 else max(0.0, centre - half)), (1.0 if p == 1 else min(1.0, centre + half))
 
 
+#: Scores that differ by at most this (relative to the largest, at least 1) count as alike: a partial-credit score
+#: such as 1/3 or 0.3 summed over resampled prompts comes back a rounding error apart, never exactly equal.
+ALIKE_TOLERANCE = 1e-12
+
+
+def _alike_value(scores: np.ndarray) -> float | None:
+    """The one score every entry of ``scores`` has (within :data:`ALIKE_TOLERANCE`), else None."""
+    scores = np.asarray(scores, dtype=float).ravel()
+    if scores.size == 0 or not np.all(np.isfinite(scores)):
+        return None
+    lo, hi = float(scores.min()), float(scores.max())
+    if hi - lo > ALIKE_TOLERANCE * max(1.0, abs(lo), abs(hi)):
+        return None
+    return float(scores.mean())
+
+
+def _unit_scores(metric: _Metric, observed: np.ndarray) -> np.ndarray | None:
+    """The per-prompt, per-seed scores of a cell on the units ``observed``, or None when they are not one score in
+    [0, 1] per prompt and seed (what the intervals of the alike cases below assume)."""
+    den = metric.den[:, observed]
+    scores = metric.num[:, observed] / np.where(den > 0, den, 1)
+    if scores.size == 0 or not np.all(den == 1) or not np.all((scores >= 0) & (scores <= 1)):
+        return None
+    return scores
+
+
 def _all_alike_interval(metric: _Metric, observed: np.ndarray, draws: int) -> tuple[float, float] | None:
     """Where every prompt of a cell scored the same, every bootstrap resample is that score again and the
     percentile interval is a point, which reads as certainty. "0 of 20" is then given Wilson's score interval,
@@ -274,12 +311,13 @@ def _all_alike_interval(metric: _Metric, observed: np.ndarray, draws: int) -> tu
     cluster then scored all 0 or all 1). A partial-credit score (RULER's multi-value needles, NIAH recall) that
     came out the same fraction ``p`` on every prompt gets Wilson's interval at ``p̂ = p`` too: a score in [0, 1]
     with mean ``p`` has variance at most ``p(1 − p)`` (Bhatia & Davis 2000), the Bernoulli one, so the interval is
-    conservative. Only for scores in [0, 1], one per prompt and seed."""
-    den = metric.den[:, observed]
-    scores = metric.num[:, observed] / np.where(den > 0, den, 1)
-    if not np.all(den == 1) or not np.all((scores >= 0) & (scores <= 1)) or len(set(scores.ravel().tolist())) != 1:
+    conservative. Only for scores in [0, 1], one per prompt and seed. "The same" is decided on the scores, within
+    :data:`ALIKE_TOLERANCE` (not on the interval's ends, which rounding leaves apart for 0.3 or 1/3)."""
+    scores = _unit_scores(metric, observed)
+    value = None if scores is None else _alike_value(scores)
+    if value is None:
         return None
-    return wilson_interval(float(scores[0, 0]) * draws, draws)
+    return wilson_interval(value * draws, draws)
 
 
 def _strata_alike_interval(metric: _Metric, observed: np.ndarray, units: "_Units") -> tuple[float, float] | None:
@@ -295,12 +333,12 @@ def _strata_alike_interval(metric: _Metric, observed: np.ndarray, units: "_Units
         inside[columns] = observed[columns]
         if not inside.any():
             continue
-        den = metric.den[:, inside]
-        scores = metric.num[:, inside] / np.where(den > 0, den, 1)
-        if not np.all(den == 1) or not np.all((scores >= 0) & (scores <= 1)) or len(set(scores.ravel().tolist())) != 1:
+        scores = _unit_scores(metric, inside)
+        value = None if scores is None else _alike_value(scores)
+        if value is None:
             return None
         draws = units.independent(inside)
-        parts.append((float(scores[0, 0]), draws, wilson_interval(float(scores[0, 0]) * draws, draws)))
+        parts.append((value, draws, wilson_interval(value * draws, draws)))
     if len(parts) < 2:
         return None
     weights = np.array([1.0 if metric.macro else draws for _, draws, _ in parts])
@@ -309,31 +347,55 @@ def _strata_alike_interval(metric: _Metric, observed: np.ndarray, units: "_Units
             float(sum(w * hi for w, (_, _, (_, hi)) in zip(weights, parts))))
 
 
-def _alike_difference_interval(pairs: list[tuple[_Metric, _Metric]], masks: list[np.ndarray], n: int
+def _newcombe(pa: float, pb: float, n: int) -> tuple[float, float]:
+    """Newcombe's hybrid score interval for the difference ``pa − pb`` of two proportions over ``n`` each, from their
+    Wilson intervals (Newcombe 1998, Statistics in Medicine 17:873, method 10)."""
+    (la, ua), (lb, ub) = wilson_interval(pa * n, n), wilson_interval(pb * n, n)
+    d = pa - pb
+    return (float(d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2)), float(d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)))
+
+
+def _side_values(pairs: list[tuple[_Metric, _Metric]], masks: list[np.ndarray]) -> list[float] | None:
+    """The one score each side of a comparison has on every shared prompt of every length, or None."""
+    values = []
+    for side in (0, 1):
+        seen = []
+        for pair, mask in zip(pairs, masks):
+            scores = _unit_scores(pair[side], mask)
+            if scores is None:
+                return None
+            seen.append(scores.ravel())
+        value = _alike_value(np.concatenate(seen))
+        if value is None:
+            return None
+        values.append(value)
+    return values
+
+
+def _alike_difference_interval(pairs: list[tuple[_Metric, _Metric]], masks: list[np.ndarray], ns: list[int]
                                ) -> tuple[float, float] | None:
     """Where each side of an accuracy comparison scored alike on every shared prompt (all found against all
     missed, say), every paired resample is the same difference and the bootstrap interval is a point ("+100
-    [+100, +100]"). The difference of the two proportions then gets Newcombe's hybrid score interval (Newcombe 1998,
-    Statistics in Medicine 17:873, method 10) from the sides' Wilson intervals over ``n`` draws: conservative here,
-    as it ignores the pairing."""
-    values = []
-    for side in (0, 1):
-        seen = set()
-        for pair, mask in zip(pairs, masks):
-            metric = pair[side]
-            den = metric.den[:, mask]
-            scores = metric.num[:, mask] / np.where(den > 0, den, 1)
-            if not np.all(den == 1) or not np.all((scores >= 0) & (scores <= 1)):
-                return None
-            seen |= set(scores.ravel().tolist())
-        if len(seen) != 1:
-            return None
-        values.append(seen.pop())
-    if n < 2:
+    [+100, +100]"). The difference of the two proportions then gets Newcombe's hybrid score interval (:func:`_newcombe`)
+    over the fewest draws of the compared lengths (``ns``): conservative here, as it ignores the pairing. Over
+    several lengths where each side is alike at every length but not with one score across them (all found at one
+    length, all missed at the next), every resample is again the same mean difference: each length then gets its own
+    Newcombe interval over its own draws, and the mean over the lengths the mean of their bounds (as
+    :func:`_strata_alike_interval` does for subtasks; conservative, as the bounds add up as if the lengths' errors
+    went together)."""
+    values = _side_values(pairs, masks)
+    if values is not None:
+        n = min(ns)
+        return _newcombe(values[0], values[1], n) if n >= 2 else None
+    if len(pairs) < 2:
         return None
-    (pa, pb), ((la, ua), (lb, ub)) = values, (wilson_interval(values[0] * n, n), wilson_interval(values[1] * n, n))
-    d = pa - pb
-    return (float(d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2)), float(d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)))
+    parts = []
+    for pair, mask, n in zip(pairs, masks, ns):
+        values = _side_values([pair], [mask])
+        if values is None or n < 2:
+            return None
+        parts.append(_newcombe(values[0], values[1], n))
+    return float(np.mean([lo for lo, _ in parts])), float(np.mean([hi for _, hi in parts]))
 
 
 @dataclass
@@ -606,7 +668,7 @@ class Analysis:
         draws = units.independent(observed)
         if draws < 2:
             ci = None  # one unit (one cluster): the bootstrap has nothing to resample, and a point is no interval
-        elif ci is not None and ci[0] == ci[1] and row.get("metric") == "accuracy":
+        elif row.get("metric") == "accuracy":  # alike prompts: decided on the scores (module docstring)
             ci = _all_alike_interval(metric, observed, draws) or _strata_alike_interval(metric, observed, units) or ci
         row["ci95"] = list(ci) if ci is not None else None
         row.update(seed_fields)
@@ -740,8 +802,8 @@ class Analysis:
         point = float(np.mean(pts_a) - np.mean(pts_b))
         ci = percentile_interval(diff)
         n = min(ns)
-        if ci is not None and ci[0] == ci[1] and not pairs[0][0].log:
-            ci = _alike_difference_interval(pairs, masks, n) or ci
+        if not log:  # each side alike on its shared prompts: decided on the scores, not on the interval's ends
+            ci = _alike_difference_interval(pairs, masks, ns) or ci
         significant = ci is not None and n >= MIN_PAIRED and (ci[0] > 0 or ci[1] < 0)
         direction = (1 if point > 0 else -1) if significant else 0
         if log:
@@ -751,31 +813,48 @@ class Analysis:
                 "significant": significant, "direction": direction}
 
     def mean_interval(self, method: str, task: str, lengths: Sequence[Any], metric: str) -> list[float] | None:
-        """95 % interval of a method's mean over several lengths (resample by resample)."""
+        """95 % interval of a method's mean over several lengths (resample by resample; for accuracy cells whose
+        prompts all scored alike, :meth:`_all_alike_over`)."""
         reps = [self.replicates(method, task, L, metric) for L in lengths]
         if not reps or any(r is None for r in reps):
             return None
         ci = percentile_interval(np.mean(reps, axis=0))
-        if ci is not None and ci[0] == ci[1] and metric == "accuracy":
+        if metric == "accuracy":
             ci = self._all_alike_over(method, task, lengths) or ci
         return list(ci) if ci else None
 
     def _all_alike_over(self, method: str, task: str, lengths: Sequence[Any]) -> tuple[float, float] | None:
-        """Wilson's interval over the prompts of several lengths when every one of them scored the same (all
-        passed, all failed, or one partial-credit fraction): the pooled counterpart of :func:`_all_alike_interval`."""
+        """The interval of a mean over several lengths whose every cell is alike (every bootstrap resample of it is
+        the same mean again, a point): with one score on every prompt of every length (all passed, all failed, or one
+        partial-credit fraction), Wilson's interval over the prompts of all the lengths pooled — the pooled
+        counterpart of :func:`_all_alike_interval`; with each length alike but at its own score (all found at 256,
+        all missed at 512), each length's own interval (Wilson's at its score, or its subtasks' as
+        :func:`_strata_alike_interval` gives it) and the mean of their bounds, as the mean over lengths weighs the
+        lengths equally (the bounds of a mean of proportions each inside its own interval: conservative). None
+        when some length is not alike, or with fewer than two draws in all."""
         units = self.units[task]
-        n, values, seen = 0, set(), np.zeros(len(units.keys), dtype=bool)
+        n, seen, cells, scores = 0, np.zeros(len(units.keys), dtype=bool), [], []
         for length in lengths:
             m = self._metric(method, task, length, "accuracy")
-            observed = None if m is None else m.den.sum(axis=0) > 0
-            if m is None or _all_alike_interval(m, observed, units.independent(observed)) is None:
+            if m is None:
                 return None
-            values.add(float(m.num[:, observed][0, 0]))
+            observed = m.den.sum(axis=0) > 0
+            draws = units.independent(observed)
+            alike = _all_alike_interval(m, observed, draws) or _strata_alike_interval(m, observed, units)
+            if alike is None:
+                return None
+            cells.append(alike)
+            scores.append(_unit_scores(m, observed))
             n += int(observed.sum())
             seen |= observed
         if units.clusters is not None:  # a cluster (one haystack, one query) at several lengths is still one draw
             n = units.independent(seen)
-        return wilson_interval(values.pop() * n, n) if len(values) == 1 and n >= 2 else None
+        if not cells or n < 2:
+            return None
+        value = _alike_value(np.concatenate([s.ravel() for s in scores])) if all(s is not None for s in scores) else None
+        if value is not None:
+            return wilson_interval(value * n, n)
+        return float(np.mean([lo for lo, _ in cells])), float(np.mean([hi for _, hi in cells]))
 
     def curve_intervals(self, method: str, length: Any) -> tuple[list, list] | None:
         """Per-bucket 95 % intervals of the mean-NLL-by-position curve (documents resampled; first seed's
@@ -889,9 +968,14 @@ def nll_curves(records: Iterable[Mapping[str, Any]], analysis: Analysis | None =
 
 
 # ---- perplexity vs downstream ---------------------------------------------------------------------------
-def _tau_interval(analysis: Analysis, points: list[tuple[str, list[tuple[str, Any]], list[tuple[str, Any]]]]) -> list[float] | None:
-    """Two-level bootstrap interval of τ-b (module docstring). ``points``: per method, the (task, length)
-    cells whose mean is its log-perplexity (x) and whose mean is its accuracy (y)."""
+def _tau_interval(analysis: Analysis, points: list[tuple[str, float, float, list[tuple[str, Any]], list[tuple[str, Any]]]]
+                  ) -> list[float] | None:
+    """Two-level bootstrap interval of τ-b (module docstring). ``points``: per method, its point log-perplexity (x)
+    and accuracy (y), and the (task, length) cells whose mean is its log-perplexity and whose mean is its accuracy.
+    The methods are drawn by their position in ascending order of (x, y, name) — what the data say, not the order the
+    records came in nor what the methods are called — so the same study gives the same interval."""
+    points = sorted(points, key=lambda p: (p[1], p[2], str(p[0])))
+    points = [(m, xcells, ycells) for m, _, _, xcells, ycells in points]
     n = len(points)
     if n < 2:
         return None
@@ -968,7 +1052,7 @@ def _kendall_row(analysis: Analysis | None, task: str, mode: str, lengths: list,
     row = {"task": task, "mode": mode, "lengths": list(lengths), "tau": result.tau, "p_value": result.p_value,
            "n": result.n, "methods": methods, "interpretation": interpret(result)}
     if analysis is not None:
-        row["ci95"] = _tau_interval(analysis, [(m, points[m][2], points[m][3]) for m in methods]) if result.tau is not None else None
+        row["ci95"] = (_tau_interval(analysis, [(m, *points[m]) for m in methods]) if result.tau is not None else None)
     return row
 
 
@@ -980,7 +1064,7 @@ RANK_TASKS = ("passkey", "niah", "ruler", "longbench", "manyshot")
 def rank_methods(table: Table, window: int | None, target_length: int | None,
                  preferred: Sequence[str] | None = None) -> dict[str, Any]:
     """Rank the methods: ``{"rule": text, "task", "lengths", "ppl_length", "rows": [{"rank", "method",
-    "primary", "primary_ci95", "ppl", "ppl_ci95", "tied", "tied_with_next", "better_than_next"}]}``.
+    "primary", "primary_ci95", "ppl", "ppl_ci95", "tied", "tied_with_next", "beats"}]}``.
 
     Order: the mean accuracy of the first task of :data:`RANK_TASKS` present, over its lengths beyond the
     pretrained ``window`` (all its lengths when no window is known or none lies beyond), higher first; a
@@ -991,10 +1075,15 @@ def rank_methods(table: Table, window: int | None, target_length: int | None,
     Rank: with an :class:`Analysis` behind the table, 1 + the number of methods *significantly* better —
     B is significantly better than A when its primary accuracy is higher with the paired interval of the
     difference excluding 0, or, when the primary difference is not significant (or neither has one), its
-    perplexity is lower with the paired interval of the ratio excluding 1 (:meth:`Analysis.compare`). So
-    methods inside each other's noise share a rank (``tied``), and nothing is ranked above another on a
-    difference the data cannot tell from noise. Without an analysis equal keys share a rank (1, 2, 2, 4).
-    ``tied_with_next``: whether the next method in the order is not significantly worse.
+    perplexity is lower with the paired interval of the ratio excluding 1 (:meth:`Analysis.compare`). A method
+    no other is significantly better than has rank 1. Without an analysis equal keys share a rank (1, 2, 2, 4).
+
+    The rank summarises each method's own comparisons; it does not order the methods pair by pair. Significance
+    is not transitive: A may rank above B with neither significantly better than the other (B ranks lower because
+    a third method C beats it, and C does not beat A), and two methods may share a rank while one is
+    significantly better than the other. So a row above another does not by itself mean *significantly* better:
+    each row's ``beats`` lists the methods it is significantly better than, and ``tied_with_next`` says whether the
+    next row is not significantly worse than this one; ``tied``: another method has the same rank.
     """
     methods = method_order(table.methods(), preferred)
     task = next((t for t in RANK_TASKS if t in table.tasks()), None)
@@ -1046,15 +1135,17 @@ def rank_methods(table: Table, window: int | None, target_length: int | None,
         c = analysis.compare(b, a, "ppl", ppl_at, "ppl")
         return c is not None and c["significant"] and c["direction"] < 0
 
+    wins = {row["method"]: [other["method"] for other in rows if other is not row and better(row, other)] for row in rows}
     for row in rows:
-        row["rank"] = 1 + sum(better(other, row) for other in rows if other is not row)
+        row["rank"] = 1 + sum(row["method"] in wins[other["method"]] for other in rows if other is not row)
     rows.sort(key=lambda r: (r["rank"], key(r)))  # a method significantly better only on perplexity moves up
     counts: dict[int, int] = {}
     for row in rows:
         counts[row["rank"]] = counts.get(row["rank"], 0) + 1
     for i, row in enumerate(rows):
         row["tied"] = counts[row["rank"]] > 1
-        row["tied_with_next"] = i + 1 < len(rows) and not better(row, rows[i + 1])
+        row["beats"] = [r["method"] for r in rows if r["method"] in wins[row["method"]]]  # in rank order
+        row["tied_with_next"] = i + 1 < len(rows) and rows[i + 1]["method"] not in wins[row["method"]]
     parts = []
     if task:
         where = (f"over the lengths beyond the pretrained window of {window} tokens ({', '.join(map(str, lengths))})"
@@ -1069,7 +1160,10 @@ def rank_methods(table: Table, window: int | None, target_length: int | None,
                         "paired interval of the ratio excluding 1" if ppl_at is not None else "") if task else
                      f"Rank = 1 + the number of methods with a significantly lower perplexity at {ppl_at} tokens (paired 95 % "
                      "bootstrap interval of the ratio, over the shared documents, excluding 1)")
-        parts.append("methods sharing a rank (“2=”) are tied: their differences are inside the noise")
+        parts.append("methods sharing a rank (“2=”) are tied on that count: as many methods are significantly better than "
+                     "each. Significance is not transitive, so a rank is a summary, not a pairwise verdict: a method ranked "
+                     "above another is not by itself significantly better than it (each may be beaten by different "
+                     "methods), and two sharing a rank may differ significantly; only their paired comparison says so")
         parts.append(f"rows in rank order, within a rank by {key_text}; methods missing a value come last")
     else:
         parts.append(f"Methods are ranked by {key_text}; methods missing a value rank last; equal keys share a rank")
