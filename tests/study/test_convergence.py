@@ -63,3 +63,13 @@ def test_a_variant_lacking_an_in_window_length_is_judged_on_the_lengths_it_share
     full = records + _passkey("pi-ft", 256, 2)
     (row,) = in_window_retention(Analysis(full), "base-ft", ["pi-ft", "ntk-ft"], window)
     assert row["lengths"] == [128, 256] and row["missing_lengths"] == [] and row["converged"] is False
+
+
+def test_the_report_names_the_in_window_lengths_a_variant_lacks():
+    from ropekit.study.report import _retention_table
+
+    records = _passkey("base-ft", 128, 18) + _passkey("base-ft", 256, 18) + _passkey("pi-ft", 128, 2)
+    rows = in_window_retention(Analysis(records), "base-ft", ["pi-ft"], 256)
+    table = _retention_table(rows, "base-ft")
+    text = repr(table)
+    assert "not at 256" in text and "n = 20" in text

@@ -442,13 +442,17 @@ def _retention_table(rows: list[dict[str, Any]], control: str) -> dict[str, Any]
         for t in tasks:
             r = next((x for x in rows if x["method"] == method and x["task"] == t), None)
             cells.append(_cell(fmt_pct(r["accuracy"] / 100 if r and r["accuracy"] is not None else None), cls="num"))
+            missing = (f"; not at {', '.join(map(str, r['missing_lengths']))}" if r and r.get("missing_lengths")
+                       else "")
             cells.append(_cell(f"{r['difference']:+.1f}" if r else "–", cls="num",
-                               sub=(f"[{r['ci95'][0]:+.0f}, {r['ci95'][1]:+.0f}] n = {r['n']}" if r and r["ci95"] else "")))
+                               sub=(f"[{r['ci95'][0]:+.0f}, {r['ci95'][1]:+.0f}] n = {r['n']}{missing}"
+                                    if r and r["ci95"] else missing.removeprefix("; "))))
             if r and "converged" in r:
                 verdict = "converged" if r["converged"] else "did not converge under this budget"
         cells.append(_cell(verdict))
         table_rows.append(cells)
-    note = (f"In window: mean over the evaluated lengths up to the pretrained window; differences paired over the prompts "
-            f"both share, 95 % bootstrap intervals. Judged on passkey retrieval (within {convergence.RETENTION_POINTS:.0f} "
+    note = (f"In window: mean over the lengths up to the pretrained window that the variant and the control both have "
+            f"(“not at”: in-window lengths the variant lacks, e.g. a study still running); differences paired over the "
+            f"prompts both share, 95 % bootstrap intervals. Judged on passkey retrieval (within {convergence.RETENTION_POINTS:.0f} "
             "points of the control); the other tasks are shown beside it.")
     return _table(f"In-window retention against the control ({control})", columns, table_rows, note)
