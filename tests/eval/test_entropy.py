@@ -13,6 +13,8 @@ import math
 import pytest
 import torch
 
+from attention_probe import attend_probabilities, entropy_of, sharpened  # tests/eval is on sys.path
+
 from ropekit.attention.interface import attention_modules
 from ropekit.errors import RopekitError
 from ropekit.eval import entropy as task
@@ -22,18 +24,6 @@ from ropekit.models.byte_tokenizer import byte_tokenizer
 from ropekit.models.tiny import build_tiny_model
 
 N = 128  # tokens: twice the tiny window, so every method is past its pretrained range
-
-
-def sharpened(family: str, gain: float = 6.0, **config):
-    """A tiny model whose query/key projections are scaled up, so that attention is far from uniform
-    (random init gives almost uniform attention, where a wrong logit barely moves the entropy)."""
-    model = build_tiny_model(family, **config)
-    with torch.no_grad():
-        for module in attention_modules(model):
-            for name in ("q_proj", "k_proj", "query_key_value", "qkv_proj"):
-                if hasattr(module, name):
-                    getattr(module, name).weight.mul_(gain)
-    return model
 
 
 def eager_entropy(model, ids) -> torch.Tensor:
@@ -50,38 +40,6 @@ def eager_entropy(model, ids) -> torch.Tensor:
         assert torch.allclose(p.sum(-1), torch.ones_like(p.sum(-1)), atol=1e-5)
         rows.append(-(p * torch.log(torch.where(p > 0, p, torch.ones_like(p)))).sum(-1))
     return torch.stack(rows)
-
-
-def attend_probabilities(model, ids) -> torch.Tensor:
-    """Reference for methods that replace the attention (no attention weights to output): each layer's own
-    ``ropekit_attend`` is run again on the queries/keys it received with one-hot values, so its output *is*
-    its attention matrix. Returns ``(layers, heads, n, n)`` probabilities."""
-    ref = copy.deepcopy(model)
-    found = {}
-    for module in attention_modules(ref):
-        inner = module.ropekit_attend
-
-        def recorder(mod, q, k, v, mask, *, scaling, dropout=0.0, kernel, _inner=inner, **kw):
-            n, d = k.shape[2], v.shape[-1]
-            blocks = []
-            for start in range(0, n, d):
-                cols = torch.arange(start, min(start + d, n))
-                onehot = torch.zeros_like(v)
-                onehot[:, :, cols, cols - start] = 1.0
-                out, _ = _inner(mod, q, k, onehot, mask, scaling=scaling, dropout=dropout, kernel=kernel, **kw)
-                blocks.append(out[..., : len(cols)])
-            found[mod.layer_idx] = torch.cat(blocks, dim=-1).transpose(1, 2)[0]  # (heads, Lq, Lk)
-            return _inner(mod, q, k, v, mask, scaling=scaling, dropout=dropout, kernel=kernel, **kw)
-
-        module.ropekit_attend = recorder
-    with torch.no_grad():
-        ref(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
-    return torch.stack([found[i] for i in sorted(found)]).double()
-
-
-def entropy_of(p: torch.Tensor) -> torch.Tensor:
-    p = p.clamp_min(0)
-    return -(p * torch.log(torch.where(p > 0, p, torch.ones_like(p)))).sum(-1)
 
 
 # (family, method, params): frequency methods, YaRN's attention factor, Entropy-ABF's logit scale on layer 1

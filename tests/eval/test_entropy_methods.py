@@ -18,6 +18,8 @@ import math
 import pytest
 import torch
 
+from attention_probe import attend_probabilities, entropy_of, sharpened  # tests/eval is on sys.path
+
 from ropekit.attention.interface import attention_modules
 from ropekit.errors import RopekitError
 from ropekit.eval import entropy as task
@@ -29,17 +31,6 @@ from ropekit.models.tiny import build_tiny_model
 
 LANDMARK = "landmark"
 MEM_FREQ = 7
-
-
-def sharpened(family: str, gain: float = 6.0):
-    """A tiny model with scaled-up query/key projections: attention far from uniform, so a wrong row or a wrong
-    distribution moves the entropy visibly."""
-    model = build_tiny_model(family)
-    with torch.no_grad():
-        for module in attention_modules(model):
-            for name in ("q_proj", "k_proj"):
-                getattr(module, name).weight.mul_(gain)
-    return model
 
 
 def layer_inputs(model, ids) -> list[dict]:
@@ -154,29 +145,9 @@ def test_landmark_retrieval_rows_are_the_input_tokens(make_ids):
     positions = task.log_positions(n, 24)
     got = task.attention_entropy(model, ids, positions=positions)
 
-    ref = copy.deepcopy(model)
-    found = {}
-    for module in attention_modules(ref):
-        inner = module.ropekit_attend
-
-        def recorder(mod, q, k, v, mask, *, scaling, _inner=inner, **kw):
-            size, d = k.shape[2], v.shape[-1]
-            cols = []
-            for start in range(0, size, d):
-                index = torch.arange(start, min(start + d, size))
-                onehot = torch.zeros_like(v)
-                onehot[:, :, index, index - start] = 1.0
-                out, _ = _inner(mod, q, k, onehot, mask, scaling=scaling, **kw)
-                cols.append(out[..., : len(index)])
-            found[mod.layer_idx] = torch.cat(cols, dim=-1).transpose(1, 2)[0].double()  # (heads, rows, keys)
-            return _inner(mod, q, k, v, mask, scaling=scaling, **kw)
-
-        module.ropekit_attend = recorder
-    with torch.no_grad():
-        ref(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
     rows = [t + t // MEM_FREQ for t in positions]
-    probs = torch.stack([found[l][:, rows] for l in sorted(found)]).clamp_min(0)  # (layers, heads, positions, keys)
-    want_h = -(probs * torch.log(torch.where(probs > 0, probs, torch.ones_like(probs)))).sum(-1)
+    probs = attend_probabilities(model, ids)[:, :, rows].clamp_min(0)  # (layers, heads, positions, keys)
+    want_h = entropy_of(probs)
     assert torch.allclose(got["entropy"], want_h, atol=2e-4), (got["entropy"] - want_h).abs().max()
     assert torch.equal(got["keys"], (probs > 0).sum(-1))
     # the last input token (63, first of block 9) keeps itself, one local block and one retrieved block: 1 + 7 + 7
