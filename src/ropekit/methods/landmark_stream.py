@@ -21,10 +21,12 @@ cached before them, and its mode is fixed by its first call:
 * **Plain ids** (no landmark id in them): landmarks are inserted after every ``mem_freq``-th token of the
   stream (:func:`~ropekit.methods.landmark_layout.landmark_layout`, counting the tokens already cached, so
   ``generate``, chunked prefill and one long forward see the same sequence); a 2-D attention mask and the
-  position ids are extended to match (:func:`~ropekit.methods.landmark_layout.landmark_positions`); and the
-  decoder's output is mapped back to one vector per plain token — the output at the landmark for the last
-  token of a block. So logits, ``logits_to_keep``, ``labels`` and every evaluation work on plain ids. The
-  per-layer ``hidden_states``/``attentions`` (when requested) keep the landmark positions.
+  position ids are extended to match (:func:`~ropekit.methods.landmark_layout.landmark_positions`) — a call
+  without position ids gets the plain model's, ``plain tokens so far + 0 … n−1``, extended the same way, so the
+  calls of one stream may mix passing them and not; and the decoder's output is mapped back to one vector per
+  plain token — the output at the landmark for the last token of a block. So logits, ``logits_to_keep``,
+  ``labels`` and every evaluation work on plain ids. The per-layer ``hidden_states``/``attentions`` (when
+  requested) keep the landmark positions.
 * **Ids that already hold landmarks** (the trainer's batches, :mod:`ropekit.methods.landmark_layout`): passed
   through; the output keeps one position per id.
 
@@ -244,12 +246,16 @@ def _insert_into_call(kwargs: dict, stream: _Stream, mem_freq: int, token_id: in
         whole, _, _ = landmark_layout(seen, mem_freq)
         kwargs["attention_mask"] = mask[:, whole.to(mask.device)]
     positions = kwargs.get("position_ids")
-    if positions is not None:
-        if positions.dim() != 2:
-            raise RopekitError("Landmark attention takes 2-D position_ids (batch, length)", "pass (batch, length) positions")
-        moved, carry, last = landmark_positions(positions, source, chunk_landmarks, stream.carry, stream.last_position)
-        kwargs["position_ids"] = moved
-        stream.carry, stream.last_position = carry, last
+    if positions is None:
+        # the plain model's default, its tokens' consecutive positions counting the cached ones (§3: a landmark
+        # is one more position of the stream), through the same path as given ones: a call without position ids
+        # must still advance `carry`, or a later call that passes them would count no landmark before it
+        positions = torch.arange(stream.plain_seen, stream.plain_seen + n, device=ids.device).expand(batch, -1)
+    elif positions.dim() != 2:
+        raise RopekitError("Landmark attention takes 2-D position_ids (batch, length)", "pass (batch, length) positions")
+    moved, carry, last = landmark_positions(positions, source, chunk_landmarks, stream.carry, stream.last_position)
+    kwargs["position_ids"] = moved
+    stream.carry, stream.last_position = carry, last
     stream.plain_seen += n
     return chunk_landmarks[None].expand(batch, -1), output_index
 
