@@ -49,6 +49,8 @@ CONTACTS = {
     "rope_init_function": "test_rope_init_registry_is_what_rotary_modules_call",
     "register_rope_init": "test_rope_init_registry_is_what_rotary_modules_call",
     "rotary_frequencies": "test_rope_init_with_a_length_gives_what_the_dynamic_update_installs",
+    "ropekit_drives_rotary": "test_transformers_builds_rotary_modules_outside_ropekits_block",
+    "rotary_driven_by_ropekit": "test_transformers_builds_rotary_modules_outside_ropekits_block",
     "register_rope_validator": "test_validator_hook_is_looked_up_by_rope_type_when_a_config_is_built",
     "rope_validator": "test_validator_hook_is_looked_up_by_rope_type_when_a_config_is_built",
     "register_attention": "test_a_registered_attention_is_called_with_its_kernels_mask",
@@ -105,6 +107,36 @@ def test_every_adapter_function_has_a_contact_test():
 
 
 # ---------------------------------------------------------------- rope-init registry and validator hook
+
+
+def test_transformers_builds_rotary_modules_outside_ropekits_block(tmp_path):
+    """Checked with transformers 5.24.0: ``from_pretrained`` calls a rope type's init function without a length
+    when it builds the rotary module (on the meta device) and again when it initialises the non-persistent
+    ``inv_freq`` (``_init_weights``), outside :func:`ropekit_drives_rotary`; ``rebuild_rotary`` and
+    ``rotary_frequencies`` call it inside, and the block ends with them."""
+    seen = []
+
+    def probe(config, device=None, seq_len=None, layer_type=None):
+        seen.append((seq_len, hf.rotary_driven_by_ropekit()))
+        return torch.linspace(1.0, 0.01, 8), 1.0
+
+    name = "ropekit_contact_probe"
+    hf.register_rope_init(name, probe)
+    try:
+        LlamaForCausalLM(tiny_config("llama", rope_scaling={"rope_type": name})).save_pretrained(tmp_path)
+        seen.clear()
+        model = AutoModelForCausalLM.from_pretrained(tmp_path)
+        assert len(seen) >= 2 and seen == [(None, False)] * len(seen)  # built, then its buffer initialised
+        seen.clear()
+        hf.rebuild_rotary(model)
+        hf.rotary_frequencies(model.model.rotary_emb, 40)
+        assert seen == [(None, True), (40, True)]
+        assert not hf.rotary_driven_by_ropekit()
+        with hf.ropekit_drives_rotary():
+            assert hf.rotary_driven_by_ropekit()
+        assert not hf.rotary_driven_by_ropekit()
+    finally:
+        ROPE_INIT_FUNCTIONS.pop(name, None)
 
 
 def test_rope_init_registry_is_what_rotary_modules_call():

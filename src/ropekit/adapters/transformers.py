@@ -35,6 +35,7 @@ through these functions, when ``extend``/``load`` (or a caller) asks.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -82,13 +83,36 @@ def rope_validator(rope_type: str) -> Callable | None:
     return getattr(hook, "ropekit_validate", None)
 
 
+_ROPEKIT_DRIVES_ROTARY = contextvars.ContextVar("ropekit_drives_rotary", default=False)
+
+
+@contextlib.contextmanager
+def ropekit_drives_rotary() -> Iterator[None]:
+    """Rotary modules built or recomputed inside this block are ropekit's own: ropekit attaches what their
+    frequencies need beyond the rope-init function (a length schedule) itself. A rope-init function called outside
+    such a block is transformers building a model on its own (``from_pretrained``, ``from_config``), which calls
+    the function of a model's rope type once when the module is built and again when it initialises the
+    non-persistent ``inv_freq`` buffer (``PreTrainedModel._init_weights``)."""
+    token = _ROPEKIT_DRIVES_ROTARY.set(True)
+    try:
+        yield
+    finally:
+        _ROPEKIT_DRIVES_ROTARY.reset(token)
+
+
+def rotary_driven_by_ropekit() -> bool:
+    """Whether the caller runs inside :func:`ropekit_drives_rotary`."""
+    return _ROPEKIT_DRIVES_ROTARY.get()
+
+
 def rotary_frequencies(rotary: torch.nn.Module, seq_len, layer_type: str | None = None,
                        device=None) -> tuple[torch.Tensor, float]:
     """``(inv_freq, attention factor)`` the rope-init function of ``rotary``'s own rope type gives at ``seq_len``
     (``None``: the set it is built with), for ``layer_type``'s layers on a model with RoPE per layer type."""
-    if layer_type is None:
-        return ROPE_INIT_FUNCTIONS[rotary.rope_type](rotary.config, device, seq_len)
-    return ROPE_INIT_FUNCTIONS[rotary.rope_type[layer_type]](rotary.config, device, seq_len, layer_type=layer_type)
+    with ropekit_drives_rotary():
+        if layer_type is None:
+            return ROPE_INIT_FUNCTIONS[rotary.rope_type](rotary.config, device, seq_len)
+        return ROPE_INIT_FUNCTIONS[rotary.rope_type[layer_type]](rotary.config, device, seq_len, layer_type=layer_type)
 
 
 # ---------------------------------------------------------------- attention registries
@@ -249,7 +273,8 @@ def rebuild_rotary(model: torch.nn.Module) -> None:
     the module computes its frequencies once, in ``__init__``, from the config's rope type."""
     for parent, attr, old in rotary_modules(model):
         device = next(old.buffers()).device
-        setattr(parent, attr, type(old)(config=old.config).to(device))
+        with ropekit_drives_rotary():
+            setattr(parent, attr, type(old)(config=old.config).to(device))
 
 
 def set_rotary_frequencies(rotary: torch.nn.Module, inv_freq: torch.Tensor, attention_factor: float) -> None:

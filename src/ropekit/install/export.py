@@ -195,6 +195,14 @@ def _vllm_config(model, m, info, params) -> tuple[EngineConfig | None, str]:
     return None, engine or ""
 
 
+def _base_window(config, record) -> int:
+    """The window the card calls original: the base model's effective one (a Qwen that declares 40,960 positions
+    with YaRN ×4 over 32,768 has 131,072), which the method's factor extends, not its declared
+    ``max_position_embeddings``."""
+    layer_type = (record.get("layer_types") or [None])[0]
+    return int(base_info(config, layer_type).window)
+
+
 def _encode(model, m, record, data: dict[str, Any], rope_format: str, freeze_length: int | None):
     """``(rope_parameters, "")`` writing the installation in ``rope_format`` (``native`` or ``longrope``), or
     ``(None, why not)``. On a model with RoPE per layer type each extended type gets its own entry, the others
@@ -379,7 +387,7 @@ def save_pretrained(model: PreTrainedModel, out_dir: str | Path, tokenizer=None,
             "`config.json` also carries its names (`rope_theta`, `rope_scaling`), the same numbers: it loads the same "
             "model with no flags" + (f" ({earlier})." if earlier else ".")))
         source = base_model or _hub_id(model)
-        body = card_body(building, saved, method=m.name, params=json_safe(params), original=int(record["base"]["max_position_embeddings"]),
+        body = card_body(building, saved, method=m.name, params=json_safe(params), original=_base_window(config, record),
                          note=how, legacy_why=legacy_why, evaluation=evaluation, evidence=evidence,
                          base_model=None if source and source.lower().endswith(".gguf") else source,
                          source_gguf=source if source and source.lower().endswith(".gguf") else None)

@@ -16,7 +16,7 @@ from typing import Any
 from transformers import CONFIG_MAPPING
 
 from ..adapters import transformers as hf
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, UnsupportedModelError
 from ..methods import Method, list_methods
 from .model_rope import base_info
 
@@ -40,11 +40,36 @@ def _make_rope_init(method: Method):
         # a scaled base gets the length as transformers passed it (a tensor from its dynamic update): its own
         # rope function then computes in the same precision as for the unextended model
         seq = seq_len if info.is_scaled or seq_len is None else int(seq_len)
-        return method.inv_freq(info, _params_from_rope(method, rope), seq_len=seq, device=device)
+        params = _params_from_rope(method, rope)
+        if seq_len is None and not hf.rotary_driven_by_ropekit():  # transformers building the module on its own
+            _refuse_plain_build(method, info, params)
+        return method.inv_freq(info, params, seq_len=seq, device=device)
 
     rope_init.__name__ = f"compute_{method.name}_rope_parameters"
     rope_init.__doc__ = f"ropekit's '{method.name}' frequencies (transformers rope-init contract)."
     return rope_init
+
+
+def _refuse_plain_build(method: Method, info, params: dict[str, Any]) -> None:
+    """Refuse a model that transformers builds on its own from a ``ropekit_<name>`` rope type (``from_pretrained``
+    after ``ropekit.register()``) where the rope-init function is not all of the method, so that the model built
+    would be another one, silently: an attention-side change or per-position rotation that ``extend``/``load``
+    attach to the attention, a method's own modules (CLEX's ODE) that they restore, or frequencies that change with
+    the input length by a hook they attach — transformers' own update follows only its ``dynamic`` rule, the one
+    Dynamic NTK installs."""
+    why = ""
+    if not method.frequencies_only or method.position_dependent_rotation(params):
+        why = "changes the attention, which the rope type cannot carry"
+    elif "weights" in method.changes:
+        why = "computes its frequencies with modules of its own that only ropekit restores"
+    else:
+        kind, length = method.length_dependence(info, params)
+        if kind != "static" and not (kind == "continuous" and "dynamic" in rope_type(method)):
+            why = (f"has frequencies that change with the input length beyond {length} tokens, which plain "
+                   "transformers would not follow (it would keep the short-input set)")
+    if why:
+        raise UnsupportedModelError(f"rope type '{rope_type(method)}' {why}",
+                                    "load the directory with ropekit.load(DIR), which installs the whole method")
 
 
 def _make_validator(method: Method):

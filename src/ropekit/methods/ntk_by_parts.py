@@ -133,8 +133,8 @@ def keep_fraction_from_ratios(
     low, high = max(low, 0), min(high, 2 * half - 1)
     if low == high:
         high += 0.001  # the same guard as the plain ramp
-    linear = (torch.arange(half, dtype=torch.float32) - low) / (high - low)
-    return (1.0 - linear.clamp(0.0, 1.0)).to(device=ratios.device)
+    linear = (torch.arange(half, dtype=torch.float32, device=ratios.device) - low) / (high - low)
+    return 1.0 - linear.clamp(0.0, 1.0)
 
 
 BETA_FAST = Param("beta_fast", float, 32.0, "β: pairs rotating more than β times in C keep their frequency", minimum=0, exclusive_minimum=True)
@@ -190,7 +190,13 @@ class _ByParts(Method):
             base, attention_factor = self.base(info, seq_len, device)
             if params["factor"] == 1.0:
                 return base, attention_factor
-            ratios = params["original_max_position_embeddings"] / wavelengths(base)
+            # the ramp's end pairs are read off the frequencies as numbers (ramp='dim'): where transformers builds
+            # the model on the meta device first (from_pretrained, a parameter count) they are computed on the CPU
+            known = base
+            if base.device.type == "meta":
+                with torch.device("cpu"):  # transformers' rope functions allocate on the default device
+                    known = self.base(info, seq_len, "cpu")[0]
+            ratios = params["original_max_position_embeddings"] / wavelengths(known)
             gamma = keep_fraction_from_ratios(ratios, params["beta_fast"], params["beta_slow"], params["ramp"],
                                               params["truncate"]).to(base.device)
             return blend_inv_freq(base, params["factor"], gamma, params["blend"]), attention_factor

@@ -779,7 +779,8 @@ def parameter_count(spec: str) -> int | None:
         else:
             register()  # a ropekit export's config may name a ropekit_<name> rope type
             config = AutoConfig.from_pretrained(target, local_files_only=True)
-        with torch.device("meta"):
+        # a count needs no frequencies: a length-dependent ropekit rope type is built as extend builds it
+        with torch.device("meta"), hf.ropekit_drives_rotary():
             model = AutoModelForCausalLM.from_config(config)
         # tied input/output embeddings are one tensor: count each parameter once
         return int(sum(p.numel() for p in model.parameters()))

@@ -153,7 +153,10 @@ def count_parameters(config, lora=None) -> tuple[int, int]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
+    from ..adapters.transformers import ropekit_drives_rotary
+
+    # a count needs no frequencies: a length-dependent ropekit rope type is built as extend builds it
+    with torch.device("meta"), ropekit_drives_rotary():
         model = AutoModelForCausalLM.from_config(config)
     total = sum(p.numel() for p in model.parameters())
     if lora is None:
