@@ -163,7 +163,9 @@ def study_cmd(
     only, retrain = ([label.strip() for item in given or [] for label in item.split(",") if label.strip()]
                      for given in (only, retrain))
     select_pieces(cfg, only)  # an unknown label: one line, before anything is written
-    require_same_config(cfg, study_dir)  # another protocol in this directory: one line, before the announcement
+    # another protocol in this directory (a dropped variant brought back changed, too): one line, before the
+    # announcement and before anything is written
+    require_same_config(cfg, study_dir)
     require_eval_data(cfg, study_dir, only)  # a missing data file that an unfinished piece reads: one line, here
     require_models(cfg, study_dir, retrain, only)  # a trained model not on this machine: one line, here
     for line in retrain_variants(cfg, study_dir, retrain):

@@ -25,6 +25,7 @@ import re
 import secrets
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,12 +291,33 @@ _USER_ERRNOS = {errno.ENOTDIR: "a part of the path is a file, not a directory",
 #: How Rust's std::io::Error ends its message (safetensors and tokenizers raise their own exception types).
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
+#: SQLite's primary result code for a write its file has no room for, "database or disk is full"
+#: (https://sqlite.org/rescode.html#full): the ENOSPC of a study's store, which reports no errno.
+_SQLITE_FULL = 13
+
+
+def _sqlite_full(exc: BaseException) -> bool:
+    """True for SQLite's "database or disk is full", also when a statement after it failed in its turn (SQLite rolls
+    the transaction back itself, so the store's own ``ROLLBACK`` then raises "no transaction is active")."""
+    sqlite3 = sys.modules.get("sqlite3")  # not imported: no error can be SQLite's (and the CLI starts without it)
+    seen = 0
+    while sqlite3 is not None and isinstance(exc, sqlite3.Error) and seen < 8:
+        code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+; an extended code, the primary one its low byte
+        full = code & 0xFF == _SQLITE_FULL if isinstance(code, int) else "database or disk is full" in str(exc)
+        if full:
+            return True
+        exc, seen = exc.__context__, seen + 1  # only through SQLite's own errors: another exception is not explained
+    return False
+
 
 def filesystem_error(exc: BaseException) -> RopekitError | None:
     """A :class:`RopekitError` line for an OSError the user's environment caused (also one a Rust extension
-    reports as text, ``… (os error 27)``), else None."""
+    reports as text, ``… (os error 27)``, and SQLite's full disk, which a study's store raises without an errno),
+    else None."""
     if isinstance(exc, OSError):
         number, where = exc.errno, exc.filename
+    elif _sqlite_full(exc):
+        number, where = errno.ENOSPC, None  # the disk the database, its log or SQLite's temporary files are on
     else:
         found = _RUST_OS_ERROR.search(str(exc))
         number, where = (int(found.group(1)) if found else None), None

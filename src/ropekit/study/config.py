@@ -49,7 +49,8 @@ claims (a)–(f)::
 The file is checked by pydantic models (:class:`~ropekit.core.schema.StrictModel`, one per section, the
 recipe by :mod:`ropekit.train.config`); every problem is one line naming the key and the fix
 (:class:`StudyConfigError`). The parsed config is :class:`StudyConfig`; :meth:`StudyConfig.as_dict` is what the
-results database records as the study's configuration (a study directory refuses a different one).
+results database records as the study's configuration (a study directory refuses a different one, except for added
+or dropped variants and edited notes: :meth:`ropekit.study.store.StudyStore.initialize`).
 """
 
 from __future__ import annotations
@@ -141,6 +142,9 @@ class Variant:
     params: dict[str, Any] = field(default_factory=dict)
     #: None: evaluated as installed (frozen); a dict: fine-tuned with the recipe deep-merged with these overrides.
     finetune: dict[str, Any] | None = None
+    #: Free text the report's method card shows. It documents the variant rather than defining what runs, so it
+    #: is recorded with the config but is no part of the study's identity: editing it resumes the study
+    #: (:data:`ropekit.study.store.VARIANT_DOCUMENTATION`).
     note: str | None = None
     #: None, or the settings of a LongRoPE factor search (``method`` is then ``longrope``, its factors the result).
     search: dict[str, Any] | None = None
@@ -207,8 +211,9 @@ class StudyConfig:
         return {k: copy.deepcopy(v) for k, v in self.evals[name].items() if k != "task"}
 
     def as_dict(self, placement: bool = False) -> dict[str, Any]:
-        """The study's identity (what the results database records; a directory refuses another one). With
-        ``placement``, also where it runs (device, dtype, attn, resources), which may change between runs."""
+        """The study's identity (what the results database records; a directory refuses another one) — each
+        variant's ``note`` aside, which is recorded for the report but may change. With ``placement``, also where
+        it runs (device, dtype, attn, resources), which may change between runs."""
         out = {"name": self.name, "model": self.model, "seed": self.seed, "target_length": self.target_length,
                "window": self.window, "recipe": copy.deepcopy(self.recipe), "description": self.description,
                "variants": [v.as_dict() for v in self.variants], "evals": copy.deepcopy(self.evals)}

@@ -17,17 +17,18 @@ from typing import Any
 
 from ..errors import RopekitError
 from ..eval import get_task
-from ..eval.common import EvalContext, prepare_model
+from ..eval.common import EvalContext, _check_resumed_dtype, prepare_model
 from ..install import load
 from ..models.byte_tokenizer import byte_tokenizer
 from ..models.loading import load_model, parameter_count
 from ..runtime import quiet_transformers
+from ..runtime.atomic import filesystem_error
 from ..runtime.devices import computed_on
 from ..train.builtin_base import SHIPPED_DIR, describe, pretrain_base
 from ..train.export import FINAL_DIR
 from ..train.trainer import METRICS_FILE, train
 from .config import BUILTIN_BASE, StudyConfig, Variant, train_config_for
-from .store import StoreRecordWriter, StudyStore, key_fields_for
+from .store import DB_NAME, StoreRecordWriter, StudyStore, key_fields_for, open_study
 
 PRETRAIN = "pretrain:base"
 RUNS_DIR = "runs"
@@ -313,12 +314,44 @@ def _run_eval(config: StudyConfig, store, piece: PlannedPiece, report, device: s
         writer = StoreRecordWriter(store, piece.id, key_fields_for(task))
     # records carry the evaluation's name (``ppl-same-targets`` next to ``ppl``) and, with several seeds, the seed
     tags = {"seed": piece.seed} if seed_suffix(config, piece.seed) else {}
-    # each sample says where it was computed: a piece resumed on another machine holds samples of both
+    # each sample says where it was computed: a piece resumed on another machine holds samples of both, in one dtype
     tags["computed_on"] = computed_on(model)
+    _refuse_another_dtype(writer, piece.task, method, params, tags["computed_on"]["dtype"],
+                          Path(study_dir) / DB_NAME if study_dir is not None else "the study")
     ctx = EvalContext(task=piece.task, model=model, tokenizer=tokenizer, method=method, params=params,
                       seed=config.seed, writer=writer, progress=_Sink(report), tags=tags)
     module.run(ctx, **options)
     return {"placement": tags["computed_on"]}
+
+
+def _refuse_another_dtype(writer, task: str, method: str, params: dict[str, Any], dtype: str, where) -> None:
+    """Refuse, before a sample is written, to resume an evaluation whose stored samples were computed in another
+    dtype than ``dtype`` (``--dtype``, or ``auto`` resolved on another machine): bfloat16 and float32 scores of one
+    model differ by about what separates methods, and each cell would average both. ``ropekit eval --resume``'s
+    check (:func:`ropekit.eval.common._check_resumed_dtype`); another device or machine in the same dtype is fine."""
+    # the store gives records back as JSON: the parameters are compared as it reads them (a tuple is a list there)
+    stored = json.loads(json.dumps(params, sort_keys=True, default=str))
+    _check_resumed_dtype(writer, task, method, stored, dtype, where)
+
+
+def require_same_dtype(config: StudyConfig, study_dir: str | Path, only: Sequence[str] | None = None) -> None:
+    """Refuse, in one line before anything is written, to resume evaluations whose stored samples were computed in
+    another dtype than this run computes in (:func:`placement`): the check each piece makes when it starts
+    (:func:`_refuse_another_dtype`), made for every unfinished evaluation at once — the piece's own check records a
+    failed piece when its turn comes, after the pieces before it ran. For the local backend: a Ray cluster's workers
+    resolve ``auto`` on their own machines. ``only``: :func:`select_pieces`."""
+    if not (Path(study_dir) / DB_NAME).is_file():
+        return
+    dtype = placement(config).dtype
+    with open_study(study_dir) as store:
+        status = {p["id"]: p["status"] for p in store.pieces()}
+        for piece in select_pieces(config, only):
+            if piece.kind != "eval" or status.get(piece.id, "done") == "done":
+                continue
+            writer = StoreRecordWriter(store, piece.id, key_fields_for(config.eval_task(piece.task)))
+            first = next(iter(writer.records()), None)
+            if first is not None:  # a piece's samples are of one method and parameters (require_same_config)
+                _check_resumed_dtype(writer, piece.task, first.get("method"), first.get("params"), dtype, store.path)
 
 
 def execute_piece(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path, report=lambda n, total: None,
@@ -343,9 +376,12 @@ def piece_seconds(out: dict[str, Any], started: float) -> float:
 
 
 def piece_error(err: BaseException) -> str | BaseException:
-    """What a failed piece records: a RopekitError's one line, any other exception as it is."""
-    if isinstance(err, RopekitError):
-        return f"{err.problem} ({err.fix})" if err.fix else err.problem
+    """What a failed piece records: a RopekitError's one line — a full disk or another filesystem error the user can
+    fix as the line the CLI gives it (:func:`ropekit.runtime.atomic.filesystem_error`) — any other exception as it
+    is."""
+    user = err if isinstance(err, RopekitError) else filesystem_error(err)
+    if user is not None:
+        return f"{user.problem} ({user.fix})" if user.fix else user.problem
     return err
 
 

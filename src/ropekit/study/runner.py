@@ -54,10 +54,11 @@ from .pieces import (
     plan,
     produced_model,
     produced_model_dir,
+    require_same_dtype,
     select_pieces,
 )
 from .ray_backend import require_ray, run_on_ray
-from .store import DB_NAME, StudyStore, open_study
+from .store import DB_NAME, Piece, StudyStore, open_study
 
 __all__ = ["BACKENDS", "PRETRAIN", "PlannedPiece", "initialize", "plan", "require_eval_data", "require_models",
            "retrain_variants", "run_piece", "run_study", "select_pieces", "work"]
@@ -239,18 +240,26 @@ def _start_workers(procs) -> None:
         signal.signal(signal.SIGINT, previous)
 
 
+def _piece_specs(config: StudyConfig) -> list[Piece]:
+    """The plan's pieces as the store registers them (id, kind, variant label, params, task)."""
+    return [Piece(p.id, p.kind, p.label, dict(p.params or {}), p.task) for p in plan(config)]
+
+
 def initialize(study_dir: str | Path, config: StudyConfig) -> StudyStore:
-    """Create (or reopen) the study's database, record the manifest and register every piece."""
+    """Create (or reopen) the study's database, record the manifest and register every piece — in one
+    transaction, so a config or a piece the study refuses writes nothing (the study still resumes as it was)."""
     study_dir = Path(study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)
     store = open_study(study_dir, create=True)
     window = config.window
-    # claims go beside the config, not in it: they say how results are judged, so revising them keeps the study
-    store.initialize(config.name, config.as_dict(), seeds=config.training_seeds, model=config.model,
-                     target_length=config.target_length, methods=_variant_order(config), claims=config.claims,
-                     **({"window": window} if window else {}))
-    for p in plan(config):
-        store.register(p.id, kind=p.kind, method=p.label, params=p.params, task=p.task)
+    try:
+        # claims go beside the config, not in it: they say how results are judged, so revising them keeps the study
+        store.initialize(config.name, config.as_dict(), seeds=config.training_seeds, model=config.model,
+                         target_length=config.target_length, methods=_variant_order(config), claims=config.claims,
+                         pieces=_piece_specs(config), **({"window": window} if window else {}))
+    except BaseException:
+        store.close()
+        raise
     return store
 
 
@@ -329,12 +338,14 @@ def require_study_dir(study_dir: Path, own: Sequence[Path] = ()) -> None:
 
 def require_same_config(config: StudyConfig, study_dir: Path) -> None:
     """Refuse, before anything is printed or written, a config that the study in ``study_dir`` was not started with
-    (the store's rule: adding or dropping variants is the same protocol)."""
+    (the store's rule: adding or dropping variants is the same protocol, a dropped variant brought back must be
+    defined as it was), or whose plan has a piece the study registered with another spec: what
+    :func:`initialize` would refuse, refused here first."""
     if not (study_dir / DB_NAME).is_file():
         return
     store = open_study(study_dir)
     try:
-        store.check_config(config.as_dict())
+        store.check_config(config.as_dict(), _piece_specs(config))
     finally:
         store.close()
 
@@ -550,6 +561,8 @@ def run_study(config: StudyConfig, study_dir: str | Path, *, workers: int = 1, p
     require_eval_data(config, study_dir, only)
     require_training_data(config, study_dir, only)
     require_models(config, study_dir, only=only)
+    if backend == "local":  # a Ray cluster's workers resolve `auto` on their own machines; each piece checks itself
+        require_same_dtype(config, study_dir, only)
     fresh = not study_dir.exists()
     store = initialize(study_dir, config)
     # a piece whose worker has ended (a run killed with SIGTERM or SIGKILL) is free again now, not when a worker

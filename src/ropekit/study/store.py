@@ -5,9 +5,11 @@ A study is cut into *pieces* — one training run (``train:yarn``), one evaluati
 
 * ``manifest`` — key → JSON value: study name, config, seeds, ropekit/torch/transformers versions, the
   machine (CPU model, cores, RAM, GPU, OS, Python), ``created``/``updated`` timestamps, and what the
-  report reads (``model``, ``window``, ``target_length``, ``methods``); and under ``placement:PIECE`` where
-  each finished piece computed (device, dtype, attention, the hardware's name: :meth:`StudyStore.placements`),
-  since one study may be finished on several machines;
+  report reads (``model``, ``window``, ``target_length``, ``methods``); under ``variants_recorded`` every variant
+  definition the study has ever been run with, by label (a dropped variant's results stay in the file under its
+  label, so the label stays bound to that definition: :meth:`StudyStore.check_config`); and under
+  ``placement:PIECE`` where each finished piece computed (device, dtype, attention, the hardware's name:
+  :meth:`StudyStore.placements`), since one study may be finished on several machines;
 * ``pieces`` — one row per piece: kind, method label, params, task, status
   (pending → running → done | failed), start/finish times, seconds, error, worker, attempts;
 * ``samples`` — one row per scored evaluation sample (the JSON record an eval task writes, see
@@ -62,6 +64,11 @@ SCHEMA_VERSION = 1
 DB_NAME = "study.sqlite"
 #: Manifest keys ``placement:PIECE`` hold where that piece computed (:meth:`StudyStore.placements`).
 PLACEMENT_KEY = "placement:"
+#: Manifest key of every variant definition the study was ever run with, label → definition (:func:`_definition`).
+VARIANTS_KEY = "variants_recorded"
+#: Keys of a variant that document it rather than say what runs: they may change between runs (the manifest's
+#: config, which the report reads, takes the new text) and are no part of the study's identity.
+VARIANT_DOCUMENTATION = ("note",)
 KINDS = ("train", "eval", "pretrain", "search")
 STATUSES = ("pending", "running", "done", "failed")
 #: Fields every evaluation record carries (as :data:`ropekit.eval.common.COMMON_KEY_FIELDS`).
@@ -207,30 +214,41 @@ def _read_proc(path: str) -> str:
         return ""
 
 
-def _same_protocol(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether two study configs differ only in which variants they list, each variant in both the same."""
-    if {k: v for k, v in old.items() if k != "variants"} != {k: v for k, v in new.items() if k != "variants"}:
-        return False
-    before = {v.get("label"): v for v in old.get("variants") or []}
-    return all(before.get(v.get("label"), v) == v for v in new.get("variants") or [])
+def _definition(variant: Mapping[str, Any]) -> dict[str, Any]:
+    """What a variant of a recorded config runs: everything but its documentation (:data:`VARIANT_DOCUMENTATION`)."""
+    return {k: v for k, v in variant.items() if k not in VARIANT_DOCUMENTATION}
 
 
-def _first_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
-    """The first setting two study configs disagree on, in words: a variant by its label (variants may be added or
-    dropped; one defined twice differently is what makes two protocols)."""
+def _variants_of(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A recorded config's variants by label, each as its :func:`_definition`."""
+    return {v["label"]: _definition(v) for v in config.get("variants") or []
+            if isinstance(v, Mapping) and isinstance(v.get("label"), str)}
+
+
+def _protocol_difference(old: Mapping[str, Any], new: Mapping[str, Any],
+                         recorded: Mapping[str, Any] | None = None) -> str | None:
+    """The first setting in which ``new`` is another protocol than the study's, in words, or None when it is the
+    same one: everything but the variants equal, and every variant of ``new`` defined as the study last ran it
+    (``old``) or, for a label it dropped, as ``recorded`` (:data:`VARIANTS_KEY`) keeps it — a dropped variant's
+    results stay in the file under its label, and a label brought back with another definition would reuse them
+    under the new settings. Variants may be added or dropped, and a note (:data:`VARIANT_DOCUMENTATION`) may change."""
     from ..train.checkpoint import config_diff
 
-    rest = config_diff({k: v for k, v in old.items() if k != "variants"},
-                       {k: v for k, v in new.items() if k != "variants"})
-    if rest:
-        return rest.replace(" in the run, ", " in the study, ")
-    before = {v.get("label"): v for v in old.get("variants") or []}
-    for variant in new.get("variants") or []:
-        label = variant.get("label")
+    rest_old = {k: v for k, v in old.items() if k != "variants"}
+    rest_new = {k: v for k, v in new.items() if k != "variants"}
+    if rest_old != rest_new:
+        found = config_diff(rest_old, rest_new)
+        return (found or "a setting beside the variants").replace(" in the run, ", " in the study, ")
+    listed = _variants_of(old)
+    before = {**(recorded or {}), **listed}
+    for label, variant in _variants_of(new).items():
         if label in before and before[label] != variant:
-            found = config_diff(before[label], variant, f"variant '{label}'")
-            return (found or f"variant '{label}'").replace(" in the run, ", " in the study, ")
-    return "the variants"
+            found = config_diff(before[label], variant, f"variant '{label}'") or f"variant '{label}'"
+            found = found.replace(" in the run, ", " in the study, ")
+            if label not in listed:  # dropped by an earlier run: its results are still in the study
+                found += ", a variant dropped earlier whose results stay in the study under its label"
+            return found
+    return None
 
 
 def placement_label(where: Mapping[str, Any]) -> str:
@@ -555,14 +573,17 @@ class StudyStore:
                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (_dumps(now_iso()),))
 
     # ---- manifest ---------------------------------------------------------------------------------------
+    @classmethod
+    def _put(cls, db: sqlite3.Connection, values: Mapping[str, Any]) -> None:
+        for key, value in values.items():
+            db.execute("INSERT INTO manifest (key, value) VALUES (?, ?) "
+                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(key), _dumps(value)))
+        cls._touch(db)
+
     def set_manifest(self, items: Mapping[str, Any] | None = None, **more: Any) -> None:
         """Store each key → JSON-serialisable value (replacing earlier values) and stamp ``updated``."""
-        values = {**(items or {}), **more}
         with self._write() as db:
-            for key, value in values.items():
-                db.execute("INSERT INTO manifest (key, value) VALUES (?, ?) "
-                           "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(key), _dumps(value)))
-            self._touch(db)
+            self._put(db, {**(items or {}), **more})
 
     def get_manifest(self, key: str | None = None, default: Any = None) -> Any:
         """The whole manifest as a dict (the pieces' placements aside: :meth:`placements`), or one key's value
@@ -597,48 +618,84 @@ class StudyStore:
         rows = self._conn.execute("SELECT key, value FROM manifest WHERE key LIKE ?", (PLACEMENT_KEY + "%",))
         return {r["key"][len(PLACEMENT_KEY):]: json.loads(r["value"]) for r in rows}
 
-    def check_config(self, config: Mapping[str, Any]) -> None:
+    def _recorded_variants(self) -> dict[str, Any]:
+        """:data:`VARIANTS_KEY`; a study begun before ropekit kept it knows the variants of its last config alone."""
+        recorded = self.get_manifest(VARIANTS_KEY)
+        if recorded is None:
+            recorded = _variants_of(self.get_manifest("config") or {})
+        return dict(recorded)
+
+    def check_config(self, config: Mapping[str, Any], pieces: Iterable[Piece] = ()) -> None:
         """Refuse, in one line, a config whose protocol differs from the one this study was started with
-        (:meth:`initialize`'s rule); nothing is written."""
+        (:meth:`initialize`'s rule), or a piece of ``pieces`` (the config's plan) registered here with another
+        spec; nothing is written."""
         config = json.loads(_dumps(dict(config)))
         old = self.get_manifest("config")
-        if old is not None and old != config and not _same_protocol(old, config):
-            raise RopekitError(
-                f"study '{self.path.parent}' was started with another configuration: {_first_difference(old, config)}",
-                "use a new study directory, or resume with the same configuration",
-            )
+        if old is not None and old != config:
+            found = _protocol_difference(old, config, self._recorded_variants())
+            if found:
+                redefined = found.startswith("variant '")
+                raise RopekitError(
+                    f"study '{self.path.parent}' was started with another configuration: {found}",
+                    ("give the redefined variant a new label, " if redefined else "")
+                    + "use a new study directory, or resume with the same configuration",
+                )
+        for piece in pieces:
+            self._check_piece(self._conn, piece)
 
-    def initialize(self, name: str, config: Mapping[str, Any], *, seeds: Any = None, replace: bool = False, **extra: Any) -> None:
-        """Record a study's identity: name, config, seeds, package versions and the machine (plus ``extra``
-        keys such as ``model``, ``window``, ``target_length``, ``methods``).
+    def initialize(self, name: str, config: Mapping[str, Any], *, seeds: Any = None, replace: bool = False,
+                   pieces: Iterable[Piece] = (), **extra: Any) -> None:
+        """Record a study's identity — name, config, seeds, package versions and the machine (plus ``extra``
+        keys such as ``model``, ``window``, ``target_length``, ``methods``) — and register ``pieces`` (its plan),
+        in one transaction: a refused config or piece leaves the file as it was, so the study still resumes
+        with the config it was started with.
 
         Re-opening a study with a different config would mix results of two protocols in one file, so it
         is refused unless ``replace`` — except a config that only adds or drops variants (every variant in both
         defined the same, everything else equal): the protocol is the same, so a method joins an existing
         comparison without the others being measured again, and a dropped variant's pieces stay in the file,
-        outside the study's plan.
+        outside the study's plan. Since they stay, a dropped label keeps its definition (:data:`VARIANTS_KEY`):
+        brought back changed it is refused, brought back as it was it finds its results. A variant's ``note``
+        documents it and may change (:data:`VARIANT_DOCUMENTATION`). ``replace`` starts the record of variant
+        definitions over from ``config``.
         """
         config = json.loads(_dumps(dict(config)))
-        if not replace:
-            self.check_config(config)
-        self.set_manifest(name=name, config=config, seeds=seeds, versions=package_versions(),
-                          machine=machine_description(), **extra)
+        pieces = list(pieces)
+        # gathered before the write lock: describing the machine imports torch
+        values = {"name": name, "config": config, "seeds": seeds, "versions": package_versions(),
+                  "machine": machine_description(), **extra}
+        with self._write() as db:
+            if replace:
+                recorded = {}
+            else:
+                self.check_config(config)
+                recorded = self._recorded_variants()
+            for piece in pieces:
+                self._register(db, piece)
+            recorded.update(_variants_of(config))
+            self._put(db, {**values, VARIANTS_KEY: recorded})
 
     # ---- pieces -----------------------------------------------------------------------------------------
-    def _register(self, db: sqlite3.Connection, piece: Piece) -> None:
+    @staticmethod
+    def _check_piece(db: sqlite3.Connection, piece: Piece) -> bool:
+        """Whether ``piece`` is registered; a piece registered with another spec is refused in one line."""
         if piece.kind not in KINDS:
             raise RopekitError(f"piece '{piece.id}' has kind '{piece.kind}'", f"use one of: {', '.join(KINDS)}")
         params = _dumps(piece.params or {})
         row = db.execute("SELECT kind, method, params, task FROM pieces WHERE id = ?", (piece.id,)).fetchone()
         if row is None:
-            db.execute("INSERT INTO pieces (id, kind, method, params, task, created) VALUES (?, ?, ?, ?, ?, ?)",
-                       (piece.id, piece.kind, piece.method, params, piece.task, now_iso()))
-            return
+            return False
         if (row["kind"], row["method"], row["params"], row["task"]) != (piece.kind, piece.method, params, piece.task):
             raise RopekitError(
                 f"piece '{piece.id}' is already in the study as {row['kind']} {row['method']} {row['params']} {row['task']}",
                 "keep each piece's method, params and task fixed, or start a new study directory",
             )
+        return True
+
+    def _register(self, db: sqlite3.Connection, piece: Piece) -> None:
+        if not self._check_piece(db, piece):
+            db.execute("INSERT INTO pieces (id, kind, method, params, task, created) VALUES (?, ?, ?, ?, ?, ?)",
+                       (piece.id, piece.kind, piece.method, _dumps(piece.params or {}), piece.task, now_iso()))
 
     @staticmethod
     def _as_piece(piece: str | Piece, kind=None, method=None, params=None, task=None) -> Piece:
