@@ -147,22 +147,53 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
     analysis = stats.Analysis(records, methods)
     rows = analysis.rows
     table = analysis.table
+    # cells of pieces not done (pending, running, failed) short of their planned samples: every table marks them
+    # ("3 of 8, unfinished"; summary.json's "partial"), and the findings never read them — the headline, the claims,
+    # the correlations, the retention check and the ranking see the analysis without them (``complete``)
+    partial = findings.partial_cells(pieces, records, manifest)
+    for r in rows:
+        info = partial.get((r["method"], r["task"], r["length"]))
+        if info is not None:
+            r["partial"] = info
+    complete = analysis.without(partial)
+    open_evals = {(p["method"], p["task"]) for p in pieces if p["kind"] == "eval" and p["status"] != "done"}
     methods = [m for m in methods if m in table.methods() or any(p["method"] == m for p in pieces)]
     declared = findings.study_claims(manifest)
     infos = findings.variants(manifest, pieces, records, methods, declared)
     control = findings.control_label(infos, declared.get("control"))
     # fine-tuned variants that did not recover their in-window retrieval measure the recipe, not the method: they
     # stay in the tables, but out of the claims, the correlations and the ranking (ropekit.study.convergence)
-    retention = (convergence.in_window_retention(analysis, control, [m for m, i in infos.items() if i.kind == "fine-tuned"],
-                                                 window) if control and window is not None else [])
+    finetuned = [m for m, i in infos.items() if i.kind == "fine-tuned"]
+    retention = (convergence.in_window_retention(complete, control, finetuned, window)
+                 if control and window is not None else [])
+    # judged on the in-window lengths finished so far, a verdict could still go either way: a variant whose in-window
+    # passkey (or the control's) is unfinished at some length waits, out of the claims and the ranking, unjudged
+    waiting = _retention_waiting(retention, finetuned, control, table, window, partial, open_evals)
     excluded = convergence.unconverged(retention)
-    judged_table = stats.Table([r for r in rows if r["method"] not in excluded], analysis=analysis) if excluded else table
-    judged_infos = {m: i for m, i in infos.items() if m not in excluded}
+    held = excluded + waiting
+    judged_table = (stats.Table([r for r in complete.rows if r["method"] not in held], analysis=complete) if held
+                    else complete.table)
+    judged_infos = {m: i for m, i in infos.items() if m not in held}
     kendall = stats.perplexity_correlations(judged_table, target)
-    ranking = stats.rank_methods(judged_table, window, target, [m for m in methods if m not in excluded])
+    ranked = [m for m in methods if m not in held]
+    ranking = stats.rank_methods(judged_table, window, target, ranked)
+    # a method whose ranking cells are partial, or missing while its piece runs, is not ranked on what it has so far
+    unfinished = [m for m in ranked if _unfinished_basis(m, ranking, table, partial, open_evals)]
+    if unfinished:
+        ranked = [m for m in ranked if m not in unfinished]
+        ranking = stats.rank_methods(stats.Table([r for r in judged_table.rows if r["method"] not in unfinished],
+                                                 analysis=complete), window, target, ranked)
     ranking["rows"] += [_unranked_row(table, m, ranking.get("ppl_length")) for m in excluded]
+    unfinished += waiting
+    ranking["rows"] += [_unranked_row(table, m, ranking.get("ppl_length"), unfinished=True) for m in unfinished]
     claims = findings.evaluate_claims(judged_table, judged_infos, window, target, kendall, declared)
+    left_out = [{"method": m, "task": t, "length": L, **info} for (m, t, L), info in partial.items()]
+    _note_left_out(claims, left_out, declared, window)
     effects = findings.control_effects(table, infos, control) if control else []
+    for e in effects:  # a side from an unfinished piece: marked in the table and in summary.json's "control"
+        marks = {k: partial[(k, e["task"], e["length"])] for k in (e["method"], control) if (k, e["task"], e["length"]) in partial}
+        if marks:
+            e["partial"] = marks
     cards = findings.method_cards(infos, pieces, records)
     figs = _Figures(out, methods, window, target, infos)
     sections: list[dict[str, Any]] = []
@@ -176,11 +207,18 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
             tables_md.extend(tables)
 
     headline = _headline(table, ranking, methods, infos, window, target)
-    summary_text = findings.headline(table, ranking, claims, window, target) if records else ""
+    summary_text = findings.headline(complete.table, ranking, claims, window, target) if records else ""
     if excluded and summary_text:
         summary_text += (f" Left out of the claims, the correlations and the ranking as not converged under this budget "
                          f"(in-window passkey more than {convergence.RETENTION_POINTS:.0f} points below {control}): "
                          f"{', '.join(excluded)}.")
+    if waiting and summary_text:
+        summary_text += (f" Left out of the claims and the ranking until their in-window passkey pieces finish (the "
+                         f"convergence check, against {control}, waits for them): {', '.join(waiting)}.")
+    if left_out and summary_text:
+        summary_text += " " + _left_out_text(left_out)
+    if unfinished and summary_text:
+        summary_text += f" Not ranked until their pieces finish: {', '.join(unfinished)}."
     if headline:
         tables_md.append(headline)
     tasks = table.tasks()
@@ -234,7 +272,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
         tabs = [_length_table(table, t, "accuracy", methods, f"{title}: accuracy (%) by length", kind="pct", window=window, best="high")]
         if t in BREAKDOWN and table.lengths(t):
             ref = target if target in table.lengths(t) else table.lengths(t)[-1]
-            tabs.append(_breakdown_table(records, t, BREAKDOWN[t], methods, ref))
+            tabs.append(_breakdown_table(records, t, BREAKDOWN[t], methods, ref, partial))
         intro = {"ruler": "Accuracy is the mean over RULER's tasks of each task's mean score; intervals resample prompts within each task.",
                  "longbench": "Accuracy is the mean over datasets of each dataset's mean score (LongBench's leaderboard "
                               "averages task categories per language: `ropekit eval longbench` reports that as "
@@ -275,6 +313,13 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
         section("training", "Training", note, [_figure(path, "Training loss by step of each run", wide=True)],
                 [_table("Training runs", ["Method", "Status", "Last step", "Last loss", "Time"], train_rows)])
     section("pieces", "Study progress", "", [], [_pieces_table(pieces, status)])
+    # the figures draw every stored value; where some come from unfinished pieces, their captions say so
+    partial_sections = ({_slug(t) for _, t, _ in partial} | {t for _, t, _ in partial}
+                        | ({"control"} if any(stats.is_perplexity(t) for _, t, _ in partial) else set()))
+    for s in sections:
+        if s["id"] in partial_sections:
+            for f in s["figures"]:
+                f["caption"] += " (includes values of pieces that have not finished: the tables mark them “k of N”)"
 
     name = _setting(manifest, "name") or db.parent.name
     return {
@@ -283,6 +328,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
         "headline": headline,
         "summary": summary_text,
         "claims": claims if records else [],
+        "left_out": left_out,
         "papers": findings.PAPERS,
         "statistics": STATISTICS_NOTE,
         "ranking": ranking,
@@ -392,7 +438,8 @@ def _write_report_files(study_dir: Path, out_dir: Path) -> dict[str, Any]:
         "manifest": ctx["manifest"],
         "statistics": {"method": ctx["statistics"], "resamples": stats.BOOTSTRAP_RESAMPLES, "seed": stats.BOOTSTRAP_SEED,
                        "level": 0.95, "min_paired": stats.MIN_PAIRED},
-        "findings": {"headline": ctx["summary"], "claims": ctx["claims"]},
+        # the cells of unfinished pieces the findings leave out (each also marked "partial" in the aggregates)
+        "findings": {"headline": ctx["summary"], "claims": ctx["claims"], "left_out": ctx["left_out"]},
         "aggregates": ctx["aggregates"],
         "ranking": {k: v for k, v in ctx["ranking"].items()},
         "kendall": ctx["kendall"],
@@ -421,11 +468,98 @@ def _write_report_files(study_dir: Path, out_dir: Path) -> dict[str, Any]:
             "figures": [str(p) for p in ctx["figures"]], "figure_overlaps": ctx["figure_overlaps"]}
 
 
-def _unranked_row(table: stats.Table, method: str, ppl_at: int | None) -> dict[str, Any]:
-    """A ranking row for a variant kept out of the ranking: no rank, its perplexity shown."""
+def _retention_waiting(retention: list[dict[str, Any]], finetuned: list[str], control: str | None, table: stats.Table,
+                       window: int | None, partial: Mapping[tuple, Any], open_evals: set) -> list[str]:
+    """The fine-tuned variants whose convergence verdict waits: at some in-window length of the judged task their cell
+    or the control's is partial, or missing while that side's piece has not finished. Their retention rows'
+    ``converged`` becomes ``None``."""
+    task = convergence.JUDGED_TASK
+    if control is None or window is None or task not in table.tasks():
+        return []
+    lengths = [L for L in table.lengths(task) if L is not None and L <= window]
+
+    def unfinished(side: str, length: int) -> bool:
+        return (side, task, length) in partial or (
+            (side, task) in open_evals and table.get(side, task, length, "accuracy") is None)
+
+    waiting = [m for m in finetuned if m != control
+               and any(unfinished(side, L) for L in lengths for side in (m, control))]
+    for r in retention:
+        if r["method"] in waiting and "converged" in r:
+            r["converged"] = None
+    judged = {r["method"] for r in retention if r["task"] == task}
+    retention += [{"method": m, "task": task, "lengths": [], "missing_lengths": lengths, "accuracy": None,
+                   "control_accuracy": None, "difference": None, "ci95": None, "n": 0, "converged": None}
+                  for m in waiting if m not in judged]  # nothing finished in the window yet: a row that says so
+    return waiting
+
+
+def _unranked_row(table: stats.Table, method: str, ppl_at: int | None, *, unfinished: bool = False) -> dict[str, Any]:
+    """A ranking row for a variant kept out of the ranking: no rank, its perplexity shown (marked where partial).
+    ``unfinished``: kept out as its pieces have not finished, else as it did not converge."""
     row = table.row(method, "ppl", ppl_at, "ppl") if ppl_at is not None else None
     return {"rank": None, "method": method, "primary": None, "primary_ci95": None, "ppl": row["value"] if row else None,
-            "ppl_ci95": row.get("ci95") if row else None, "tied": False, "unconverged": True}
+            "ppl_ci95": row.get("ci95") if row else None, "tied": False,
+            **({"unfinished": True} if unfinished else {"unconverged": True})}
+
+
+def _unfinished_basis(method: str, ranking: Mapping[str, Any], table: stats.Table, partial: Mapping[tuple, Any],
+                      open_evals: set) -> bool:
+    """Whether a cell the ranking reads for ``method`` (its task at its lengths, perplexity at its length) is partial,
+    or missing while the method's piece of that task has not finished."""
+    cells = [(ranking.get("task"), L, "accuracy") for L in ranking.get("lengths") or []]
+    if ranking.get("ppl_length") is not None:
+        cells.append(("ppl", ranking["ppl_length"], "ppl"))
+    for task, length, metric in cells:
+        if task is None:
+            continue
+        if (method, task, length) in partial:
+            return True
+        if table.row(method, task, length, metric) is None and (method, task) in open_evals:
+            return True
+    return False
+
+
+def _left_out_text(left_out: list[dict[str, Any]]) -> str:
+    """The headline's sentence on the cells of unfinished pieces that the findings leave out."""
+    from .report_format import unit_noun
+
+    parts = [f"{c['method']} {findings._task_name(c['task'])} at {length_label(c['length'])} "
+             f"({findings.partial_text(c, unit_noun(c['task']))})" for c in left_out]
+    return ("Left out of this headline, the claims, the correlations and the ranking as their pieces have not finished "
+            "(marked in the tables): " + "; ".join(parts) + ".")
+
+
+def _claim_reads(item: Mapping[str, Any] | None, task: str, length: int | None, window: int | None) -> bool:
+    """Whether a claim (its declared ``item``) reads the cell of ``task`` at ``length``: perplexity for the ratio
+    claims (and the retrieval beside it, beyond the window), the named task or tasks for the others, any cell for a
+    correlation."""
+    if item is None or item.get("compare") == "correlation":
+        return True
+    if item.get("compare") in ("length_ratio", "pair_ratio"):
+        beyond = window is None or length is None or length > window
+        return (stats.is_perplexity(task) or task == item.get("task")
+                or (task in (item.get("with_retrieval") or []) and beyond))
+    return task == item.get("task") or task in (item.get("tasks") or [])
+
+
+def _note_left_out(claims: list[dict[str, Any]], left_out: list[dict[str, Any]], declared: Mapping[str, Any],
+                   window: int | None) -> None:
+    """Add to each claim whose evidence names a variant with left-out cells of a task the claim reads one line
+    saying which and why: a part "not measured" may be measured in part, and the claim is judged without it."""
+    import re
+
+    from .report_format import unit_noun
+
+    items = {i.get("id"): i for i in declared.get("items") or []}
+    for c in claims:
+        text = " ".join(c["evidence"])
+        named = [x for x in left_out if _claim_reads(items.get(c["id"]), x["task"], x["length"], window)
+                 and re.search(rf"(?<![\w-]){re.escape(str(x['method']))}(?![\w-])", text)]
+        if named:
+            c["evidence"].append("left out as their pieces have not finished: " + "; ".join(
+                f"{x['method']} {findings._task_name(x['task'])} at {length_label(x['length'])} "
+                f"({findings.partial_text(x, unit_noun(x['task']))})" for x in named))
 
 
 def _retention_table(rows: list[dict[str, Any]], control: str) -> dict[str, Any]:
@@ -444,11 +578,12 @@ def _retention_table(rows: list[dict[str, Any]], control: str) -> dict[str, Any]
             cells.append(_cell(fmt_pct(r["accuracy"] / 100 if r and r["accuracy"] is not None else None), cls="num"))
             missing = (f"; not at {', '.join(map(str, r['missing_lengths']))}" if r and r.get("missing_lengths")
                        else "")
-            cells.append(_cell(f"{r['difference']:+.1f}" if r else "–", cls="num",
+            cells.append(_cell(f"{r['difference']:+.1f}" if r and r["difference"] is not None else "–", cls="num",
                                sub=(f"[{r['ci95'][0]:+.0f}, {r['ci95'][1]:+.0f}] n = {r['n']}{missing}"
                                     if r and r["ci95"] else missing.removeprefix("; "))))
             if r and "converged" in r:
-                verdict = "converged" if r["converged"] else "did not converge under this budget"
+                verdict = ("not judged until its pieces finish" if r["converged"] is None else
+                           "converged" if r["converged"] else "did not converge under this budget")
         cells.append(_cell(verdict))
         table_rows.append(cells)
     note = (f"In window: mean over the lengths up to the pretrained window that the variant and the control both have "

@@ -165,6 +165,108 @@ def control_label(infos: Mapping[str, VariantInfo], declared: str | None = None)
     return next((k for k, v in infos.items() if v.kind == "control"), None)
 
 
+# ---- unfinished pieces -----------------------------------------------------------------------------------
+#: How a cell of a piece that is not done reads, by the piece's status.
+PARTIAL_WORDS = {"pending": "unfinished", "running": "running", "failed": "failed"}
+
+
+def _planned_per_piece(config: Mapping[str, Any], task: str) -> int | None:
+    """Samples one piece of ``task`` computes per length by the study's config (``evals``), where its options
+    say so: perplexity ``samples`` (documents), passkey and needle ``depths`` × ``trials``, RULER ``samples`` ×
+    ``tasks``; None otherwise (the count then comes from the pieces that finished)."""
+    entry = (config.get("evals") or {}).get(task) if isinstance(config.get("evals"), Mapping) else None
+    if not isinstance(entry, Mapping):
+        return None
+    kind = entry.get("task") or task
+
+    def count(key):
+        v = entry.get(key)
+        return len(v) if isinstance(v, (list, tuple)) else None
+
+    def number(key):
+        v = entry.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    if stats.is_perplexity(kind) or stats.is_perplexity(task):
+        return number("samples")
+    if kind in ("passkey", "niah") and count("depths") and number("trials"):
+        return count("depths") * number("trials")
+    if kind == "ruler" and count("tasks") and number("samples"):
+        return count("tasks") * number("samples")
+    return None
+
+
+def partial_cells(pieces: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]],
+                  manifest: Mapping[str, Any]) -> dict[tuple, dict[str, Any]]:
+    """The cells ``(method, task, length)`` computed from an evaluation piece that is not done (pending, running
+    or failed) and short of its planned samples: ``{"done", "planned", "status", "pieces"}``.
+
+    A piece is complete when its status is ``done`` — the runner's rule: an evaluation resumed after a crash
+    skips the samples it stored and finishes the rest. A cell's pieces are the ``eval`` pieces of its label and
+    task (one per training seed; a piece without a label, such as one speed piece for every method, counts for
+    all of them). ``planned`` is per piece and length the most samples a finished piece of the same task stored
+    at that length, else what the study's config plans (:func:`_planned_per_piece`), times the cell's pieces;
+    None when neither says. A cell of an unfinished piece that already has every planned sample is complete and
+    not listed; one whose plan is unknown is. ``done`` counts the cell's stored samples, ``status`` is the worst
+    of its unfinished pieces (failed, running, pending)."""
+    config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
+    evals = [p for p in pieces if p.get("kind") == "eval" and p.get("task")]
+    if all(p.get("status") == "done" for p in evals):
+        return {}
+    counts: dict[tuple, int] = {}  # (method, task, length, seed) → samples stored
+    for r in records:
+        key = (r.get("method"), r.get("task"), r.get("length"), r.get("seed"))
+        counts[key] = counts.get(key, 0) + 1
+
+    def seed_of(p):
+        return (p.get("params") or {}).get("seed") if isinstance(p.get("params"), Mapping) else None
+
+    def stored(p, task, length, method):
+        seed = seed_of(p)
+        return sum(n for (m, t, L, s), n in counts.items()
+                   if m == method and t == task and L == length and (seed is None or s == seed))
+
+    cells = {(r.get("method"), r.get("task"), r.get("length")) for r in records}
+    finished: dict[tuple, int] = {}  # (task, length) → most samples a finished piece stored there
+
+    def planned_at(task, length):
+        if (task, length) not in finished:
+            best = 0
+            for p in evals:
+                if p["task"] == task and p.get("status") == "done":
+                    methods = [p["method"]] if p.get("method") else sorted({m for m, t, _ in cells if t == task}, key=str)
+                    best = max([best] + [stored(p, task, length, m) for m in methods])
+            finished[(task, length)] = best or _planned_per_piece(config, task) or 0
+        return finished[(task, length)] or None
+
+    rank = {"failed": 0, "running": 1, "pending": 2}
+    out: dict[tuple, dict[str, Any]] = {}
+    for method, task, length in sorted(cells, key=lambda c: tuple(map(str, c))):
+        mine = [p for p in evals if p["task"] == task and p.get("method") in (method, None)]
+        open_ = [p for p in mine if p.get("status") != "done"]
+        if not open_:
+            continue
+        per_piece = planned_at(task, length)
+        short = [p for p in open_ if per_piece is None or stored(p, task, length, method) < per_piece]
+        if not short:
+            continue
+        status = min((p.get("status") for p in short), key=lambda s: rank.get(s, 3))
+        done = sum(n for (m, t, L, _), n in counts.items() if (m, t, L) == (method, task, length))
+        out[(method, task, length)] = {"done": done, "planned": None if per_piece is None else per_piece * len(mine),
+                                       "status": status, "pieces": [p["id"] for p in short]}
+    return out
+
+
+def partial_text(info: Mapping[str, Any] | None, unit: str = "") -> str:
+    """``3 of 8, unfinished`` (``3 of 8 documents, failed`` with ``unit``; ``3 so far`` when the plan is unknown),
+    or ``""`` for a complete cell."""
+    if not info:
+        return ""
+    word = PARTIAL_WORDS.get(info.get("status"), str(info.get("status")))
+    count = f"{info['done']} of {info['planned']}" if info.get("planned") else f"{info['done']} so far"
+    return f"{count}{' ' + unit if unit else ''}, {word}"
+
+
 # ---- lengths ----------------------------------------------------------------------------------------------
 def in_window_length(lengths: Sequence[int], window: int | None) -> int | None:
     inside = [L for L in lengths if window is not None and L <= window]

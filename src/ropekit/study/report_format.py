@@ -147,10 +147,15 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-")[:40] or "method"
 
 
-def _cell(text: Any, *, cls: str = "", style: str | None = None, sub: str = "", extra: str = "") -> dict[str, Any]:
+def _cell(text: Any, *, cls: str = "", style: str | None = None, sub: str = "", extra: str = "",
+          flag: str = "") -> dict[str, Any]:
     """A table cell: ``text``, and optionally ``sub`` (its interval) and ``extra`` (the spread over seeds),
-    shown smaller after it (in Markdown: after a space)."""
-    return {"text": str(text), "cls": cls, "style": style, "sub": sub, "extra": extra}
+    shown smaller after it (in Markdown: after a space), and ``flag`` — a value computed from a piece that has
+    not finished (``3 of 8, unfinished``), marked after the rest (in Markdown in parentheses; on the page
+    highlighted, and the cell's class gets ``partial``)."""
+    if flag:
+        cls = f"{cls} partial".strip()
+    return {"text": str(text), "cls": cls, "style": style, "sub": sub, "extra": extra, "flag": flag}
 
 
 def _table(caption: str, columns: Sequence[str], rows: list[list[dict[str, Any]]], note: str = "") -> dict[str, Any]:

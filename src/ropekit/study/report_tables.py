@@ -35,11 +35,27 @@ from .report_format import (
 )
 
 
+def partial_flag(row: Mapping[str, Any] | None) -> str:
+    """The mark of a cell computed from a piece that has not finished (``3 of 8, unfinished``), else ``""``."""
+    from .report_findings import partial_text
+
+    return partial_text(row.get("partial")) if row else ""
+
+
+def partial_note(unit: str) -> str:
+    """The table note that explains :func:`partial_flag`'s marks."""
+    return (f"“(k of N, unfinished)” (or running, failed): a cell whose piece has not finished — k of the N planned {unit} "
+            "are stored, so its value is not the study's; it is never bold, and the headline, the claims, the correlations "
+            "and the ranking leave it out.")
+
+
 def _best_group(table: stats.Table, task: str, metric: str, length: int, methods: Sequence[str], lower: bool) -> set[str]:
     """The best value's method and every method not significantly different from it (paired bootstrap), or
-    nothing when no method is significantly worse than the best (then no difference is worth marking)."""
+    nothing when no method is significantly worse than the best (then no difference is worth marking). A cell
+    of a piece that has not finished (``partial``) takes no part: neither best nor a worse one."""
     a = table.analysis
-    values = [(table.get(m, task, length, metric), m) for m in methods]
+    values = [(table.get(m, task, length, metric), m) for m in methods
+              if not (table.row(m, task, length, metric) or {}).get("partial")]
     values = [(v, m) for v, m in values if v is not None and math.isfinite(v)]
     if a is None or len(values) < 2:
         return set()
@@ -63,7 +79,7 @@ def _length_table(table: stats.Table, task: str, metric: str, methods: Sequence[
     those not significantly different from it — only when some method is significantly worse."""
     lengths = table.lengths(task)
     bold = {L: _best_group(table, task, metric, L, methods, best == "low") for L in lengths} if best else {}
-    rows, ns = [], []
+    rows, ns, partial = [], [], False
     for m in methods:
         if m not in table.methods(task):
             continue
@@ -74,11 +90,12 @@ def _length_table(table: stats.Table, task: str, metric: str, methods: Sequence[
             if row:
                 ns.append(row["n"])
             cls = "num best" if m in bold.get(L, ()) else "num"
-            sub, extra = fmt_ci(row.get("ci95") if row else None, kind), fmt_seeds(row, kind)
+            sub, extra, flag = fmt_ci(row.get("ci95") if row else None, kind), fmt_seeds(row, kind), partial_flag(row)
+            partial = partial or bool(flag)
             if kind == "pct":
-                cells.append(_cell(fmt_pct(v), cls=cls, style=score_color(v), sub=sub, extra=extra))
+                cells.append(_cell(fmt_pct(v), cls=cls, style=score_color(v), sub=sub, extra=extra, flag=flag))
             else:
-                cells.append(_cell(fmt_value(v, kind), cls=cls, sub=sub, extra=extra))
+                cells.append(_cell(fmt_value(v, kind), cls=cls, sub=sub, extra=extra, flag=flag))
         rows.append(cells)
     columns = ["Method"] + [length_label(L) + (" ▸" if window is not None and L > window else "") for L in lengths]
     notes = []
@@ -92,13 +109,18 @@ def _length_table(table: stats.Table, task: str, metric: str, methods: Sequence[
                      f"different from it (paired bootstrap over the shared {unit_noun(task)}), shown only where some method is "
                      "significantly worse. A cell's interval includes the variation between "
                      f"{unit_noun(task)} that all methods share, so overlapping intervals can still differ significantly when paired.")
+    if partial:
+        notes.append(partial_note(unit_noun(task)))
     counts = fmt_counts(ns, task)
     return _table(caption + (f" — {counts}" if counts else ""), columns, rows, " ".join(notes))
 
 
 def _breakdown_table(records: list[dict[str, Any]], task: str, field: str, methods: Sequence[str],
-                     length: int) -> dict[str, Any] | None:
-    """Per-subtask (dataset, shot count) accuracy at one length, each with its bootstrap interval over prompts."""
+                     length: int, partial: Mapping[tuple, Mapping[str, Any]] | None = None) -> dict[str, Any] | None:
+    """Per-subtask (dataset, shot count) accuracy at one length, each with its bootstrap interval over prompts;
+    ``partial`` (:func:`ropekit.study.report_findings.partial_cells`) marks the cells of unfinished pieces."""
+    from .report_findings import partial_text
+
     recs = [r for r in records if r.get("task") == task and r.get("length") == length and r.get(field) is not None
             and isinstance(r.get("score"), (int, float))]
     if not recs:
@@ -106,23 +128,27 @@ def _breakdown_table(records: list[dict[str, Any]], task: str, field: str, metho
     parts = sorted({r[field] for r in recs}, key=lambda v: (isinstance(v, str), v))
     # each part as its own task, so each gets its own units and resamples
     sub = stats.Analysis([{**r, "task": f"{task}/{r[field]}"} for r in recs], methods)
-    rows, ns = [], []
+    rows, ns, flagged = [], [], False
     for m in methods:
         if not any(sub.table.row(m, f"{task}/{p}", length, "accuracy") for p in parts):
             continue
         cells = [_cell(m, cls="method")]
+        flag = partial_text((partial or {}).get((m, task, length)))
         for p in parts:
             row = sub.table.row(m, f"{task}/{p}", length, "accuracy")
             v = row["value"] if row else None
             if row:
                 ns.append(row["n"])
             cells.append(_cell(fmt_pct(v), cls="num", style=score_color(v), sub=fmt_ci(row.get("ci95") if row else None, "pct"),
-                               extra=fmt_seeds(row, "pct")))
+                               extra=fmt_seeds(row, "pct"), flag=flag if row else ""))
+            flagged = flagged or bool(flag and row)
         rows.append(cells)
     counts = fmt_counts(ns, task)
     return _table(f"{TASK_TITLES.get(task, task)} by {field} at {length_label(length)} tokens (accuracy, %)"
                   + (f" — {counts}" if counts else ""), ["Method"] + [str(p) for p in parts], rows,
-                  "Each cell: value [95 % bootstrap interval over prompts].")
+                  "Each cell: value [95 % bootstrap interval over prompts]."
+                  + (" “(k of N, unfinished)”: k of the method's N planned prompts at this length are stored (all its "
+                     "subtasks together); its piece has not finished." if flagged else ""))
 
 
 def _heatmaps(records: list[dict[str, Any]], task: str, methods: Sequence[str], figs: _Figures) -> list[dict[str, Any]]:
@@ -149,7 +175,7 @@ def _heatmaps(records: list[dict[str, Any]], task: str, methods: Sequence[str], 
 
 
 def _speed_table(table: stats.Table, methods: Sequence[str]) -> dict[str, Any]:
-    rows, ns = [], []
+    rows, ns, flagged = [], [], []
     for L in table.lengths("speed"):
         for m in methods:
             if table.get(m, "speed", L, "prefill_s") is None:
@@ -162,7 +188,9 @@ def _speed_table(table: stats.Table, methods: Sequence[str]) -> dict[str, Any]:
                 ns.append(row["n"])
                 ci = row.get("ci95")
                 sub = f"[{fmt(ci[0] * scale)}, {fmt(ci[1] * scale)}]" if ci else ""
-                return _cell(fmt(row["value"] * scale), cls="num", sub=sub)
+                flag = partial_flag(row)
+                flagged.append(bool(flag))
+                return _cell(fmt(row["value"] * scale), cls="num", sub=sub, flag=flag)
 
             rows.append([
                 _cell(m, cls="method"), _cell(length_label(L), cls="num"),
@@ -174,7 +202,8 @@ def _speed_table(table: stats.Table, methods: Sequence[str]) -> dict[str, Any]:
     return _table("Speed and memory (medians over repeats; × = relative to plain at the same length)" + (f" — {counts}" if counts else ""),
                   ["Method", "Length", "Prefill (s)", "× plain", "Decode (ms/token)", "× plain", "Peak memory (MiB)", "× plain"],
                   rows, "Peak memory is the extra memory of the call above the resident model (CUDA allocator or process RSS). "
-                        "Brackets: 95 % bootstrap intervals of the median over repeats (ratios: paired by repeat).")
+                        "Brackets: 95 % bootstrap intervals of the median over repeats (ratios: paired by repeat)."
+                        + (" " + partial_note("repeats") if any(flagged) else ""))
 
 
 def _kendall_table(kendall: list[dict[str, Any]]) -> dict[str, Any]:
@@ -224,7 +253,7 @@ def _headline(table: stats.Table, ranking: dict[str, Any], methods: Sequence[str
         columns.append(f"{TASK_TITLES.get(t, t)} {'> window' if beyond else 'mean'} (%)")
     if speed_at is not None:
         columns.append(f"prefill × plain @ {length_label(speed_at)}")
-    rows = []
+    rows, partial = [], False
     ns: dict[str, list[int]] = {}
     for r in ranking["rows"]:
         m = r["method"]
@@ -233,21 +262,34 @@ def _headline(table: stats.Table, ranking: dict[str, Any], methods: Sequence[str
         kind = kind_label(info) if info else "frozen"
         if r.get("unconverged"):
             kind += ", did not converge under this budget (unranked)"
+        if r.get("unfinished"):
+            kind += ", pieces not finished (unranked)"
         cells = [_cell(rank, cls="num rank"), _cell(m, cls="method"), _cell(kind, cls="kind")]
         if ppl_at is not None:
             row = table.row(m, "ppl", ppl_at, "ppl")
             if row:
                 ns.setdefault("ppl", []).append(row["n"])
-            cells.append(_cell(fmt_ppl(r["ppl"]), cls="num", sub=fmt_ci(r.get("ppl_ci95"), "ppl"), extra=fmt_seeds(row, "ppl")))
+            flag = partial_flag(row)
+            partial = partial or bool(flag)
+            if flag:  # the ranking read none of it (r["ppl"] is None): the table's value, marked
+                cells.append(_cell(fmt_ppl(row["value"]), cls="num", sub=fmt_ci(row.get("ci95"), "ppl"),
+                                   extra=fmt_seeds(row, "ppl"), flag=flag))
+            else:
+                cells.append(_cell(fmt_ppl(r["ppl"]), cls="num", sub=fmt_ci(r.get("ppl_ci95"), "ppl"), extra=fmt_seeds(row, "ppl")))
         for t in acc_tasks:
             values = [table.get(m, t, L, "accuracy") for L in spans[t]]
             v = statistics.fmean(values) if values and all(x is not None for x in values) else None
             ci = a.mean_interval(m, t, spans[t], "accuracy") if a is not None and v is not None else None
+            flags = []
             for L in spans[t]:
                 row = table.row(m, t, L, "accuracy")
                 if row:
                     ns.setdefault(t, []).append(row["n"])
-            cells.append(_cell(fmt_pct(v), cls="num", style=score_color(v), sub=fmt_ci(ci, "pct")))
+                    if partial_flag(row):
+                        flags.append(f"{length_label(L)}: {partial_flag(row)}")
+            partial = partial or bool(flags and v is not None)
+            cells.append(_cell(fmt_pct(v), cls="num", style=score_color(v), sub=fmt_ci(ci, "pct"),
+                               flag="; ".join(flags) if v is not None else ""))
         if speed_at is not None:
             row = table.row(m, "speed", speed_at, "prefill_ratio")
             cells.append(_cell(fmt_ratio(row["value"] if row else None), cls="num", sub=fmt_ci(row.get("ci95") if row else None, "ratio")))
@@ -256,6 +298,9 @@ def _headline(table: stats.Table, ranking: dict[str, Any], methods: Sequence[str
     if window is not None:
         note += f" “> window”: mean over the lengths beyond the pretrained window of {window} tokens (“mean”: over all lengths, when none lies beyond)."
     note += " Brackets: 95 % bootstrap intervals."
+    if partial:
+        note += (" “(k of N, unfinished)”: a value over the k samples stored so far of the N planned (a piece not finished, "
+                 "or failed); the ranking reads none of it.")
     counts = "; ".join(f"{TASK_TITLES.get(t, t).lower()}: {fmt_counts(v, t).replace(' per cell', '')} per length"
                        for t, v in ns.items() if v)
     return _table("Methods ranked" + (f" — {counts}" if counts else ""), columns, rows, note)
@@ -264,7 +309,10 @@ def _headline(table: stats.Table, ranking: dict[str, Any], methods: Sequence[str
 def _control_tables(effects: list[dict[str, Any]], table: stats.Table, methods: Sequence[str], control: str,
                     window: int | None) -> list[dict[str, Any]]:
     """Effect of each method relative to the control: perplexity ratio and accuracy difference per length with
-    the paired-bootstrap interval; ``*`` (and bold) where the interval excludes no effect."""
+    the paired-bootstrap interval; ``*`` (and bold) where the interval excludes no effect; an effect's ``partial``
+    (``{label: partial cell}``) is marked."""
+    from .report_findings import partial_text
+
     out = []
     for task in [t for t in table.tasks() if stats.is_perplexity(t)] + table.accuracy_tasks():
         mine = [e for e in effects if e["task"] == task]
@@ -273,7 +321,7 @@ def _control_tables(effects: list[dict[str, Any]], table: stats.Table, methods: 
         lengths = sorted({e["length"] for e in mine})
         index = {(e["method"], e["length"]): e for e in mine}
         kind = "ratio" if stats.is_perplexity(task) else "diff"
-        rows, ns = [], []
+        rows, ns, flagged = [], [], False
         for m in methods:
             if not any((m, L) in index for L in lengths):
                 continue
@@ -285,7 +333,9 @@ def _control_tables(effects: list[dict[str, Any]], table: stats.Table, methods: 
                     continue
                 ns.append(e["n"])
                 text = fmt_value(e["estimate"], kind) + ("*" if e["significant"] else "")
-                cells.append(_cell(text, cls="num sig" if e["significant"] else "num", sub=fmt_ci(e["ci95"], kind)))
+                flag = "; ".join(f"{who} {partial_text(info)}" for who, info in (e.get("partial") or {}).items())
+                flagged = flagged or bool(flag)
+                cells.append(_cell(text, cls="num sig" if e["significant"] else "num", sub=fmt_ci(e["ci95"], kind), flag=flag))
             rows.append(cells)
         columns = ["Method"] + [length_label(L) + (" ▸" if window is not None and L > window else "") for L in lengths]
         what = (f"{'' if task == 'ppl' else task + ': '}perplexity ratio (method ÷ {control}; below 1: lower perplexity "
@@ -294,7 +344,10 @@ def _control_tables(effects: list[dict[str, Any]], table: stats.Table, methods: 
         out.append(_table(f"Effect relative to the control {control}: {what}" + (f" — {counts}" if counts else ""), columns, rows,
                           f"Each cell: estimate [paired 95 % bootstrap interval over the {unit_noun(task)} both share]; "
                           f"* and bold: significant (the interval excludes {'1' if task == 'ppl' else '0'}, "
-                          f"at least {stats.MIN_PAIRED} shared {unit_noun(task)})."))
+                          f"at least {stats.MIN_PAIRED} shared {unit_noun(task)})."
+                          + (f" “(label k of N, unfinished)”: that side's piece has not finished — k of its N planned "
+                             f"{unit_noun(task)} are stored, and the comparison is over those alone; the findings do not use it."
+                             if flagged else "")))
     return out
 
 
@@ -338,7 +391,8 @@ def _md_escape(text: Any) -> str:
 
 
 def _md_cell(c: Mapping[str, Any]) -> str:
-    return " ".join(_md_escape(part) for part in (c["text"], c.get("sub") or "", f"({c['extra']})" if c.get("extra") else "") if part)
+    return " ".join(_md_escape(part) for part in (c["text"], c.get("sub") or "", f"({c['extra']})" if c.get("extra") else "",
+                                                  f"({c['flag']})" if c.get("flag") else "") if part)
 
 
 def _md_table(t: dict[str, Any]) -> str:

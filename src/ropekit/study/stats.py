@@ -83,6 +83,7 @@ records came in, nor on what the methods are called.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import statistics
@@ -573,6 +574,22 @@ class Analysis:
                                  r["length"] if r["length"] is not None else -1, metric_rank.get(r["metric"], 99)))
         self.rows = rows
         self.table = Table(rows, analysis=self)
+
+    def without(self, cells: Iterable[tuple]) -> "Analysis":
+        """This analysis with the cells ``(method, task, length)`` left out: their rows, records and resamples are
+        gone from the copy (its table, comparisons and intervals never read them), while the units, resamples and
+        values of every other cell are shared, so they are exactly this analysis's. ``self`` when none of ``cells``
+        is here. (The report keeps the cells of unfinished pieces out of its findings this way.)"""
+        hidden = {tuple(c) for c in cells}
+        if not any((r["method"], r["task"], r["length"]) in hidden for r in self.rows):
+            return self
+        view = copy.copy(self)
+        view.cells = {k: v for k, v in self.cells.items() if k not in hidden}
+        view.records = [r for r in self.records if (r.get("method"), r.get("task"), r.get("length")) not in hidden]
+        view.rows = [r for r in self.rows if (r["method"], r["task"], r["length"]) not in hidden]
+        view.methods = method_order((r.get("method") for r in view.records), self.methods)
+        view.table = Table(view.rows, analysis=view)
+        return view
 
     # ---- construction ----
     def _make_units(self, task: str, records: Sequence[Mapping[str, Any]]) -> _Units:
