@@ -223,10 +223,11 @@ def train_cmd(
 
     # what the run would refuse before training, the dry run refuses too: it validates, then plans
     if cfg.output.dir or not dry_run:  # a dry run may plan a config that leaves output.dir to --out
-        from ..train.trainer import check_run_dir
+        from ..train.trainer import check_resume
 
         check_target(cfg.require_output(), what="output.dir", kind="dir")  # a file, a read-only place: one line
-        check_run_dir(cfg.require_output(), resume, own_files=[config])  # an earlier run, someone else's files
+        # an earlier run, someone else's files; with --resume, a checkpoint made with another config
+        check_resume(cfg.require_output(), cfg, resume, own_files=[config])
     from ..train.data import require_local_sources
 
     require_local_sources(cfg)

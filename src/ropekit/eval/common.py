@@ -309,16 +309,42 @@ def _check_resumed_options(writer: RecordWriter, task: str, method: str, params:
         before = record.get("options")
         if before is None or before == options:
             continue  # a file written before options were recorded cannot be checked
-        changed = sorted(k for k in set(before) | set(options)
-                         if before.get(k, defaults.get(k)) != options.get(k, defaults.get(k)))
+        # an option left to a default that depends on the sample (ppl's stride, L/2) is compared as resolved: the
+        # record says what the default came to, and an explicit value equal to it is the same run
+        was_, now_ = ({k: _resolved_option(task, k, opts.get(k, defaults.get(k)), record)
+                       for k in set(before) | set(options)} for opts in (before, options))
+        changed = sorted(k for k in was_ if was_[k] != now_[k])
         if not changed:
             continue
-        was = ", ".join(f"{k}={before.get(k)!r}" for k in changed)
-        now = ", ".join(f"{k}={options.get(k)!r}" for k in changed)
+        was = ", ".join(_said_option(k, before.get(k, defaults.get(k)), was_[k], record) for k in changed)
+        now = ", ".join(_said_option(k, options.get(k, defaults.get(k)), now_[k], record) for k in changed)
         raise RopekitError(
             f"{out} holds {task} samples of {method} made with {was}; this run asks {now}, and resuming would report "
             "those samples as this run's",
             "pass another --out, or the options the file was made with")
+
+
+def _resolved_option(task: str, name: str, value, record: dict):
+    """What option ``name`` given as ``value`` (None: not given) came to in ``record``'s sample."""
+    if value is not None:
+        return value
+    if task == "ppl" and name == "stride" and isinstance(record.get("length"), int) \
+            and (record.get("options") or {}).get("score_mode", "last_stride") in ("last_stride", "full_window"):
+        from .perplexity import default_stride
+
+        return default_stride(record["length"])
+    return None
+
+
+def _said_option(name: str, value, resolved, record: dict) -> str:
+    """``name=value`` for a message; an option not given is said as its default, with what it came to."""
+    if value is not None:
+        return f"{name}={value!r}"
+    if resolved is None:
+        return f"{name} left to its default"
+    length = record.get("length")
+    how = f"L/2 = {resolved}" if isinstance(length, int) and resolved == length // 2 else f"{resolved}"
+    return f"{name}=the default ({how})"
 
 
 def _check_resumed_dtype(writer: RecordWriter, task: str, method: str, params: dict, dtype: str, out) -> None:

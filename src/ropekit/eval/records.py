@@ -71,7 +71,8 @@ class RecordWriter:
                 try:
                     json.loads(lines[-1])
                 except json.JSONDecodeError:  # the line a crash cut short: dropped (that piece is redone)
-                    lines, cut = lines[:-1], True
+                    if lines[-1].lstrip().startswith("{"):  # else not the start of a record: refused below
+                        lines, cut = lines[:-1], True
                 else:  # a whole record whose newline was not written: the next record must not join its line
                     self._unterminated = True
             records = []
@@ -84,6 +85,12 @@ class RecordWriter:
                     raise RopekitError(f"'{self.path}' line {number} is not JSON", "fix or remove that line") from None
                 if not isinstance(record, dict):
                     raise RopekitError(f"'{self.path}' line {number} is not a results record", "fix or remove that line")
+                missing = [f for f in self.required_fields() if f not in record]
+                if missing or not isinstance(record.get("task"), str):
+                    # another program's JSON lines (a training run's metrics.jsonl): refused before anything is written
+                    lacks = ", ".join(repr(f) for f in missing or ["task"])
+                    raise RopekitError(f"'{self.path}' line {number} is not a ropekit results record (it lacks {lacks})",
+                                       "pass --resume only with a results file `ropekit eval` wrote, or another --out")
                 records.append(record)
             if cut:  # only a file that is otherwise a results file is rewritten
                 with atomic_file(self.path, overwrite=True, what="results file") as tmp:
@@ -91,6 +98,11 @@ class RecordWriter:
             for record in records:
                 self.done[self.key(record)] = record
         self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def required_fields(self) -> tuple[str, ...]:
+        """The fields every record of a resumed file must carry: ``task``, and those of the fields every evaluation
+        record carries (``method``, ``params``, ``length``) that this writer keys its records by."""
+        return ("task",) + tuple(f for f in ("method", "params", "length") if f in self.key_fields)
 
     def key(self, record: dict[str, Any]) -> tuple:
         return tuple(json.dumps(record.get(f), sort_keys=True) for f in self.key_fields)

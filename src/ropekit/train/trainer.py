@@ -84,6 +84,40 @@ def check_run_dir(out: Path, resume: bool, own_files: Iterable[Path] = ()) -> tu
     return found
 
 
+def check_resume(out: Path, cfg, resume: bool, own_files: Iterable[Path] = ()) -> tuple[int, Path] | None:
+    """:func:`check_run_dir`, and with ``resume`` what a resume refuses: a checkpoint made with another config, a
+    finished run with another config and no checkpoint. The run and its dry run both call this."""
+    out = Path(out)
+    found = check_run_dir(out, resume, own_files)
+    if not resume:
+        return None
+    if found is None:
+        if (out / FINAL_DIR).exists() and not _finished_already(out, cfg):
+            # a run that kept no checkpoint: "resuming" it would train from step 0 and replace its model
+            raise RopekitError(f"--resume: output.dir '{out}' holds a finished run with another config or length "
+                               "and no checkpoint to continue from", "choose a new --out")
+        return None
+    state = ckpt.read_state(found[1])
+    diff = ckpt.config_diff(state.get("config", {}), json_safe(cfg.to_dict()))
+    if diff:
+        raise RopekitError(f"--resume: the config differs from the run in '{out}': {diff}",
+                           "resume with the config file the run started from (DIR/config.yaml lists its resolved "
+                           "settings), or start a new --out")
+    return found
+
+
+def _finished_already(out: Path, cfg) -> bool:
+    """Whether ``out`` holds the finished run of ``cfg`` (its last step, its config)."""
+    info = Path(out) / FINAL_DIR / TRAIN_INFO
+    if not info.is_file():
+        return False
+    try:
+        done = json.loads(info.read_text())
+    except json.JSONDecodeError:
+        return False
+    return done.get("step") == cfg.last_step and ckpt.config_diff(done.get("config", {}), json_safe(cfg.to_dict())) is None
+
+
 def _written_by_a_run(name: str) -> bool:
     """Whether a run directory's entry ``name`` is one a training run writes (a crash may leave a ``.part``, or
     one of :func:`_leftover`'s)."""
@@ -217,23 +251,7 @@ class Trainer:
 
     # ---- the run directory -----------------------------------------------------------------------------
     def _check_out_dir(self) -> tuple[int, Path] | None:
-        out = self.out
-        found = check_run_dir(out, self.resume, self.own_files)
-        if not self.resume:
-            return None
-        if found is None:
-            if (out / FINAL_DIR).exists() and not self._finished_already():
-                # a run that kept no checkpoint: "resuming" it would train from step 0 and replace its model
-                raise RopekitError(f"--resume: output.dir '{out}' holds a finished run with another config or length "
-                                   "and no checkpoint to continue from", "choose a new --out")
-            return None
-        state = ckpt.read_state(found[1])
-        diff = ckpt.config_diff(state.get("config", {}), json_safe(self.cfg.to_dict()))
-        if diff:
-            raise RopekitError(f"--resume: the config differs from the run in '{out}': {diff}",
-                               "resume with the config file the run started from (DIR/config.yaml lists its resolved "
-                               "settings), or start a new --out")
-        return found
+        return check_resume(self.out, self.cfg, self.resume, self.own_files)
 
     def _trained_on(self) -> dict[str, str]:
         device = str(self.acc.device)
@@ -247,14 +265,7 @@ class Trainer:
         return recorded if isinstance(recorded, dict) and recorded.get("device") else None
 
     def _finished_already(self) -> bool:
-        info = self.out / FINAL_DIR / TRAIN_INFO
-        if not (self.resume and info.is_file()):
-            return False
-        try:
-            done = json.loads(info.read_text())
-        except json.JSONDecodeError:
-            return False
-        return done.get("step") == self.cfg.last_step and ckpt.config_diff(done.get("config", {}), json_safe(self.cfg.to_dict())) is None
+        return self.resume and _finished_already(self.out, self.cfg)
 
     # ---- the parts -------------------------------------------------------------------------------------
     def _load_model(self, *, may_partition: bool = True, progress: bool = False):
