@@ -194,7 +194,9 @@ def test_a_dry_run_refuses_an_earlier_run_without_resume(run_cli, tmp_path):
     assert run_cli("train", str(config), "--out", str(tmp_path / "run"), "--max-steps", "1")[0] == 0
     code, _, err = run_cli("train", str(config), "--out", str(tmp_path / "run"), "--dry-run")
     _one_line(code, err, "already holds an earlier run")
-    assert run_cli("train", str(config), "--out", str(tmp_path / "run"), "--dry-run", "--resume")[0] == 0
+    # resumed with the run's own settings (its --max-steps too: a resume with another length is refused, by the run
+    # and by its dry run alike)
+    assert run_cli("train", str(config), "--out", str(tmp_path / "run"), "--max-steps", "1", "--dry-run", "--resume")[0] == 0
 
 
 def test_ropekit_warnings_are_one_line(run_cli):

@@ -35,6 +35,15 @@ def _gguf_target(out: Path, outtype: str, overwrite: bool) -> Path:
         raise RopekitError(f"--out '{target}' is a directory", "pass a .gguf file path")
     if target.exists() and not overwrite:
         raise RopekitError(f"'{target}' exists", "pass another --out, or --overwrite")
+    if target.is_file():  # --overwrite replaces a GGUF, never an arbitrary file that happens to end in .gguf
+        try:
+            with open(target, "rb") as fh:
+                magic = fh.read(4)
+        except OSError as e:
+            raise RopekitError(f"cannot read '{target}': {e.strerror or e}", "pass another --out") from None
+        if magic != b"GGUF":
+            raise RopekitError(f"'{target}' exists and is not a GGUF file; --overwrite replaces only a GGUF",
+                               "pass another --out, or remove that file yourself")
     from ..runtime.atomic import check_target
 
     check_target(target, kind="file")

@@ -48,6 +48,8 @@ def pose_coverage_cmd(
         raise RopekitError("--chunks sets PoSE's chunk counts and --scheme randpos draws no chunks",
                            "drop --chunks, or pass --scheme pose or both")
     chunk_list = int_list(chunks if chunks is not None else "2,3", "--chunks") if with_pose else []
+    if len(set(chunk_list)) != len(chunk_list):  # the same curve twice
+        raise RopekitError(f"--chunks '{chunks}' must be distinct whole numbers", "pass e.g. --chunks 2,3")
     with err.status("computing coverage…"):
         report = pose_coverage_report(window, target, chunks=chunk_list, steps=steps, seed=seed,
                                       randpos=with_randpos, exact=_EXACT[exact], pose=with_pose)

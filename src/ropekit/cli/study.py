@@ -118,6 +118,9 @@ def study_cmd(
                                   "--json": json_out, "a study config": config is not None})
         typer.echo(preset_text(preset), nl=False)  # raw: rich would wrap long lines and break the YAML
         return
+    for flag, given in (("--only", only), ("--retrain", retrain)):
+        if given and not any(label.strip() for item in given for label in item.split(",")):
+            raise RopekitError(f"{flag} {','.join(given)!r} names no variant", f"name one or more labels, e.g. {flag} base")
     backend = backend or "local"
     if backend not in ("local", "ray"):
         raise RopekitError(f"--backend '{backend}' is not a study backend", "pass --backend local or --backend ray")

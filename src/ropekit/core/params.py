@@ -93,10 +93,14 @@ class Param:
                 raise bad
             out = []
             for v in value:
+                if isinstance(v, bool):
+                    raise bad
                 try:
                     out.append(float(v))
                 except (TypeError, ValueError):
                     raise bad from None
+                if not math.isfinite(out[-1]):  # nan/inf would reach config.json as a bare NaN/Infinity
+                    raise bad
             return out
         raise TypeError(f"unsupported parameter type {self.type}")
 

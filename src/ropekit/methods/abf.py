@@ -133,7 +133,7 @@ class EntropyABF(ABF):
             return params
         layers = []
         for v in params["skip_layers"]:
-            if float(v) != int(v) or not 0 <= int(v) < info.num_layers:
+            if not math.isfinite(v) or float(v) != int(v) or not 0 <= int(v) < info.num_layers:
                 raise InvalidParameterError(
                     f"entropy_abf: skip_layers entry {v:g} is not a layer index of this {info.num_layers}-layer model",
                     f"pass indices between 0 and {info.num_layers - 1}, e.g. --param skip_layers=0,1",

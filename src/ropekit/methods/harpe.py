@@ -93,7 +93,7 @@ class HARPE(Method):
                     f"harpe: {len(bases)} bases given but this model has {n} {what}s",
                     f"pass exactly {n} bases, one per {what}",
                 )
-            if any(b <= 1 for b in bases):
+            if any(not b > 1 for b in bases):  # NaN-safe
                 raise InvalidParameterError("harpe: every base must be above 1", "pass bases such as 1e6,2e6")
             return params
         if params["b_max"] < params["b_min"]:

@@ -148,7 +148,7 @@ class LongRoPE(Method):
             if len(values) != pairs:
                 raise InvalidParameterError(f"longrope: {key} has {len(values)} values, this model has {pairs} rotary pairs",
                                             f"pass {pairs} values, one per rotary pair")
-            if any(v <= 0 for v in values):
+            if any(not v > 0 for v in values):  # NaN-safe
                 raise InvalidParameterError(f"longrope: every {key} value must be positive", "pass rescale factors ≥ 1")
         if params["factor"] is None:
             raise InvalidParameterError(

@@ -1,0 +1,111 @@
+"""Bad input, second sweep: one line on stderr, exit 2, nothing written, no traceback.
+
+nan/inf in list-valued method parameters (they reached config.json as a bare NaN), a NaN layer index for
+entropy_abf (an internal error), ``study --only ,``/``--retrain ,`` (naming no label ran everything / did
+nothing), ``extend --format gguf --overwrite`` over a file that is not a GGUF, and repeated ``--chunks`` in
+``pose-coverage`` (the same curve twice). Every case fails before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ropekit.core.params import Param
+from ropekit.errors import InvalidParameterError
+
+STUDY = {"name": "sweep2", "model": "tiny", "target_length": 256, "variants": [{"label": "base"}],
+         "evals": {"ppl": {"lengths": [64], "samples": 1, "score_mode": "truncate"}}}
+
+
+def _one_error_line(code: int, err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err and "internal error" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf", "NaN"])
+def test_list_param_refuses_non_finite(bad):
+    p = Param("bases", list, None, "bases")
+    with pytest.raises(InvalidParameterError, match="must be a list of numbers"):
+        p.coerce("harpe", f"1e6,{bad}")
+    with pytest.raises(InvalidParameterError, match="must be a list of numbers"):
+        p.coerce("harpe", [1e6, float(bad)])
+    with pytest.raises(InvalidParameterError, match="must be a list of numbers"):
+        p.coerce("harpe", [True, 2.0])
+    assert p.coerce("harpe", "1e6, 2e6") == [1e6, 2e6]
+
+
+@pytest.mark.parametrize("method, params, match", [
+    ("longrope", {"long_factor": "nan"}, "must be positive"),
+    ("longrope", {"long_factor": "one", "short_factor": "nan"}, "must be positive"),
+    ("harpe", {"strategy": "explicit", "bases": "nan"}, "above 1"),
+])
+def test_method_checks_are_nan_safe(monkeypatch, method, params, match):
+    """The methods' own range checks refuse NaN too, not only the conversion (``not v > 0``, not ``v <= 0``)."""
+    import ropekit
+    from ropekit.models.tiny import build_tiny_model
+
+    model = build_tiny_model("llama", num_layers=2)
+    cfg = model.config
+    pairs = (cfg.hidden_size // cfg.num_attention_heads) // 2
+    n = cfg.num_key_value_heads
+    values = {"nan": [1.0] * (pairs - 1) + [math.nan], "one": [1.0] * pairs}
+    if method == "harpe":
+        values["nan"] = [math.nan] + [1e6] * (n - 1)
+    monkeypatch.setattr(Param, "coerce", lambda self, m, value: value)  # bypass the conversion's own check
+    given = {k: values.get(v, v) for k, v in params.items()}
+    with pytest.raises(InvalidParameterError, match=match):
+        ropekit.extend(model, method, factor=2.0, **given)
+
+
+@pytest.mark.parametrize("args", [
+    ["-m", "longrope", "-t", "256", "-p", "long_factor=1,1,1,1,1,1,1,nan"],
+    ["-m", "longrope", "-t", "256", "-p", "long_factor=1,1,1,1,1,1,1,inf"],
+    ["-m", "longrope", "-t", "256", "-p", "long_factor=1,1,1,1,1,1,1,1", "-p", "short_factor=1,1,1,1,1,1,1,nan"],
+    ["-m", "harpe", "-f", "2", "-p", "bases=nan,1e6"],
+    ["-m", "harpe", "-f", "2", "-p", "bases=inf,1e6"],
+    ["-m", "entropy_abf", "-f", "2", "-p", "skip_layers=nan"],
+])
+def test_extend_non_finite_list_param(run_cli, tmp_path, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli("extend", "tiny", *args, "-o", "o")
+    line = _one_error_line(code, err)
+    assert "must be a list of numbers" in line
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flag", ["--only", "--retrain"])
+@pytest.mark.parametrize("value", [",", " , ,"])
+def test_study_label_list_naming_nothing(run_cli, tmp_path, monkeypatch, flag, value):
+    monkeypatch.chdir(tmp_path)
+    Path("s.yaml").write_text(yaml.safe_dump(STUDY))
+    code, _, err = run_cli("study", "s.yaml", flag, value, "--out", "st")
+    line = _one_error_line(code, err)
+    assert flag in line and "names no" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
+
+
+def test_extend_gguf_overwrite_refuses_a_non_gguf_file(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("x.gguf").write_bytes(b"notgguf\n")
+    code, _, err = run_cli("extend", "tiny", "-m", "pi", "-f", "4", "-o", "x.gguf", "--format", "gguf", "--overwrite")
+    line = _one_error_line(code, err)
+    assert "x.gguf" in line and "not a GGUF" in line
+    assert Path("x.gguf").read_bytes() == b"notgguf\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.gguf"]
+
+
+@pytest.mark.parametrize("chunks", ["2,2", "3,2,3"])
+def test_pose_coverage_repeated_chunks(run_cli, tmp_path, monkeypatch, chunks):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli("pose-coverage", "-w", "64", "-t", "256", "--chunks", chunks, "--steps", "10",
+                             "--plot", "fig.png")
+    line = _one_error_line(code, err)
+    assert "--chunks" in line and "distinct" in line
+    assert out.strip() == ""
+    assert list(tmp_path.iterdir()) == []
