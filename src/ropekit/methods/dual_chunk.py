@@ -58,8 +58,8 @@ class DualChunk(Method):
     against the previous chunk (successive-chunk: true distances for the first ``local_size + 1`` tokens of
     a chunk, ``i mod L ≤ local_size``) and at ``chunk_size`` against every earlier chunk (inter-chunk). Every relative position stays in
     ``[0, chunk_size]`` at any length: inside the pretrained distances with the paper's ceiling ``c − 1``, which is
-    ``chunk_size = C − 1``, and one past them at the default ``chunk_size = C`` (the first key of each chunk); vLLM's ``dual_chunk_attention_config`` (Qwen2.5-1M: chunk 262,144, local 8,192) takes
-    ``chunk_size`` itself. Frequencies stay the model's own; ``factor`` / ``target_length`` only declare the
+    ``chunk_size = C − 1``, and one past them at the default ``chunk_size = C`` (the first key of each chunk);
+    vLLM's ``dual_chunk_attention_config`` (Qwen2.5-1M: chunk 262,144, local 8,192) takes ``chunk_size`` itself. Frequencies stay the model's own; ``factor`` / ``target_length`` only declare the
     extended window. The attention is :mod:`ropekit.methods.dual_chunk_attention` (three restricted softmaxes merged by
     log-sum-exp, no n × n matrix); plain transformers has no such pattern, so the export is ropekit-only for
     transformers. vLLM computes the same positions itself on Qwen2/Qwen3 models with plain RoPE: the export then also
