@@ -84,9 +84,9 @@ def test_import_and_help_leave_torch_and_transformers_unloaded():
     assert report["runs"] == {line: [code, []] for line, code in LIGHT.items()}
 
 
-def _fastest(command: list[str], check=None) -> list[float]:
+def _fastest(command: list[str], check=None, tries: int = 3) -> list[float]:
     times = []
-    for _ in range(3):
+    for _ in range(tries):
         start = time.perf_counter()
         proc = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=60, check=False)
         times.append(time.perf_counter() - start)
@@ -104,11 +104,17 @@ def test_help_answers_in_under_a_second(args):
     def answered(proc):
         assert proc.returncode == 0 and ("--help" not in args or "Usage" in proc.stdout), proc.stderr
 
-    times = _fastest([*_ropekit(), *args], answered)
-    baseline = min(_fastest([sys.executable, "-c", "import typer, rich.console, rich.table"]))
-    bound = max(1.0, 3.0 * baseline)
+    # the two interleaved, up to five times each, until the fastest of ours is within the bound: a burst of load from
+    # a test running beside this one (pytest-xdist) then slows a pair, not one side's every try
+    times, baselines = [], []
+    for _ in range(5):
+        times += _fastest([*_ropekit(), *args], answered, tries=1)
+        baselines += _fastest([sys.executable, "-c", "import typer, rich.console, rich.table"], tries=1)
+        bound = max(1.0, 3.0 * min(baselines))
+        if min(times) < bound:
+            break
     assert min(times) < bound, (f"ropekit {' '.join(args)}: {', '.join(f'{t:.2f}' for t in times)} s "
-                                f"(bound {bound:.2f} s; typer and rich alone {baseline:.2f} s)")
+                                f"(bound {bound:.2f} s; typer and rich alone {min(baselines):.2f} s)")
 
 
 def test_python_dash_m_ropekit_is_the_ropekit_command():

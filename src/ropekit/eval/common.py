@@ -324,14 +324,22 @@ def _check_resumed_options(writer: RecordWriter, task: str, method: str, params:
             "pass another --out, or the options the file was made with")
 
 
+#: The stride of PI, YaRN, PoSE and LongLoRA; perplexity's default at L ≥ 512 (:mod:`ropekit.eval.perplexity`).
+PAPER_STRIDE = 256
+
+
+def default_stride(length: int) -> int:
+    """Perplexity's default stride, ``min(256, L // 2)`` (the module docstring of :mod:`ropekit.eval.perplexity`);
+    here because a resume compares a stride left to it with the one a file's samples were made with."""
+    return max(1, min(PAPER_STRIDE, length // 2))
+
+
 def _resolved_option(task: str, name: str, value, record: dict):
     """What option ``name`` given as ``value`` (None: not given) came to in ``record``'s sample."""
     if value is not None:
         return value
     if task == "ppl" and name == "stride" and isinstance(record.get("length"), int) \
             and (record.get("options") or {}).get("score_mode", "last_stride") in ("last_stride", "full_window"):
-        from .perplexity import default_stride
-
         return default_stride(record["length"])
     return None
 

@@ -87,13 +87,11 @@ from ..data.corpora import corpus_label, ids_digest, iter_documents
 from ..errors import RopekitError
 from ..install.installer import reset_length_state
 from ..runtime.atomic import save_figure
-from .common import EvalContext, require_tokenizer, timer, token_lengths, whole_number
+from .common import EvalContext, default_stride, require_tokenizer, timer, token_lengths, whole_number
 
 KEY_FIELDS = ("corpus", "doc", "doc_sha", "score_mode", "stride", "weighting", "add_bos")
 SCORE_MODES = ("last_stride", "full_window", "disjoint", "truncate", "same_targets")
 WEIGHTINGS = ("token", "window")
-#: The stride of PI, YaRN, PoSE and LongLoRA; the default at L ≥ 512.
-PAPER_STRIDE = 256
 #: Buckets of the per-position NLL curve (fewer when L is smaller).
 CURVE_BUCKETS = 64
 #: Largest number of tokens in one batched model call.
@@ -107,11 +105,6 @@ _GROUP = ("method", "params", "length", "corpus", "score_mode", "stride", "weigh
 
 
 # ---- protocol --------------------------------------------------------------------------------------
-def default_stride(length: int) -> int:
-    """``min(256, L // 2)`` (see the module docstring)."""
-    return max(1, min(PAPER_STRIDE, length // 2))
-
-
 def windows_for(n_tokens: int, capacity: int, stride: int, score_mode: str, add_bos: bool) -> list[tuple[int, int, int]]:
     """The windows of a document of ``n_tokens`` tokens as ``(start, end, k)``: the model reads document
     tokens ``[start, end)`` (after a BOS if ``add_bos``) and the last ``k`` of them are scored.
