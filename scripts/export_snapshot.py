@@ -6,7 +6,7 @@ config.json carries transformers' version.
     PYTHONPATH=src python scripts/export_snapshot.py before.json   # on the old commit
     PYTHONPATH=src python scripts/export_snapshot.py after.json    # on the new one; then diff the two
 """
-import hashlib, json, sys, traceback, shutil, os
+import hashlib, json, sys, shutil
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
@@ -18,7 +18,6 @@ from ropekit.install import save_pretrained, inspect_model, rope_info
 from ropekit.install.gguf_export import write_gguf
 from ropekit.install.vllm import vllm_serving
 from ropekit.install.capabilities import why_not, model_features
-from ropekit.install.model_rope import base_info, text_config
 
 out = {}
 import tempfile

@@ -10,28 +10,22 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_runner import SMALL
 
 from ropekit.errors import RopekitError
 from ropekit.study.config import parse_study
 from ropekit.study.runner import run_study
 from ropekit.study.store import Piece, StudyStore
 
-#: The smallest study with a frozen scaled variant and a fine-tuned one: seconds on the tiny model.
+#: test_runner's small study (a frozen scaled variant and a fine-tuned one) cut to seconds on the tiny model.
 STUDY = {
+    **copy.deepcopy(SMALL),
     "name": "history",
-    "model": "tiny",
-    "seed": 0,
-    "target_length": 256,
     "recipe": {
         "data": {"seq_len": 64, "sources": [{"path": "builtin", "max_documents": 4}]},
         "train": {"max_steps": 2, "lr": 1.0e-3, "warmup_steps": 1, "micro_batch_size": 1},
         "output": {"save_every": 2},
     },
-    "variants": [
-        {"label": "base"},
-        {"label": "pi", "method": "pi", "params": {"factor": 4}},
-        {"label": "pi-ft", "method": "pi", "params": {"factor": 4}, "finetune": True},
-    ],
     "evals": {"ppl": {"lengths": [64], "samples": 1, "score_mode": "truncate"}},
 }
 

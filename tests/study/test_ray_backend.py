@@ -12,6 +12,7 @@ import time
 
 import pytest
 import yaml
+from ray_driver import kill_driver_when, study_command
 from test_runner import SMALL, _assert_same, _done_pieces, _dump
 
 from ropekit.errors import RopekitError
@@ -49,20 +50,14 @@ def test_ray_gives_the_local_backends_database_and_only_the_driver_writes(local_
 
 
 def test_driver_killed_mid_study_resumes_to_the_same_database(local_reference, tmp_path):
-    config = tmp_path / "small.yaml"
-    config.write_text(yaml.safe_dump(SMALL))
     out = tmp_path / "ray"
-    cmd = [sys.executable, "-m", "ropekit.cli", "study", str(config), "--out", str(out), "--no-report", "--backend", "ray"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline:
+    cmd = study_command(SMALL, tmp_path, out)
+
+    def two_done():
         done = _done_pieces(out / "study.sqlite")
-        if done is not None and done >= 2:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the study ended before the driver could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray cluster it started
-    proc.wait()
+        return done is not None and done >= 2
+
+    assert kill_driver_when(cmd, two_done, timeout=300), "the study ended before the driver could be killed"
     db = sqlite3.connect(out / "study.sqlite")  # writable: recovers the killed writer's WAL
     before = db.execute("SELECT COUNT(*) FROM pieces WHERE status = 'done'").fetchone()[0]
     finished = dict(db.execute("SELECT id, finished FROM pieces WHERE status = 'done'").fetchall())

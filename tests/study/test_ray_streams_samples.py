@@ -5,15 +5,11 @@ a driver killed with SIGKILL mid-piece keeps the samples already scored, and the
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sqlite3
 import subprocess
-import sys
-import time
 
 import pytest
-import yaml
+from ray_driver import kill_driver_when, study_command
 from test_runner import SMALL, _assert_same, _dump
 
 from ropekit.study.config import parse_study
@@ -48,22 +44,15 @@ def test_driver_killed_mid_evaluation_keeps_the_streamed_samples_and_the_rerun_s
     reference = tmp_path / "local"
     assert run_study(parse_study(SLOW), reference, progress=False)["by_status"]["done"] == 1
 
-    config = tmp_path / "slow.yaml"
-    config.write_text(yaml.safe_dump(SLOW))
     out = tmp_path / "ray"
-    cmd = [sys.executable, "-m", "ropekit.cli", "study", str(config), "--out", str(out), "--no-report", "--backend", "ray"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and time.monotonic() < deadline:
+    cmd = study_command(SLOW, tmp_path, out)
+
+    def scoring():
         n = _running_samples(out / "study.sqlite")
-        if n is not None and n >= K:
-            break
-        time.sleep(0.05)
-    alive = proc.poll() is None
-    if alive:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray cluster it started
-    proc.wait()
-    assert alive, "no running evaluation piece had samples in the store before the study ended"
+        return n is not None and n >= K
+
+    assert kill_driver_when(cmd, scoring, timeout=120), \
+        "no running evaluation piece had samples in the store before the study ended"
 
     db = sqlite3.connect(out / "study.sqlite")  # writable: recovers the killed writer's WAL
     kept = {(piece, key): (row_id, record) for row_id, piece, key, record in db.execute(

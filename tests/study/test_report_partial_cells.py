@@ -37,7 +37,7 @@ def report(tmp_path_factory):
                                         (BEYOND,))]
         db.executemany("DELETE FROM samples WHERE id = ?", [(i,) for i in ids[6:]])
         db.execute("UPDATE pieces SET status = 'failed', error = 'CUDA out of memory' WHERE id = 'eval:passkey:yarn'")
-    paths = write_report(directory)
+    write_report(directory)
     summary = json.loads((directory / "report" / "summary.json").read_text())
     md = (directory / "report" / "summary.md").read_text()
     html = (directory / "report" / "index.html").read_text()

@@ -190,6 +190,46 @@ def test_peak_against_the_measured_peak_of_cpu_runs(dtype, checkpointing, tokens
     assert measured - without > 0.05 * measured  # the backward's buffers are what the forward-only model missed
 
 
+def _ddp_step_bytes(config, store, **ddp_kwargs) -> int:
+    """Live tensor bytes after a second backward pass of the model wrapped in DDP (a one-process gloo group):
+    weights, gradients, and whatever DDP keeps for its all-reduce."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train()
+        ddp = DistributedDataParallel(model, **ddp_kwargs)
+        ids = torch.randint(3, config.vocab_size - 1, (1, 32))
+        ddp(input_ids=ids, labels=ids).loss.backward()  # DDP's buckets exist from the first backward on
+        tracker = mem_tracker.MemTracker()
+        tracker.track_external(model, ids)
+        with tracker:
+            ddp(input_ids=ids, labels=ids).loss.backward()
+        return tracker.get_tracker_snapshot("current")[torch.device("cpu")]["Total"]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_gradients_cost_what_the_plan_counts(tmp_path):
+    """Under DDP the plan counts one set of gradients. PyTorch's default DDP keeps its all-reduce buckets beside
+    them (a second set: the plan was under by trainable × bytes per GPU); the options ropekit launches DDP with
+    make the gradients views of the buckets, and then weights + gradients is what a step holds."""
+    from ropekit.train.strategy import ddp_options
+
+    config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=False, use_cache=False)
+    plan = plan_shape(config, element_bytes=4, compute_bytes=4, micro_batch=1, seq_len=32, checkpointing=False,
+                      gpus=2, strategy="ddp")
+    held = _ddp_step_bytes(config, tmp_path / "store-ropekit", **ddp_options().to_kwargs())
+    assert abs(held - (plan.weights + plan.gradients)) <= 0.01 * held, (held, plan.weights, plan.gradients)
+    default = _ddp_step_bytes(config, tmp_path / "store-default")
+    assert default - held == pytest.approx(plan.gradients, rel=0.01)  # the extra set the plan would miss
+
+
 @pytest.mark.parametrize("checkpointing, tokens", [(False, 256), (False, 1024), (True, 1024)])
 def test_peak_of_float32_weights_under_bf16_autocast(checkpointing, tokens):
     """precision bf16 on float32 weights under DDP is autocast: the residual stream stays float32 (a checkpointed

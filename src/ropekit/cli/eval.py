@@ -215,7 +215,7 @@ def ppl_cmd(
     data: Annotated[Optional[Path], typer.Option("--data", help="Corpus: a txt/jsonl/parquet file, a folder, or a saved `datasets` dir (default: the built-in held-out corpus).")] = None,
     samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="Documents per length: the first N long enough (default: all).")] = None,
     stride: Annotated[Optional[int], typer.Option("--stride", min=1, help="How far the window advances (tokens).")] = None,
-    score_mode: Annotated[Optional[str], typer.Option("--score-mode", help="last_stride | full_window | disjoint | truncate.")] = None,
+    score_mode: Annotated[Optional[str], typer.Option("--score-mode", help="last_stride | full_window | disjoint | truncate | same_targets.")] = None,
     weighting: Annotated[Optional[str], typer.Option("--weighting", help="token | window.")] = None,
     add_bos: Annotated[Optional[bool], typer.Option("--add-bos/--no-add-bos", help="Prepend BOS to every window (default: when the tokenizer has one).")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the per-position NLL curve (PNG) here.")] = None,

@@ -50,7 +50,7 @@ from typing import Any
 from pydantic import RootModel, ValidationError
 
 from ..core.schema import config_error, read_yaml_file
-from ..errors import InvalidParameterError, RopekitError
+from ..errors import RopekitError
 from .stats import MIN_PAIRED
 
 #: Engines a recommendation is made for.

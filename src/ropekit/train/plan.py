@@ -4,7 +4,9 @@ Per GPU, for the recipe's model shape, sequence length, precision, LoRA and para
 
 * **weights** — parameters × bytes of the loaded dtype (``model.dtype``; ropekit keeps master weights in it),
   divided by the GPUs when sharded (FSDP / ZeRO-3);
-* **gradients** — trainable parameters × the same bytes, divided when sharded (FSDP, ZeRO-2/3);
+* **gradients** — trainable parameters × the same bytes, divided when sharded (FSDP, ZeRO-2/3); under DDP the
+  gradients are views of its all-reduce buckets (:func:`ropekit.train.strategy.ddp_options`), so the buckets add
+  nothing;
 * **optimizer** — AdamW's two moments per trainable parameter in the parameter's dtype (PyTorch keeps them there),
   divided when sharded (FSDP, ZeRO-1/2/3);
 * **activations** — the tensors a decoder layer saves for the backward pass, per token:

@@ -292,6 +292,16 @@ def sharded_on_cpu(kind: str, mixed_precision: str):
     return accelerator
 
 
+def ddp_options():
+    """How a multi-process run wraps the model in DDP: the gradients are views of DDP's all-reduce buckets
+    (``gradient_as_bucket_view``). PyTorch's default keeps the buckets beside the gradients, a second copy of every
+    trainable parameter's gradient on each GPU that ``ropekit train plan`` does not count (measured in
+    tests/train/test_plan.py); with views the gradients are the buckets, as the plan counts them."""
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    return DistributedDataParallelKwargs(gradient_as_bucket_view=True)
+
+
 def make_accelerator(precision_setting: str):
     """The Accelerator of a run whose ``train.precision`` is ``precision_setting``, as the launch set it up."""
     from accelerate import Accelerator
@@ -312,7 +322,7 @@ def make_accelerator(precision_setting: str):
     else:
         # Without a GPU, accelerate sets up torch.distributed (gloo) only when told to run on the CPU;
         # otherwise every process of a multi-process launch would train alone.
-        accelerator = Accelerator(mixed_precision=precision, cpu=on_cpu)
+        accelerator = Accelerator(mixed_precision=precision, cpu=on_cpu, kwargs_handlers=[ddp_options()])
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if world != accelerator.num_processes:
         raise RopekitError(f"launched as {world} processes but accelerate set up {accelerator.num_processes}",
