@@ -325,6 +325,52 @@ def test_the_models_own_end_tokens_end_a_generation_as_generate_does():
     assert greedy_generate(model, [3, 4, 5], 12, eos_token_ids=lb.end_tokens(tok, "hotpotqa", model)) == reference[:-1]
 
 
+def test_end_of_turn_ends_a_chat_answer_but_not_a_plain_one():
+    """pred.py stops where ``model.generate`` stops: the generation config's end tokens. A base model whose vocabulary
+    holds a chat end-of-turn token (Qwen2.5's ``<|im_end|>``, eos ``<|endoftext|>``) and writes it inside a plain-
+    prompt answer goes on there; ropekit stopped at it on every prompt and scored the cut answer. In a chat-wrapped
+    prompt the end of the turn ends the answer."""
+    import torch
+
+    from ropekit.eval.common import greedy_generate
+
+    im_end = 12
+    script = [7, im_end, 8, 9] + [0] * 20  # answer, <|im_end|>, more answer, then the model's eos (0)
+
+    class Scripted(torch.nn.Module):
+        def __init__(self, vocab):
+            super().__init__()
+            self.vocab, self.step = vocab, 0
+
+        def forward(self, hidden):
+            out = torch.full((*hidden.shape[:-1], self.vocab), -1e4)
+            out[..., script[min(self.step, len(script) - 1)]] = 0.0
+            self.step += 1
+            return out
+
+    class QwenLikeTokenizer:  # the vocabulary facts eos_ids reads: eos "<|endoftext|>" (0), "<|im_end|>" (12)
+        eos_token, unk_token_id = "<|endoftext|>", None
+
+        @staticmethod
+        def convert_tokens_to_ids(token):
+            return {"<|endoftext|>": 0, "<|im_end|>": im_end}.get(token)
+
+    model = build_tiny_model("llama").eval()
+    model.lm_head = Scripted(model.config.vocab_size)
+    model.generation_config.eos_token_id = 0
+    reference = model.generate(torch.tensor([[3, 4, 5]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+                               max_new_tokens=12, do_sample=False)[0, 3:].tolist()
+    assert reference == [7, im_end, 8, 9, 0]
+    tok = QwenLikeTokenizer()
+    plain = lb.end_tokens(tok, "hotpotqa", model)
+    model.lm_head.step = 0
+    assert greedy_generate(model, [3, 4, 5], 12, eos_token_ids=plain) == reference[:-1]
+    assert lb.end_tokens(tok, "hotpotqa", model, chat=True) == [0, im_end]
+    assert lb.end_tokens(tok, "trec", model, chat=True) == [0]  # pred.py never wraps trec in the chat template
+    model.lm_head.step = 0
+    assert greedy_generate(model, [3, 4, 5], 12, eos_token_ids=lb.end_tokens(tok, "hotpotqa", model, chat=True)) == [7]
+
+
 def test_items_past_the_limit_are_not_read(tmp_path):
     """--samples N reads the first N items only: a broken line after them does not stop the run."""
     path = tmp_path / "hotpotqa.jsonl"

@@ -340,6 +340,14 @@ def test_unknown_task_and_bad_options(byte_tok, tmp_path):
 
 
 # ---- metrics -------------------------------------------------------------------------------------------
+def test_essay_needles_go_where_rulers_depth_puts_them():
+    """RULER's niah.py inserts at ``int(len(document_sents) * (depth / 100))``: the fraction is formed first, and
+    for some sentence counts that is one sentence earlier than ``n * depth / 100`` (300 at 41 %: 122, not 123)."""
+    assert T.depth_cut(300, 41) == 122 and T.depth_cut(600, 41) == 245 and T.depth_cut(1100, 69) == 758
+    ruler_rule = {(n, d): int(n * (d / 100)) for n in range(1, 5000, 7) for d in T.DEPTHS}
+    assert {key: T.depth_cut(*key) for key in ruler_rule} == ruler_rule
+
+
 def test_metrics_match_hand_computed_cases():
     assert ruler.string_match_all("The numbers are 1234567 and 7654321.", ["1234567", "7654321", "1111111"]) == pytest.approx(2 / 3)
     assert ruler.string_match_all("ANSWER: Pale-Cactus", ["pale-cactus"]) == 1.0

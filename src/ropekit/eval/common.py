@@ -139,13 +139,20 @@ def greedy_generate(model, input_ids: list[int], max_new_tokens: int, *, eos_tok
     return new
 
 
-def eos_ids(tokenizer, model=None) -> list[int]:
-    """The ids that end a generation: the tokenizer's EOS and, for chat models, the end-of-turn token, plus every
-    end token of ``model``'s generation config — what ``generate`` stops on by itself, and what the benchmarks'
-    own scripts (LongBench ``pred.py``) stop on: Qwen2.5-Instruct's ``<|endoftext|>``, Llama 3.1's
-    ``<|end_of_text|>`` and Gemma's ``<end_of_turn>`` are there and not in the tokenizer's EOS."""
+#: End-of-turn tokens of the common chat formats (ChatML, Llama 3, Phi-3).
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>")
+
+
+def eos_ids(tokenizer, model=None, *, chat: bool = False) -> list[int]:
+    """The ids that end a generation: the tokenizer's EOS plus every end token of ``model``'s generation config —
+    what ``generate`` stops on by itself, and what the benchmarks' own scripts (LongBench ``pred.py``) stop on:
+    Qwen2.5-Instruct's ``<|endoftext|>``, Llama 3.1's ``<|end_of_text|>`` and Gemma's ``<end_of_turn>`` are there
+    and not in the tokenizer's EOS. ``chat`` (the prompt is wrapped in the chat template): also the end-of-turn
+    token of the vocabulary's chat format (:data:`END_OF_TURN`), where the answer's turn ends even when a
+    checkpoint's generation config does not list it. A plain prompt does not stop there: a base model whose
+    vocabulary holds ``<|im_end|>`` (Qwen2.5) may write it mid-answer, and ``generate`` goes on past it."""
     ids = []
-    for tok in (getattr(tokenizer, "eos_token", None), "<|im_end|>", "<|eot_id|>", "<|end|>"):
+    for tok in (getattr(tokenizer, "eos_token", None), *(END_OF_TURN if chat else ())):
         if tok is None:
             continue
         tid = tokenizer.convert_tokens_to_ids(tok)

@@ -234,10 +234,11 @@ def build_input(tokenizer, dataset: str, item: dict[str, Any], max_length: int, 
     return ids, {"prompt_tokens_full": original, "prompt_tokens": len(ids), "truncated": truncated}
 
 
-def end_tokens(tokenizer, dataset: str, model=None) -> list[int]:
-    """The ids that end generation: the tokenizer's and ``model``'s end tokens (:func:`eos_ids`), plus the id of
+def end_tokens(tokenizer, dataset: str, model=None, *, chat: bool = False) -> list[int]:
+    """The ids that end generation: the tokenizer's and ``model``'s end tokens (:func:`eos_ids`; with ``chat``,
+    where :func:`build_input` wraps this dataset in the chat template, the end of the turn too), plus the id of
     "\\n" for samsum (pred.py)."""
-    ids = eos_ids(tokenizer, model)
+    ids = eos_ids(tokenizer, model, chat=chat and base_name(dataset) not in NO_CHAT)
     if base_name(dataset) == "samsum":
         newline = encode(tokenizer, "\n", add_special_tokens=False)[-1]
         if newline not in ids:
@@ -382,7 +383,7 @@ def run(
     for budget in budgets:
         for name in names:
             base = base_name(name)
-            stop = end_tokens(tokenizer, name, ctx.model)
+            stop = end_tokens(tokenizer, name, ctx.model, chat=chat)
             for item in items[name]:
                 key = ctx.key(budget, dataset=name, sample=str(item["_id"]))
                 if ctx.done(key):

@@ -267,7 +267,7 @@ def run(ctx: EvalContext, *, lengths: list[int] | None = None, depths: list[floa
     ctx.set_total(len(lengths) * len(depth_list) * trials)
     hay: Haystack | None = None
     digest = prose_digest()
-    stop = eos_ids(tokenizer, ctx.model)
+    stop = eos_ids(tokenizer, ctx.model, chat=use_chat)
     for length in lengths:
         for depth in depth_list:
             for trial in range(trials):

@@ -205,6 +205,13 @@ class Generator(abc.ABC):
 
 # ---- niah ---------------------------------------------------------------------------------------------
 @lru_cache(maxsize=1)
+def depth_cut(n_sentences: int, depth: int) -> int:
+    """The sentence after which a needle goes at ``depth`` percent, as RULER's niah.py computes it:
+    ``int(len(document_sents) * (depth / 100))``, the fraction first. In floating point that is not
+    ``n * depth / 100``: 300 sentences at depth 41 give 122 here and 123 the other way."""
+    return int(n_sentences * (depth / 100))
+
+
 def _essay_words() -> tuple[str, ...]:
     return tuple(" ".join(prose_paragraphs()).split())
 
@@ -270,7 +277,7 @@ class NiahGenerator(Generator):
 
         if self.spec.haystack == "essay":
             sentences = split_sentences(self.essay(knob, rng)) if knob else []
-            cuts = [0] + sorted(int(len(sentences) * d / 100) for d in rng.sample(DEPTHS, len(needles))) + [len(sentences)]
+            cuts = [0] + sorted(depth_cut(len(sentences), d) for d in rng.sample(DEPTHS, len(needles))) + [len(sentences)]
             parts = []
             for i in range(1, len(cuts)):
                 parts.append(" ".join(sentences[cuts[i - 1]:cuts[i]]))

@@ -166,7 +166,7 @@ def run(ctx: EvalContext, *, lengths: list[int] | None = None, tasks: list[str] 
             marker = ctx.key(length, subtask=name, sample=None)
             if not ctx.writer.has(marker):  # not a sample: no progress step, no score
                 ctx.writer.write({**marker, "skipped": reason})
-    eos = eos_ids(tokenizer, ctx.model)
+    eos = eos_ids(tokenizer, ctx.model, chat=chat_on)
     essay_digest = None
     for plan in plans:
         spec = plan.spec

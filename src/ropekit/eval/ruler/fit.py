@@ -48,7 +48,9 @@ class Renderer:
     Without chat (RULER's ``base`` template): few-shot turns as ``user + assistant + "\\n"``, then the task
     text and the answer prefix. With chat: the few-shot turns become user/assistant messages, the task text
     the last user message, ``apply_chat_template(add_generation_prompt=True)`` wraps them and the answer
-    prefix follows the assistant tag, as RULER appends it after its model template.
+    prefix follows the assistant tag, as RULER appends it after its model template. The template is the
+    model's own: a system turn it inserts by itself (SmolLM2's default persona, Llama 3.1's knowledge-date
+    block) stays in the prompt, where RULER's templates (``scripts/data/template.py``) have no system turn.
     """
 
     def __init__(self, tokenizer, chat: bool):
