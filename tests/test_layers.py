@@ -6,6 +6,7 @@ function-level imports included, so a lazy import cannot hide one. Nor does the 
 from __future__ import annotations
 
 import ast
+import logging
 import re
 import shutil
 import sys
@@ -58,7 +59,15 @@ def _lint(tree: Path, monkeypatch) -> int:
     monkeypatch.syspath_prepend(str(tree))
     for name in [m for m in sys.modules if m == "ropekit" or m.startswith("ropekit.")]:
         monkeypatch.delitem(sys.modules, name)
-    return lint_imports(config_filename=str(REPO / "pyproject.toml"), no_cache=True)
+    # import-linter configures logging with disable_existing_loggers: every logger created before it (transformers')
+    # would stay disabled for the rest of this test process, and later tests that read its warnings fail
+    loggers = [logging.getLogger()] + [v for v in logging.root.manager.loggerDict.values() if isinstance(v, logging.Logger)]
+    disabled = {logger: logger.disabled for logger in loggers}
+    try:
+        return lint_imports(config_filename=str(REPO / "pyproject.toml"), no_cache=True)
+    finally:
+        for logger, was in disabled.items():
+            logger.disabled = was
 
 
 def test_every_package_imports_only_from_below(monkeypatch):

@@ -11,6 +11,8 @@ absent. The file is read back with ``gguf.GGUFReader`` and with transformers' ow
 
 from __future__ import annotations
 
+import math
+
 import gguf
 import numpy as np
 import pytest
@@ -127,6 +129,50 @@ def test_named_forms_under_the_qwen_prefix(tmp_path, family, method, form):
     if method == "ntk":  # NTK-aware scaling: b' = b·s^(d/(d−2)) (bloc97), d the rotary dimension
         d = model.config.head_dim if family == "qwen3" else 16
         assert _value(reader, f"{family}.rope.freq_base") == pytest.approx(10000.0 * 2.0 ** (d / (d - 2)), rel=1e-6)
+
+
+def _rotary_dim(model, family: str) -> int:
+    return model.config.head_dim if family == "qwen3" else 16
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_frozen_dynamic_ntk_is_a_freq_base(tmp_path, family):
+    """Dynamic NTK frozen at L is plain RoPE at b' = b·(s·L/C − (s − 1))^(d/(d−2)) (transformers' dynamic rule):
+    llama.cpp's freq_base, which its qwen graphs read. It was refused as per-pair only."""
+    model = _model(family)
+    ropekit.extend(model, "dynamic_ntk", factor=2.0)
+    report = write_gguf(model, byte_tokenizer(), tmp_path / "m.gguf", outtype="f32", freeze_length=128)
+    reader = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    d = _rotary_dim(model, family)
+    assert report["rope_form"] == "none" and _value(reader, f"{family}.rope.scaling.type") == "none"
+    assert _value(reader, f"{family}.rope.freq_base") == pytest.approx(10000.0 * (2 * 128 / 64 - 1) ** (d / (d - 2)),
+                                                                       rel=1e-6)
+    assert _tensor(reader, "rope_freqs.weight") is None
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_ntk_by_parts_with_the_code_ramp_is_yarn_without_its_temperature(tmp_path, family):
+    """NTK-by-parts with YaRN's code ramp (linear in the pair index, β 32/1) is YaRN's frequencies with attention
+    magnitude 1: llama.cpp's yarn form with attn_factor 1/(0.1·ln s + 1), cancelling the temperature it applies."""
+    model = _model(family)
+    ropekit.extend(model, "ntk_by_parts", factor=2.0, ramp="dim")
+    report = write_gguf(model, byte_tokenizer(), tmp_path / "m.gguf", outtype="f32")
+    reader = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    assert report["rope_form"] == "yarn" and _value(reader, f"{family}.rope.scaling.factor") == 2.0
+    assert _value(reader, f"{family}.rope.scaling.original_context_length") == 64
+    assert _value(reader, f"{family}.rope.scaling.attn_factor") == pytest.approx(1 / (0.1 * math.log(2) + 1), rel=1e-6)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_pi_on_a_linear_base_is_one_linear_factor(tmp_path, family):
+    """PI ×2 on a checkpoint that already interpolates ×2 (rope_type linear) divides every frequency by 4."""
+    config = tiny_config(family, vocab_size=256, rope_scaling={"rope_type": "linear", "factor": 2.0}, **SHAPES[family])
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ropekit.extend(model, "pi", factor=2.0)
+    report = write_gguf(model, byte_tokenizer(), tmp_path / "m.gguf", outtype="f32")
+    reader = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    assert report["rope_form"] == "linear" and _value(reader, f"{family}.rope.scaling.factor") == 4.0
+    assert _value(reader, f"{family}.rope.freq_base") == pytest.approx(10000.0, rel=1e-6)
 
 
 def test_a_shipped_qwen25_yarn_is_written_as_yarn(tmp_path):

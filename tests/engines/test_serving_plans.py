@@ -56,6 +56,17 @@ def test_which_exports_vllm_serves_exactly(tmp_path, method, params, exact):
         assert plan.why and "\n" not in plan.why
 
 
+def test_yarn_over_a_shorter_original_window_is_served_at_original_times_factor(tmp_path):
+    """YaRN ×2 over an original window of 48 on a 64-token model declares 128 positions; vLLM holds 48 × 2 = 96, the
+    same frequencies, so the plan serves 96 and the model card says why."""
+    directory = _export(tmp_path, "yarn", factor=2.0, original_max_position_embeddings=48)
+    assert json.loads((directory / "config.json").read_text())["max_position_embeddings"] == 128
+    plan = vllm_serving(directory)
+    assert plan.exact and plan.max_model_len == 96 and "--max-model-len 96" in plan.command
+    card = (directory / "README.md").read_text()
+    assert "--max-model-len 96" in card and "fewer than this export's 128" in card
+
+
 @pytest.mark.parametrize("method,params,magnitude", [
     ("yarn", {"factor": 2.0, "attention_factor": 1.3}, 1.3),
     ("ntk_by_parts", {"factor": 2.0, "ramp": "dim"}, 1.0),  # written as transformers' yarn with attention_factor 1
@@ -400,20 +411,28 @@ def test_python_sees_cuda_asks_the_interpreter_itself(tmp_path):
         assert python_sees_cuda(str(fake)) is want
 
 
-@pytest.mark.parametrize("architecture,rope,words", [
-    ("DeepseekV3ForCausalLM", {"truncate": False}, "truncate"),
-    ("DeepseekV3ForCausalLM", {"max": 300}, "fewer than this export's 300"),
-    ("LlamaForCausalLM", {"max": 300}, "fewer than this export's 300"),
-])
-def test_yarn_that_vllm_cannot_hold_is_refused(tmp_path, architecture, rope, words):
-    """vLLM's yarn embeddings hold original × factor positions (64 × 4 = 256 here) and its deepseek_yarn always
-    rounds the ramp bounds."""
-    config = {"architectures": [architecture], "max_position_embeddings": rope.pop("max", 256),
+def test_deepseek_yarn_without_truncation_is_refused(tmp_path):
+    """vLLM's deepseek_yarn always rounds the ramp bounds."""
+    config = {"architectures": ["DeepseekV3ForCausalLM"], "max_position_embeddings": 256,
               "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
-                                  "rope_theta": 10000.0, **rope}}
+                                  "rope_theta": 10000.0, "truncate": False}}
     (tmp_path / "config.json").write_text(json.dumps(config))
     plan = vllm_serving(tmp_path)
-    assert not plan.exact and words in plan.why
+    assert not plan.exact and "truncate" in plan.why
+
+
+@pytest.mark.parametrize("architecture", ["DeepseekV3ForCausalLM", "LlamaForCausalLM"])
+def test_yarn_past_original_times_factor_is_served_up_to_it(tmp_path, architecture):
+    """vLLM's yarn embeddings hold original × factor positions (64 × 4 = 256 here) and its max-model-len check
+    stops there. YaRN's frequencies do not follow the input's length, so a window declared past that product
+    (Qwen3: 40,960 with yarn ×4 over 32,768 declares 163,840) is served exactly up to 256 — it was refused."""
+    config = {"architectures": [architecture], "max_position_embeddings": 300,
+              "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                  "rope_theta": 10000.0}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    plan = vllm_serving(tmp_path)
+    assert plan.exact and plan.max_model_len == 256 and "--max-model-len 256" in plan.command
+    assert "256" in plan.note and "300" in plan.note
 
 # ---- Dual Chunk Attention: vLLM's own dual_chunk_attention_config ---------------------------------------------------
 #

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ..errors import RopekitError
-from .common import out, print_json
+from .common import err, out, print_json
 
 FORMATS = ("gguf", "vllm")
 GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")  # ropekit.install.gguf_export.OUTTYPES, without importing torch
@@ -43,12 +43,15 @@ def export_cmd(
                                "export a method vLLM computes exactly (see docs/methods.md)")
         if json_out:  # the plan on stdout either way; a refusal still exits 2 with its line, as without --json
             print_json({"exact": serving.exact, "why": serving.why, "max_model_len": serving.max_model_len,
-                        "hf_overrides": serving.hf_overrides, "env": serving.env, "command": serving.command})
+                        "hf_overrides": serving.hf_overrides, "env": serving.env, "command": serving.command,
+                        "note": serving.note})
         if not serving.exact:
             raise refusal
         if json_out:
             return
         out.print(serving.command, soft_wrap=True, highlight=False)
+        if serving.note:
+            err.print(f"note: {serving.note}", highlight=False)
         return
     dtype = dtype if dtype is not None else "f16"
     if dtype not in GGUF_DTYPES:

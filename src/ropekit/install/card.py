@@ -117,12 +117,14 @@ def card_body(out: Path, saved: dict[str, Any], *, method: str, params: dict[str
     plan = vllm_serving(out)
     if plan.exact:
         lines += ["**vLLM** — this directory as it is:", "", "```bash", plan.command.replace(str(out), "DIR"), "```", ""]
+        if plan.note:
+            lines += [f"({plan.note}.)", ""]
         if not plan.env:
             # the plan's rope dict where vLLM must read another one (DeepSeek's mscale, yarn's attn_factor)
             served = plan.hf_overrides.get("rope_parameters", rope)
             overrides = json.dumps({"rope_parameters": served, "max_position_embeddings": window}, separators=(",", ":"))
             lines += ["the original model with the same RoPE (the weights are the original's):", "", "```bash",
-                      f"vllm serve {base_model or 'ORIGINAL_MODEL_ID'} --max-model-len {window} "
+                      f"vllm serve {base_model or 'ORIGINAL_MODEL_ID'} --max-model-len {plan.max_model_len} "
                       f"--hf-overrides '{overrides}'", "```", ""]
     else:
         lines += [f"**vLLM** — not the same model: {plan.why}.", ""]

@@ -330,6 +330,9 @@ def gguf_rope(model, freeze_length: int | None = None) -> GGUFRope:
         if _reproduces(candidate):
             return candidate
     if arch not in PER_PAIR_ARCHITECTURES:
+        for candidate in _fitted_forms(info, theta, original if record else info.window, attention_factor, common):
+            if _reproduces(candidate):
+                return candidate
         what = method or f"this model's own RoPE ('{info.rope_type}')"
         raise UnsupportedModelError(
             f"{what} cannot be written as a {arch} GGUF: its frequencies are none of llama.cpp's linear, yarn "
@@ -372,6 +375,39 @@ def _named_forms(info, m, params: dict[str, Any], attention_factor: float, froze
     else:
         yield GGUFRope(form=keys.scaling_type, scaling_type=keys.scaling_type, freq_base=keys.freq_base,
                        factor=keys.factor, attn_factor=attention_factor, **common)
+
+
+def _fitted_forms(info, theta: np.ndarray, original: int, attention_factor: float, common):
+    """llama.cpp's forms read off the installed frequencies themselves, for graphs without per-pair ``rope_freqs``
+    (qwen2, qwen3), where a method without a ``gguf_rope`` hook or a composition may still be one of them:
+
+    * ``θ'_i = b'^(−2i/d) / s`` — RoPE at another base (frozen Dynamic NTK: b' = b·(s·L/C − (s − 1))^(d/(d−2))),
+      divided by one factor (PI on a ``linear`` base): ``log θ'_i`` is linear in ``2i/d``, slope ``−log b'`` and
+      intercept ``−log s``, fitted by least squares over every pair (one pair would amplify float32 rounding by d/2);
+    * YaRN with llama.cpp's betas 32/1 over the base model's frequencies and window ``original`` (NTK-by-parts with
+      its default ramp): its lowest pair is divided by the whole factor, ``s = b^(−(d−2)/d) / θ'_last``.
+
+    Each candidate is only a guess; the caller keeps it only where llama.cpp's own arithmetic reproduces every
+    frequency and the attention factor (:func:`_reproduces`)."""
+    exponents = pair_exponents(info.rotary_dim).numpy().astype(np.float64)
+    if len(theta) > 1:
+        slope, intercept = np.polyfit(exponents, np.log(theta), 1)
+        base, fitted = math.exp(-slope), math.exp(-intercept)
+        for factor in _readable(fitted):
+            if factor == 1.0:
+                yield GGUFRope(form="none", scaling_type="none", freq_base=base, attn_factor=attention_factor, **common)
+            else:
+                yield GGUFRope(form="linear", scaling_type="linear", freq_base=base, factor=factor,
+                               attn_factor=attention_factor, **common)
+    fitted = float(_f32(info.rope_theta)) ** (-exponents[-1]) / theta[-1]
+    for factor in _readable(fitted) if fitted > 1.0 else ():
+        yield _yarn_form(info.rope_theta, factor, int(original), attention_factor, common)
+
+
+def _readable(value: float) -> list[float]:
+    """A fitted factor as a reader would write it (six significant digits: 2.0, not 1.9999999), then as fitted."""
+    short = float(f"{value:.6g}")
+    return [short] if short == value else [short, value]
 
 
 def _yarn_form(base: float, factor: float, original: int, attention_factor: float, common) -> GGUFRope:

@@ -62,6 +62,23 @@ def _yarn_window(rope: dict[str, Any], max_len: int) -> str:
     return ""
 
 
+def _yarn_limit(config: dict[str, Any], rope: dict[str, Any], max_len: int) -> int:
+    """The longest input vLLM serves this RoPE exactly: ``max_len``, or original window × factor where a yarn below
+    it ends there (vLLM's yarn cos/sin cache and its ``--max-model-len`` check stop at that product). YaRN's
+    frequencies do not depend on the input's length, so below that product vLLM computes the export exactly: Qwen3
+    (window 40,960) with yarn ×4 over an original 32,768 declares 163,840 and is served at 131,072, Qwen's own
+    recipe. Under vLLM's DeepSeek and gpt-oss attention every scaled rope dict is served as yarn."""
+    as_yarn = serves_rope_as_deepseek_yarn(config) or _is_architecture(config, _GPT_OSS_ARCHITECTURES,
+                                                                        _GPT_OSS_MODEL_TYPES)
+    dicts = [v for v in rope.values() if isinstance(v, dict)] or [rope]
+    limit = max_len
+    for d in dicts:
+        original = d.get("original_max_position_embeddings")
+        if original and (d.get("rope_type") == "yarn" or (as_yarn and d.get("rope_type", "default") != "default")):
+            limit = min(limit, int(float(original) * float(d.get("factor") or 1.0)))
+    return limit
+
+
 def _yarn_magnitude(rope: dict[str, Any]) -> float:
     """The cos/sin magnitude transformers' yarn computes: ``attention_factor``, else mscale(s, mscale) /
     mscale(s, mscale_all_dim) when both are set, else 0.1·ln s + 1 (YaRN §3.4)."""
@@ -98,6 +115,8 @@ class VLLMServing:
     command: str = ""
     #: Environment variables the command sets (an engine-computed method's backend: Dual Chunk Attention's).
     env: dict[str, str] = field(default_factory=dict)
+    #: Why ``max_model_len`` is shorter than the export's window, or "".
+    note: str = ""
 
 
 def _deepseek_yarn_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[str, Any] | None, str]:
@@ -201,13 +220,16 @@ def vllm_serving(directory: str | Path) -> VLLMServing:
     if not isinstance(config, dict):
         raise ModelLoadError(f"'{config_path}' is not a JSON object", "pass a directory written by `ropekit extend`")
     rope = config.get("rope_parameters") or {"rope_type": "default"}
-    max_len = int(config.get("max_position_embeddings") or 0)
+    window = int(config.get("max_position_embeddings") or 0)
+    max_len = _yarn_limit(config, rope, window) if window else window
+    note = (f"vLLM's yarn holds cos/sin for original window × factor = {max_len} positions, fewer than this "
+            f"export's {window}: served exactly up to {max_len} tokens") if max_len < window else ""
     engine_key = next((key for key in engine_keys() if config.get(key) is not None), None)
     if engine_key is not None:
-        return _engine_serving(path, config, max_len, engine_key)
+        return _engine_serving(path, config, window, engine_key)
     refusal = ((config.get("ropekit") or {}).get("export") or {}).get("vllm_refusal")
     if refusal:  # the export knew why vLLM cannot compute the method itself (the method's vllm_config said)
-        return VLLMServing(exact=False, why=refusal, max_model_len=max_len)
+        return VLLMServing(exact=False, why=refusal, max_model_len=window)
     if any(isinstance(v, dict) for v in rope.values()):  # RoPE per layer type: each one must be exact
         served, whys = {}, []
         for key, value in rope.items():
@@ -229,13 +251,13 @@ def vllm_serving(directory: str | Path) -> VLLMServing:
                              "rotates interleaved (adjacent channels pair up): serve it with transformers, or extend "
                              "with a method vLLM computes as linear, llama3 or yarn")
     if served is None:
-        return VLLMServing(exact=False, why=why, max_model_len=max_len)
+        return VLLMServing(exact=False, why=why, max_model_len=window)
     overrides = {} if served == rope else {"rope_parameters": served}
     parts = ["vllm", "serve", str(path), "--max-model-len", str(max_len)]
     if overrides:
         parts += ["--hf-overrides", json.dumps(overrides, separators=(",", ":"))]
     return VLLMServing(exact=True, why="", max_model_len=max_len, hf_overrides=overrides,
-                       command=" ".join(shlex.quote(p) for p in parts))
+                       command=" ".join(shlex.quote(p) for p in parts), note=note)
 
 
 def _is_architecture(config: dict[str, Any], architectures: frozenset[str], model_types: frozenset[str]) -> bool:
