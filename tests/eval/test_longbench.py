@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from ropekit.errors import RopekitError
 from ropekit.eval import longbench as lb
@@ -278,8 +279,6 @@ def test_cli_runs_longbench_from_a_data_dir(run_cli, data_dir):
 def test_samsum_gets_one_token_before_an_end_token_can_stop_it():
     """pred.py decodes samsum with min_length = context + 1: a model whose favourite next token is EOS still
     says one token (its second choice) before stopping; the other datasets stop at once."""
-    import torch
-
     from ropekit.eval.common import greedy_generate
 
     model = build_tiny_model("llama")
@@ -293,28 +292,30 @@ def test_samsum_gets_one_token_before_an_end_token_can_stop_it():
     assert greedy_generate(model, [3, 4, 5], 8, eos_token_ids=[0], min_new_tokens=1) == [7]
 
 
+class ScriptedHead(torch.nn.Module):
+    """An LM head that makes greedy decoding emit ``script``, one token per call (its last token from then on);
+    ``step = 0`` replays it."""
+
+    def __init__(self, script: list[int], vocab: int):
+        super().__init__()
+        self.script, self.vocab, self.step = script, vocab, 0
+
+    def forward(self, hidden):
+        out = torch.full((*hidden.shape[:-1], self.vocab), -1e4)
+        out[..., self.script[min(self.step, len(self.script) - 1)]] = 0.0
+        self.step += 1
+        return out
+
+
 def test_the_models_own_end_tokens_end_a_generation_as_generate_does():
     """pred.py calls model.generate, which stops on every end token of the model's generation config (Qwen2.5-Instruct:
     <|im_end|> and <|endoftext|>); ropekit stopped on the tokenizer's only and scored the rambling after the answer."""
-    import torch
-
     from ropekit.eval.common import greedy_generate
 
     model = build_tiny_model("llama").eval()
     script = [7, 8, 9] + [11] * 20  # answer, the second end token, then rambling
 
-    class Scripted(torch.nn.Module):
-        def __init__(self, vocab):
-            super().__init__()
-            self.vocab, self.step = vocab, 0
-
-        def forward(self, hidden):
-            out = torch.full((*hidden.shape[:-1], self.vocab), -1e4)
-            out[..., script[min(self.step, len(script) - 1)]] = 0.0
-            self.step += 1
-            return out
-
-    model.lm_head = Scripted(model.config.vocab_size)
+    model.lm_head = ScriptedHead(script, model.config.vocab_size)
     model.generation_config.eos_token_id = [0, 9]
     reference = model.generate(torch.tensor([[3, 4, 5]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
                                max_new_tokens=12, do_sample=False)[0, 3:].tolist()
@@ -330,23 +331,10 @@ def test_end_of_turn_ends_a_chat_answer_but_not_a_plain_one():
     holds a chat end-of-turn token (Qwen2.5's ``<|im_end|>``, eos ``<|endoftext|>``) and writes it inside a plain-
     prompt answer goes on there; ropekit stopped at it on every prompt and scored the cut answer. In a chat-wrapped
     prompt the end of the turn ends the answer."""
-    import torch
-
     from ropekit.eval.common import greedy_generate
 
     im_end = 12
     script = [7, im_end, 8, 9] + [0] * 20  # answer, <|im_end|>, more answer, then the model's eos (0)
-
-    class Scripted(torch.nn.Module):
-        def __init__(self, vocab):
-            super().__init__()
-            self.vocab, self.step = vocab, 0
-
-        def forward(self, hidden):
-            out = torch.full((*hidden.shape[:-1], self.vocab), -1e4)
-            out[..., script[min(self.step, len(script) - 1)]] = 0.0
-            self.step += 1
-            return out
 
     class QwenLikeTokenizer:  # the vocabulary facts eos_ids reads: eos "<|endoftext|>" (0), "<|im_end|>" (12)
         eos_token, unk_token_id = "<|endoftext|>", None
@@ -356,7 +344,7 @@ def test_end_of_turn_ends_a_chat_answer_but_not_a_plain_one():
             return {"<|endoftext|>": 0, "<|im_end|>": im_end}.get(token)
 
     model = build_tiny_model("llama").eval()
-    model.lm_head = Scripted(model.config.vocab_size)
+    model.lm_head = ScriptedHead(script, model.config.vocab_size)
     model.generation_config.eos_token_id = 0
     reference = model.generate(torch.tensor([[3, 4, 5]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
                                max_new_tokens=12, do_sample=False)[0, 3:].tolist()
