@@ -178,3 +178,16 @@ def test_unusable_training_data_writes_nothing_and_the_fixed_command_runs(run_cl
     data.write_text(json.dumps({"text": text}) + "\n" if data.suffix == ".jsonl" else text)
     code, _, err = run_cli("train", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "out"))
     assert code == 0, err
+
+
+def test_accelerates_own_gradient_accumulation_is_refused(run_cli, monkeypatch, tmp_path):
+    """`accelerate launch --gradient_accumulation_steps N` makes accelerate's backward divide each loss by N; ropekit
+    already normalises a step's loss over its micro-batches, so gradients, their logged norm and the clipping would all
+    be N times too small. Refused in one line, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4")
+    (tmp_path / "run.yaml").write_text(example_yaml("tiny-full"))
+    code, out, err = run_cli("train", "run.yaml", "--max-steps", "1")
+    assert code == 2 and out == "" and err.strip().count("\n") == 0
+    assert "gradient_accumulation_steps 4" in err and "train.grad_accum" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]

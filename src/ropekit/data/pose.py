@@ -20,7 +20,10 @@ Chunk lengths are drawn as in the paper's coverage code (Fig. 6): ``l_0 ~ U{1, �
 each next length uniform over what leaves every later chunk at least one token, the last chunk taking
 the remainder; for ``N = 2`` that is ``l_0 ~ U{1, …, L_c − 1}``. (The released ``train_pose.py`` draws
 the first chunk's length from ``{1, …, ⌈L_c/2⌉}`` instead, samples once per example with an unseeded
-``random`` and fixes it for all epochs; here everything is a function of ``(seed, epoch, index)``.)
+``random`` and fixes it for all epochs; here everything is a function of ``(seed, epoch, index)``. It also
+truncates each document to five model windows before drawing, so its ``L_x`` and with it the content offsets
+``v_i`` stay below that; here ``L_x`` is the whole document, as Eq. 5 reads, and with ``documents: whole`` a
+long document's chunks may lie far apart in the text while their positions lie at most ``L_t`` apart.)
 
 **RandPos** (Ruoss et al., ACL 2023; the PoSE paper's baseline, §4.1): ``L_c`` distinct positions drawn
 uniformly from ``{0, …, L_t − 1}`` and sorted.

@@ -307,6 +307,14 @@ def make_accelerator(precision_setting: str):
     from accelerate import Accelerator
 
     runtime.route_deepspeed_logs_to_stderr()  # accelerate imports it: its log lines would land on stdout
+    steps = os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "").strip()
+    if steps and steps != "1":
+        # accelerate's backward() would divide the step-normalised loss by it once more: gradients, their logged
+        # norm and the clipping threshold all scaled by 1/N, silently
+        raise RopekitError(f"accelerate was launched with gradient_accumulation_steps {steps}, but ropekit accumulates "
+                           "by itself and normalises each step's loss over all its micro-batches",
+                           "launch without --gradient_accumulation_steps (and without it in the accelerate config); "
+                           "set train.grad_accum instead")
     on_cpu = not has_accelerator_device()
     precision = "bf16" if precision_setting == "bf16" else "no"
     if on_cpu and precision == "bf16":
