@@ -4,8 +4,9 @@
 codebases (docs/methods-reference.md §10). Here every parameter is named and recorded with each result:
 
 * ``context_len`` L: tokens per model input, *counting* a prepended BOS. With ``add_bos`` a window holds
-  C = L−1 document tokens after the BOS (as the HF "perplexity of fixed-length models" guide and YaRN's
-  ``eval/perplexity.py``), otherwise C = L.
+  C = L−1 document tokens after the BOS (as YaRN's ``eval/perplexity.py`` and PoSE's ``eval_ppl.py``, whose
+  tokenizers add it), otherwise C = L (the HF "perplexity of fixed-length models" guide, GPT-2 without special
+  tokens, and LongLoRA/LCEG feed raw tokens: ``add_bos=False`` reproduces them).
 * ``score_mode``: which windows are run and which of their predictions count —
 
   - ``last_stride`` (Press et al.'s Shortformer/ALiBi evaluation, PI, the HF guide, YaRN, PoSE):
@@ -13,11 +14,21 @@ codebases (docs/methods-reference.md §10). Here every parameter is named and re
     predictions, each later window only the tokens after the previous window's end (its last S, fewer
     at the document's end); the sweep stops at the first window that reaches the end. Every token is
     scored exactly once, each after the first window with at least C−S document tokens of context.
-    Without BOS the document's first token has no context and is not scored.
+    Without BOS the document's first token has no context and is not scored. This is YaRN's loop exactly.
+    The others differ in details that move the number: PoSE truncates each document to its largest
+    length (``max_length = max_input_tokens − 1``) where ropekit scores the whole document; the HF guide
+    weights each window by ``trg_len − 1``, one prediction too few after the first window (ropekit counts
+    the predictions scored); fairseq's ``--context-window`` (Press et al.) scores blocks of S tokens with
+    the document's first token predicted from ``</s>``, so contexts match only without BOS and with S
+    dividing C.
   - ``full_window`` (LongLoRA ``eval.py``, LCEG ``eval_perplexity``): full windows of C tokens start
     every S tokens while they fit in the document (``start + C ≤ n``) and each is scored on *all* its
-    predictions, so tokens are scored several times and some with almost no context. (LCEG's
-    ``range(0, n − L, 256)`` also drops the window ending exactly at the document's end; here it is kept.)
+    predictions, so tokens are scored several times and some with almost no context. The references
+    window differently: they take ``range(0, n − L, S)`` and then ``pop()`` its last start, one or two
+    windows fewer than every full window kept here (n = 1024, L = 512, S = 256: 1 window there, 3 here),
+    over one token stream of concatenated books (LCEG: the first 10 of PG19), windows crossing book
+    boundaries, where ropekit windows each document apart; LongLoRA averages per-batch losses
+    (``--batch_size`` 32) where LCEG's scripts pass 1 and average per window.
   - ``disjoint`` (Landmark Attention's ``eval.py``): windows [0, C), [C, 2C), … to the end, all predictions
     scored. Without BOS the first token of each window is not scored (it has no context inside the window);
     with BOS every window starts with it. (lm-eval's ``loglikelihood_rolling`` differs: only its first window
