@@ -643,3 +643,16 @@ def test_a_ranking_row_above_another_is_not_a_pairwise_verdict():
     assert [r["method"] for r in ranking["rows"]] == ["A", "C", "B"]
     assert [r["tied_with_next"] for r in ranking["rows"]] == [False, False, False]
     assert "not transitive" in ranking["rule"] and "not by itself significantly better" in ranking["rule"]
+
+
+def test_interval_ends_a_few_ulps_off_zero_are_zero():
+    """0.1 + 0.2 − 0.3 is 5.6e-17 in floating point, as a difference of two accuracies summed in another order came
+    out in the smollm2 report: a lower end of exactly that made a tie "significant" and moved a rank. Such ends are 0,
+    so the interval does not exclude 0; a real effect of 1e-6 stays."""
+    import numpy as np
+
+    noise = 0.1 + 0.2 - 0.3
+    assert noise > 0
+    assert stats.percentile_interval(np.array([noise] * 30 + [0.5] * 70)) == (0.0, 0.5)
+    assert stats.percentile_interval(np.array([-noise] * 70 + [-0.5] * 30)) == (-0.5, 0.0)
+    assert stats.percentile_interval(np.array([1e-6] * 30 + [0.5] * 70)) == (1e-6, 0.5)

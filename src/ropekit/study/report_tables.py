@@ -343,7 +343,7 @@ def _control_tables(effects: list[dict[str, Any]], table: stats.Table, methods: 
         counts = fmt_counts(ns, task).replace("per cell", "shared per cell")
         out.append(_table(f"Effect relative to the control {control}: {what}" + (f" — {counts}" if counts else ""), columns, rows,
                           f"Each cell: estimate [paired 95 % bootstrap interval over the {unit_noun(task)} both share]; "
-                          f"* and bold: significant (the interval excludes {'1' if task == 'ppl' else '0'}, "
+                          f"* and bold: significant (the interval excludes {'1' if stats.is_perplexity(task) else '0'}, "
                           f"at least {stats.MIN_PAIRED} shared {unit_noun(task)})."
                           + (f" “(label k of N, unfinished)”: that side's piece has not finished — k of its N planned "
                              f"{unit_noun(task)} are stored, and the comparison is over those alone; the findings do not use it."
