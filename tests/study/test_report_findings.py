@@ -334,3 +334,15 @@ def test_the_headline_says_significantly_ahead_only_when_each_pairwise_differenc
     recs = _prompts("A", [1] * 20) + _prompts("B", [0] * 20)
     ranking, text = _headline_of(recs)
     assert "A with 100 %" in text and "significantly ahead of every other method" in text and "tied" not in text
+
+
+def test_a_method_first_by_perplexity_is_not_called_best_at_retrieval():
+    """B finds 19 of 20 passkeys, A 20 of 20 (not a significant difference); B's perplexity is 0.3 nats lower on every
+    document, so B ranks first — on perplexity. The headline said "Best passkey retrieval …: B with 95 %" with A at
+    100 %; it says B ranks first on passkey, then perplexity."""
+    recs = _prompts("A", [1] * 20) + _prompts("B", [1] * 19 + [0])
+    recs += [_ppl(m, 128, 3 + 0.3 * (d % 3) + (0.3 if m == "A" else 0), d) for d in range(8) for m in ("A", "B")]
+    ranking, text = _headline_of(recs)
+    assert [(r["method"], r["rank"]) for r in ranking["rows"]] == [("B", 1), ("A", 2)]
+    assert "Ranked first on passkey retrieval beyond the window (128), then perplexity: B with 95 %" in text
+    assert "Best passkey" not in text

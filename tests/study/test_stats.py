@@ -170,6 +170,29 @@ def test_perplexity_correlations_and_ranking():
     assert ranks["pi"] == ranks["pi2"] == 2 and ranks["ntk"] == 4 and ranking["rows"][-1]["method"] == "lonely"
 
 
+def test_a_study_whose_only_perplexity_is_same_targets_ranks_and_correlates_on_it():
+    """The smollm2 preset measures perplexity only as ``ppl-same-targets``: the ranking's perplexity tie-break and
+    the correlations read it (they read a task named ``ppl`` only, and ranked on accuracy alone)."""
+    ppl = {"plain": [5.0, 50.0], "pi": [6.0, 8.0], "yarn": [5.5, 7.0], "ntk": [5.2, 12.0]}
+    acc = {"plain": [1.0, 0.0], "pi": [1.0, 0.6], "yarn": [0.8, 0.6], "ntk": [1.0, 0.2]}
+    recs = []
+    for m in ppl:
+        for i, L in enumerate((64, 128)):
+            recs.append({**ppl_record(m, L, math.log(ppl[m][i]) * 10, 10), "task": "ppl-same-targets"})
+            recs.append({"task": "passkey", "method": m, "length": L, "score": acc[m][i], "depth": 0.5, "trial": 0})
+    table = stats.Table(stats.aggregate(recs))
+    assert table.perplexity_task() == "ppl-same-targets"
+    ranking = stats.rank_methods(table, window=64, target_length=128)
+    # pi and yarn tie at 0.6 beyond the window; yarn's perplexity at 128 (7.0 against 8.0) puts it first
+    assert [(r["rank"], r["method"]) for r in ranking["rows"]] == [(1, "yarn"), (2, "pi"), (3, "ntk"), (4, "plain")]
+    assert ranking["ppl_task"] == "ppl-same-targets" and ranking["ppl_length"] == 128
+    assert "ppl-same-targets perplexity at 128 tokens" in ranking["rule"]
+    methods = ["plain", "pi", "yarn", "ntk"]
+    expect, _ = naive_tau_b([ppl[m][1] for m in methods], [acc[m][1] for m in methods])
+    rows = {r["mode"]: r for r in stats.perplexity_correlations(table, 128)}
+    assert rows["target"]["tau"] == pytest.approx(expect)
+
+
 # ---- bootstrap intervals, paired comparisons, seeds, ties --------------------------------------------------
 # The references below re-implement the documented resampling by hand: the draws follow the contract of the
 # stats module's docstring (numpy Generator with BOOTSTRAP_SEED; per stratum in ascending order,

@@ -497,7 +497,8 @@ def _retention_waiting(retention: list[dict[str, Any]], finetuned: list[str], co
 def _unranked_row(table: stats.Table, method: str, ppl_at: int | None, *, unfinished: bool = False) -> dict[str, Any]:
     """A ranking row for a variant kept out of the ranking: no rank, its perplexity shown (marked where partial).
     ``unfinished``: kept out as its pieces have not finished, else as it did not converge."""
-    row = table.row(method, "ppl", ppl_at, "ppl") if ppl_at is not None else None
+    ppl = table.perplexity_task()
+    row = table.row(method, ppl, ppl_at, "ppl") if ppl_at is not None and ppl else None
     return {"rank": None, "method": method, "primary": None, "primary_ci95": None, "ppl": row["value"] if row else None,
             "ppl_ci95": row.get("ci95") if row else None, "tied": False,
             **({"unfinished": True} if unfinished else {"unconverged": True})}
@@ -509,7 +510,7 @@ def _unfinished_basis(method: str, ranking: Mapping[str, Any], table: stats.Tabl
     or missing while the method's piece of that task has not finished."""
     cells = [(ranking.get("task"), L, "accuracy") for L in ranking.get("lengths") or []]
     if ranking.get("ppl_length") is not None:
-        cells.append(("ppl", ranking["ppl_length"], "ppl"))
+        cells.append((ranking.get("ppl_task") or "ppl", ranking["ppl_length"], "ppl"))
     for task, length, metric in cells:
         if task is None:
             continue

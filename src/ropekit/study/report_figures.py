@@ -403,12 +403,13 @@ class _Figures:
         if not rows:
             return None
         number = {m: i + 1 for i, m in enumerate(self.methods)}
+        ppl = table.perplexity_task()  # the one perplexity_correlations read
         fig, axes = self.new(min(15.0, (6.5 if len(rows) == 1 else 4.6) * len(rows)) + 2.4, 4.6, 1, len(rows))
         shown: list[str] = []
         for ax, k in zip(axes, rows):
             L = k["lengths"][0]
             for m in k["methods"]:
-                x_row, y_row = table.row(m, "ppl", L, "ppl"), table.row(m, k["task"], L, "accuracy")
+                x_row, y_row = table.row(m, ppl, L, "ppl"), table.row(m, k["task"], L, "accuracy")
                 x, y = x_row["value"], 100 * y_row["value"]
                 xci = x_row.get("ci95") or [x, x]
                 yci = [100 * v for v in (y_row.get("ci95") or [y_row["value"]] * 2)]
@@ -444,7 +445,7 @@ class _Figures:
         fig.draw_without_rendering()  # fix the layout before placing the numbers
         for ax, k in zip(axes, rows):
             L = k["lengths"][0]
-            pts = [(m, table.get(m, "ppl", L, "ppl"), 100 * table.get(m, k["task"], L, "accuracy")) for m in k["methods"]]
+            pts = [(m, table.get(m, ppl, L, "ppl"), 100 * table.get(m, k["task"], L, "accuracy")) for m in k["methods"]]
             self._place_numbers(fig, ax, [(str(number.get(m, "?")), x, y) for m, x, y in pts])
         return self.save(fig, name)
 

@@ -625,16 +625,18 @@ def headline(table: stats.Table, ranking: Mapping[str, Any], claims: Sequence[Ma
     significantly ahead of is named as tied with it."""
     a = table.analysis
     parts = []
-    ppl_lengths = table.lengths("ppl")
+    ppl = table.perplexity_task()
+    ppl_lengths = table.lengths(ppl) if ppl else []
     t_len = target_of(ppl_lengths, target)
     if t_len is not None and a is not None:
-        values = [(table.get(m, "ppl", t_len, "ppl"), m) for m in table.methods("ppl")]
+        values = [(table.get(m, ppl, t_len, "ppl"), m) for m in table.methods(ppl)]
         values = [(v, m) for v, m in values if v is not None and math.isfinite(v)]
         if values:
             _, best = min(values)
-            tied = [m for _, m in sorted(values) if m != best and not (a.compare(m, best, "ppl", t_len, "ppl") or {}).get("significant")]
+            tied = [m for _, m in sorted(values) if m != best and not (a.compare(m, best, ppl, t_len, "ppl") or {}).get("significant")]
             where = f"{length_label(t_len)} tokens" + (f" ({t_len / window:g}× the {window}-token window)" if window else "")
-            text = f"At {where} the lowest perplexity is {best}'s {_cell_text(table, best, 'ppl', t_len, 'ppl', 'ppl')}"
+            name = "perplexity" if ppl == "ppl" else f"{ppl} perplexity"
+            text = f"At {where} the lowest {name} is {best}'s {_cell_text(table, best, ppl, t_len, 'ppl', 'ppl')}"
             text += (f", statistically tied with {_join(tied)}" if tied else ", significantly below every other method")
             parts.append(text + " (paired bootstrap over documents).")
     rows = ranking.get("rows") or []
@@ -642,7 +644,10 @@ def headline(table: stats.Table, ranking: Mapping[str, Any], claims: Sequence[Ma
         r0 = rows[0]
         task = _task_name(ranking["task"])
         span = ", ".join(length_label(L) for L in ranking["lengths"])
-        lead = (f"Best {task} beyond the window ({span}): {r0['method']} with {100 * r0['primary']:.0f} % "
+        # first by the ranking, which may be perplexity's doing: "best" only where no ranked method scores higher
+        higher = any(r.get("rank") is not None and (r.get("primary") or 0.0) > r0["primary"] for r in rows[1:])
+        lead = ((f"Ranked first on {task} beyond the window ({span}), then perplexity: " if higher else
+                 f"Best {task} beyond the window ({span}): ") + f"{r0['method']} with {100 * r0['primary']:.0f} % "
                 f"{fmt_ci(r0.get('primary_ci95'), 'pct')}")
         # a rank is not a pairwise verdict (stats.rank_methods): ahead of another method only where the paired
         # accuracy difference over these lengths says so, one method at a time

@@ -240,11 +240,12 @@ def _headline(table: stats.Table, ranking: dict[str, Any], methods: Sequence[str
     a = table.analysis
     acc_tasks = table.accuracy_tasks()
     ppl_at = ranking["ppl_length"]
+    ppl = ranking.get("ppl_task") or "ppl"
     speed_lengths = table.lengths("speed")
     speed_at = (target if target in speed_lengths else speed_lengths[-1]) if speed_lengths else None
     columns = ["Rank", "Method", "Type"]
     if ppl_at is not None:
-        columns.append(f"ppl @ {length_label(ppl_at)}")
+        columns.append(f"{ppl} @ {length_label(ppl_at)}")
     spans = {}
     for t in acc_tasks:
         lengths = table.lengths(t)
@@ -266,9 +267,9 @@ def _headline(table: stats.Table, ranking: dict[str, Any], methods: Sequence[str
             kind += ", pieces not finished (unranked)"
         cells = [_cell(rank, cls="num rank"), _cell(m, cls="method"), _cell(kind, cls="kind")]
         if ppl_at is not None:
-            row = table.row(m, "ppl", ppl_at, "ppl")
+            row = table.row(m, ppl, ppl_at, "ppl")
             if row:
-                ns.setdefault("ppl", []).append(row["n"])
+                ns.setdefault(ppl, []).append(row["n"])
             flag = partial_flag(row)
             partial = partial or bool(flag)
             if flag:  # the ranking read none of it (r["ppl"] is None): the table's value, marked

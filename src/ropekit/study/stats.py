@@ -943,6 +943,12 @@ class Table:
     def tasks(self) -> list[str]:
         return list(dict.fromkeys(r["task"] for r in self.rows))
 
+    def perplexity_task(self) -> str | None:
+        """The perplexity task the ranking, the correlations and the headline read: ``ppl`` where the study has it,
+        else its first other perplexity task (``ppl-same-targets``: a study may measure perplexity only that way)."""
+        tasks = [t for t in self.tasks() if is_perplexity(t)]
+        return "ppl" if "ppl" in tasks else (tasks[0] if tasks else None)
+
     def accuracy_tasks(self) -> list[str]:
         """Tasks with an accuracy metric: :data:`ACCURACY_TASKS` order first, then any other."""
         tasks = self.tasks()
@@ -1029,9 +1035,13 @@ def perplexity_correlations(table: Table, target_length: int | None) -> list[dic
     and, with two or more accuracy tasks, ``task="pooled"`` rows of each mode: per method the mean over the
     tasks of the per-task log-perplexity and of the per-task accuracy (methods with every task). With an
     :class:`Analysis` behind the table each row has ``ci95``, the two-level bootstrap interval of τ
-    (module docstring). Negative τ means lower perplexity goes with higher accuracy.
+    (module docstring). Negative τ means lower perplexity goes with higher accuracy. The perplexity is
+    :meth:`Table.perplexity_task`'s.
     """
-    ppl_lengths = set(table.lengths("ppl"))
+    ppl = table.perplexity_task()
+    if ppl is None:
+        return []
+    ppl_lengths = set(table.lengths(ppl))
     analysis = table.analysis
     out = []
     per_task: dict[str, dict[str, dict[str, tuple]]] = {"target": {}, "mean": {}}
@@ -1039,25 +1049,25 @@ def perplexity_correlations(table: Table, target_length: int | None) -> list[dic
         shared = sorted(ppl_lengths & set(table.lengths(task)))
         if not shared:
             continue
-        methods = [m for m in table.methods("ppl") if m in table.methods(task)]
+        methods = [m for m in table.methods(ppl) if m in table.methods(task)]
         at = target_length if target_length in shared else shared[-1]
-        pairs = [(m, table.get(m, "ppl", at, "ppl"), table.get(m, task, at, "accuracy")) for m in methods]
+        pairs = [(m, table.get(m, ppl, at, "ppl"), table.get(m, task, at, "accuracy")) for m in methods]
         pairs = [(m, p, a) for m, p, a in pairs if p is not None and a is not None and _finite(p) and p > 0]
-        per_task["target"][task] = {m: (math.log(p), a, [(m, "ppl", at)], [(m, task, at)]) for m, p, a in pairs}
+        per_task["target"][task] = {m: (math.log(p), a, [(m, ppl, at)], [(m, task, at)]) for m, p, a in pairs}
         means = {}
         for m in methods:
-            p = [table.get(m, "ppl", L, "ppl") for L in shared]
+            p = [table.get(m, ppl, L, "ppl") for L in shared]
             a = [table.get(m, task, L, "accuracy") for L in shared]
             if all(v is not None and _finite(v) and v > 0 for v in p) and all(v is not None for v in a):
                 means[m] = (statistics.fmean(math.log(v) for v in p), statistics.fmean(a),
-                            [(m, "ppl", L) for L in shared], [(m, task, L) for L in shared])
+                            [(m, ppl, L) for L in shared], [(m, task, L) for L in shared])
         per_task["mean"][task] = means
         for mode, lengths in (("target", [at]), ("mean", shared)):
             out.append(_kendall_row(analysis, task, mode, lengths, per_task[mode][task]))
     tasks = list(per_task["target"])
     if len(tasks) >= 2:
         for mode in ("target", "mean"):
-            common = [m for m in table.methods("ppl") if all(m in per_task[mode][t] for t in tasks)]
+            common = [m for m in table.methods(ppl) if all(m in per_task[mode][t] for t in tasks)]
             pooled = {}
             for m in common:
                 vals = [per_task[mode][t][m] for t in tasks]
@@ -1087,13 +1097,13 @@ RANK_TASKS = ("passkey", "niah", "ruler", "longbench", "manyshot")
 
 def rank_methods(table: Table, window: int | None, target_length: int | None,
                  preferred: Sequence[str] | None = None) -> dict[str, Any]:
-    """Rank the methods: ``{"rule": text, "task", "lengths", "ppl_length", "rows": [{"rank", "method",
+    """Rank the methods: ``{"rule": text, "task", "lengths", "ppl_task", "ppl_length", "rows": [{"rank", "method",
     "primary", "primary_ci95", "ppl", "ppl_ci95", "tied", "tied_with_next", "beats"}]}``.
 
     Order: the mean accuracy of the first task of :data:`RANK_TASKS` present, over its lengths beyond the
     pretrained ``window`` (all its lengths when no window is known or none lies beyond), higher first; a
-    method must have every one of those lengths to get a value. Then perplexity at the target length (the
-    longest perplexity length when the target was not evaluated), lower first. Methods without a primary
+    method must have every one of those lengths to get a value. Then perplexity (:meth:`Table.perplexity_task`) at
+    the target length (the longest perplexity length when the target was not evaluated), lower first. Methods without a primary
     value come after those with one.
 
     Rank: with an :class:`Analysis` behind the table, 1 + the number of methods *significantly* better —
@@ -1115,7 +1125,8 @@ def rank_methods(table: Table, window: int | None, target_length: int | None,
     if task:
         all_lengths = table.lengths(task)
         lengths = [L for L in all_lengths if window is not None and L > window] or all_lengths
-    ppl_lengths = table.lengths("ppl")
+    ppl = table.perplexity_task()
+    ppl_lengths = table.lengths(ppl) if ppl else []
     ppl_at = (target_length if target_length in ppl_lengths else ppl_lengths[-1]) if ppl_lengths else None
     analysis = table.analysis
     rows = []
@@ -1127,11 +1138,11 @@ def rank_methods(table: Table, window: int | None, target_length: int | None,
                 primary = statistics.fmean(values)
                 if analysis is not None:
                     primary_ci = analysis.mean_interval(m, task, lengths, "accuracy")
-        row = table.row(m, "ppl", ppl_at, "ppl") if ppl_at is not None else None
+        row = table.row(m, ppl, ppl_at, "ppl") if ppl_at is not None else None
         rows.append({"method": m, "primary": primary, "primary_ci95": primary_ci,
                      "ppl": row["value"] if row else None, "ppl_ci95": row.get("ci95") if row else None})
     if not task and ppl_at is None:
-        return {"rule": "", "task": None, "lengths": [], "ppl_length": None, "rows": []}
+        return {"rule": "", "task": None, "lengths": [], "ppl_task": None, "ppl_length": None, "rows": []}
 
     def key(row):
         p = row["primary"]
@@ -1156,7 +1167,7 @@ def rank_methods(table: Table, window: int | None, target_length: int | None,
             return False
         if (b_row["ppl"] is None) != (a_row["ppl"] is None):
             return a_row["ppl"] is None
-        c = analysis.compare(b, a, "ppl", ppl_at, "ppl")
+        c = analysis.compare(b, a, ppl, ppl_at, "ppl")
         return c is not None and c["significant"] and c["direction"] < 0
 
     wins = {row["method"]: [other["method"] for other in rows if other is not row and better(row, other)] for row in rows}
@@ -1170,19 +1181,20 @@ def rank_methods(table: Table, window: int | None, target_length: int | None,
         row["tied"] = counts[row["rank"]] > 1
         row["beats"] = [r["method"] for r in rows if r["method"] in wins[row["method"]]]  # in rank order
         row["tied_with_next"] = i + 1 < len(rows) and rows[i + 1]["method"] not in wins[row["method"]]
+    ppl_name = "perplexity" if ppl in (None, "ppl") else f"{ppl} perplexity"
     parts = []
     if task:
         where = (f"over the lengths beyond the pretrained window of {window} tokens ({', '.join(map(str, lengths))})"
                  if window is not None and all(L > window for L in lengths) else f"over all its lengths ({', '.join(map(str, lengths))})")
-        key_text = f"mean {task} accuracy {where}, higher first" + (f", then perplexity at {ppl_at} tokens, lower first" if ppl_at is not None else "")
+        key_text = f"mean {task} accuracy {where}, higher first" + (f", then {ppl_name} at {ppl_at} tokens, lower first" if ppl_at is not None else "")
     else:
-        key_text = f"perplexity at {ppl_at} tokens, lower first"
+        key_text = f"{ppl_name} at {ppl_at} tokens, lower first"
     if analysis is not None:
         parts.append(f"Rank = 1 + the number of methods significantly better: higher {task} accuracy with the paired 95 % bootstrap "
                      f"interval of the difference (over the shared prompts) excluding 0"
-                     + (f", or, where the accuracy difference is inside the noise, lower perplexity at {ppl_at} tokens with the "
+                     + (f", or, where the accuracy difference is inside the noise, lower {ppl_name} at {ppl_at} tokens with the "
                         "paired interval of the ratio excluding 1" if ppl_at is not None else "") if task else
-                     f"Rank = 1 + the number of methods with a significantly lower perplexity at {ppl_at} tokens (paired 95 % "
+                     f"Rank = 1 + the number of methods with a significantly lower {ppl_name} at {ppl_at} tokens (paired 95 % "
                      "bootstrap interval of the ratio, over the shared documents, excluding 1)")
         parts.append("methods sharing a rank (“2=”) are tied on that count: as many methods are significantly better than "
                      "each. Significance is not transitive, so a rank is a summary, not a pairwise verdict: a method ranked "
@@ -1191,4 +1203,5 @@ def rank_methods(table: Table, window: int | None, target_length: int | None,
         parts.append(f"rows in rank order, within a rank by {key_text}; methods missing a value come last")
     else:
         parts.append(f"Methods are ranked by {key_text}; methods missing a value rank last; equal keys share a rank")
-    return {"rule": "; ".join(parts) + ".", "task": task, "lengths": lengths, "ppl_length": ppl_at, "rows": rows}
+    return {"rule": "; ".join(parts) + ".", "task": task, "lengths": lengths, "ppl_task": ppl if ppl_at is not None else None,
+            "ppl_length": ppl_at, "rows": rows}
