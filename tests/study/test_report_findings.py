@@ -346,3 +346,17 @@ def test_a_method_first_by_perplexity_is_not_called_best_at_retrieval():
     assert [(r["method"], r["rank"]) for r in ranking["rows"]] == [("B", 1), ("A", 2)]
     assert "Ranked first on passkey retrieval beyond the window (128), then perplexity: B with 95 %" in text
     assert "Best passkey" not in text
+
+
+def test_a_bound_is_not_decided_on_fewer_shared_samples_than_significance_needs():
+    """"Significant" needs 5 shared samples; ``within`` and ``at_most`` decided on any interval (n = 2 held a ±10 %
+    band). Below 5 they are inconclusive, at 5 and above judged on the interval as before."""
+    from ropekit.study import stats
+
+    inside = {"ci95": [0.95, 1.05], "direction": 0, "significant": False}
+    outside = {"ci95": [1.3, 1.5], "direction": 1, "significant": True}
+    for n in range(2, stats.MIN_PAIRED):
+        assert findings._decide({**inside, "n": n}, within=0.1) == findings.INCONCLUSIVE
+        assert findings._decide({**outside, "n": n}, at_most=1.2) == findings.INCONCLUSIVE
+    assert findings._decide({**inside, "n": stats.MIN_PAIRED}, within=0.1) == findings.HOLDS
+    assert findings._decide({**outside, "n": stats.MIN_PAIRED}, at_most=1.2) == findings.FAILS

@@ -361,12 +361,13 @@ def _decide(c: Mapping[str, Any], expect: str | None = None, at_most: float | No
             within: float | None = None) -> str:
     """A verdict from one paired comparison: ``expect`` above/below the null (significance, as the tables mark
     it), ``at_most`` a ratio bound (upper end ≤ bound holds, lower end > bound does not), or ``within`` a ratio
-    band [1/(1+M), 1+M] (inside holds, entirely outside does not)."""
+    band [1/(1+M), 1+M] (inside holds, entirely outside does not). A bound is judged on at least
+    :data:`~ropekit.study.stats.MIN_PAIRED` shared samples, as significance is: an interval over fewer is inconclusive."""
     if expect is not None:
         sign = 1 if expect == "above" else -1
         return HOLDS if c["direction"] == sign else FAILS if c["direction"] == -sign else INCONCLUSIVE
     lo, hi = c["ci95"] or (None, None)
-    if lo is None:
+    if lo is None or c.get("n", 0) < stats.MIN_PAIRED:
         return INCONCLUSIVE
     if at_most is not None:
         return HOLDS if hi <= at_most else FAILS if lo > at_most else INCONCLUSIVE
