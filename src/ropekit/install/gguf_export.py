@@ -385,7 +385,7 @@ def _fitted_forms(info, theta: np.ndarray, original: int, attention_factor: floa
       divided by one factor (PI on a ``linear`` base): ``log θ'_i`` is linear in ``2i/d``, slope ``−log b'`` and
       intercept ``−log s``, fitted by least squares over every pair (one pair would amplify float32 rounding by d/2);
     * YaRN with llama.cpp's betas 32/1 over the base model's frequencies and window ``original`` (NTK-by-parts with
-      its default ramp): its lowest pair is divided by the whole factor, ``s = b^(−(d−2)/d) / θ'_last``.
+      the code ramp, ``ramp='dim'``): its lowest pair is divided by the whole factor, ``s = b^(−(d−2)/d) / θ'_last``.
 
     Each candidate is only a guess; the caller keeps it only where llama.cpp's own arithmetic reproduces every
     frequency and the attention factor (:func:`_reproduces`)."""
