@@ -309,10 +309,11 @@ def make_accelerator(precision_setting: str):
     runtime.route_deepspeed_logs_to_stderr()  # accelerate imports it: its log lines would land on stdout
     steps = os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "").strip()
     if steps and steps != "1":
-        # accelerate's backward() would divide the step-normalised loss by it once more: gradients, their logged
-        # norm and the clipping threshold all scaled by 1/N, silently
+        # set by a DeepSpeed launch's config (or by hand): the engine's accumulation is ropekit's train.grad_accum,
+        # which would silently replace it, and without DeepSpeed accelerate's backward() would divide the
+        # step-normalised loss by it once more (gradients, their logged norm and the clipping all scaled by 1/N)
         raise RopekitError(f"accelerate was launched with gradient_accumulation_steps {steps}, but ropekit accumulates "
-                           "by itself and normalises each step's loss over all its micro-batches",
+                           "by itself (train.grad_accum) and normalises each step's loss over all its micro-batches",
                            "launch without --gradient_accumulation_steps (and without it in the accelerate config); "
                            "set train.grad_accum instead")
     on_cpu = not has_accelerator_device()
