@@ -9,6 +9,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import sqlite3
 import subprocess
@@ -468,8 +469,9 @@ def test_a_rerun_with_other_weights_is_refused_and_the_fingerprint_ignores_the_d
 
 
 def test_the_committed_smollm2_search_database_adopts_the_digests_and_then_pins_them(tmp_path):
-    """docs/results/smollm2's search was stored before the digests existed: it stays resumable (the run that
-    continues it records its digests, as it does the dtype), and from then on other documents are refused."""
+    """docs/results/smollm2's search was stored before the digests existed: it stayed resumable, and the run that
+    continued it (2026-11-30) recorded its digests, as it does the dtype; from then on other documents are refused.
+    The adoption is replayed on a copy with the two recorded digests taken out again."""
     import shutil
     from pathlib import Path
 
@@ -478,6 +480,12 @@ def test_the_committed_smollm2_search_database_adopts_the_digests_and_then_pins_
     committed = Path(__file__).resolve().parents[2] / "docs/results/smollm2/search-longrope-search.sqlite"
     path = tmp_path / "search.sqlite"
     shutil.copyfile(committed, path)
+    recorded = _meta(path)
+    assert all(re.fullmatch(r"[0-9a-f]{64}", recorded[key]) for key in ("documents_sha256", "model_fingerprint"))
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("DELETE FROM meta WHERE key IN ('documents_sha256', 'model_fingerprint')")
+    db.close()
     assert "documents_sha256" not in _meta(path) and "model_fingerprint" not in _meta(path)
     rows = _rows(path)
     settings = SearchSettings(model="smollm2", target_length=32768, evaluations=48, documents=2, seed=0)
