@@ -360,3 +360,23 @@ def test_a_bound_is_not_decided_on_fewer_shared_samples_than_significance_needs(
         assert findings._decide({**outside, "n": n}, at_most=1.2) == findings.INCONCLUSIVE
     assert findings._decide({**inside, "n": stats.MIN_PAIRED}, within=0.1) == findings.HOLDS
     assert findings._decide({**outside, "n": stats.MIN_PAIRED}, at_most=1.2) == findings.FAILS
+
+
+def test_a_claim_whose_variant_is_held_back_names_it_as_the_reason():
+    """smollm2's claim (d) pairs pose-yarn with yarn-ft-16k, whose convergence check waits: the claim is "not measured"
+    and its evidence said "the study has no variants or lengths this claim needs" though both have complete
+    perplexity cells; it names the held-back variant and why."""
+    from ropekit.study import stats
+
+    recs = [_ppl(m, 512, 3 + 0.3 * (d % 3), d) for d in range(8) for m in ("pose-yarn", "yarn-ft-16k")]
+    infos = {"pose-yarn": findings.VariantInfo("pose-yarn", "yarn", kind="fine-tuned")}  # yarn-ft-16k held back
+    item = {"id": "d", "claim": "close to full-length", "source": "test", "compare": "pair_ratio",
+            "pairs": [["pose-yarn", "yarn-ft-16k"]], "within": 0.1}
+    judged = stats.Analysis([r for r in recs if r["method"] == "pose-yarn"]).table
+    (out,) = findings.evaluate_claims(judged, infos, 128, 512, [], {"items": [item]},
+                                      held={"yarn-ft-16k": "its in-window convergence check waits for unfinished pieces"})
+    assert out["verdict"] == ABSENT
+    assert out["evidence"] == ["yarn-ft-16k is kept out of the claims: its in-window convergence check waits for "
+                               "unfinished pieces"]
+    (out,) = findings.evaluate_claims(judged, infos, 128, 512, [], {"items": [item]})
+    assert out["evidence"] == ["the study has no variants or lengths this claim needs"]

@@ -186,7 +186,9 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None) -> di
     ranking["rows"] += [_unranked_row(table, m, ranking.get("ppl_length")) for m in excluded]
     unfinished += waiting
     ranking["rows"] += [_unranked_row(table, m, ranking.get("ppl_length"), unfinished=True) for m in unfinished]
-    claims = findings.evaluate_claims(judged_table, judged_infos, window, target, kendall, declared)
+    held_why = {**{m: "its in-window convergence check waits for unfinished pieces" for m in waiting},
+                **{m: "it did not converge under this budget" for m in excluded}}
+    claims = findings.evaluate_claims(judged_table, judged_infos, window, target, kendall, declared, held=held_why)
     left_out = [{"method": m, "task": t, "length": L, **info} for (m, t, L), info in partial.items()]
     _note_left_out(claims, left_out, declared, window)
     effects = findings.control_effects(table, infos, control) if control else []

@@ -588,9 +588,12 @@ def _correlation(item, claims, kendall):
 
 
 def evaluate_claims(table: stats.Table, infos: Mapping[str, VariantInfo], window: int | None, target: int | None,
-                    kendall: Sequence[Mapping[str, Any]], claims: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+                    kendall: Sequence[Mapping[str, Any]], claims: Mapping[str, Any] | None = None,
+                    held: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The verdict on each of ``claims`` (a validated ``claims:`` block; default: :func:`study_claims` of no
-    manifest, the LCEG/PoSE set), in declared order: ``[{"id", "claim", "source", "rule", "verdict", "evidence"}]``."""
+    manifest, the LCEG/PoSE set), in declared order: ``[{"id", "claim", "source", "rule", "verdict", "evidence"}]``.
+    ``held``: variants kept out of the claims (label → why), named as the reason where a claim they take part in
+    has nothing left to judge."""
     claims = study_claims({}) if claims is None else claims
     out = []
     for item in claims.get("items") or []:
@@ -607,9 +610,12 @@ def evaluate_claims(table: stats.Table, infos: Mapping[str, VariantInfo], window
         else:
             rule, verdict, evidence = _correlation(item, claims, kendall)
         out.append(_claim(item["id"], text, item["source"], rule, verdict, evidence))
-    for c in out:
+    for item, c in zip(claims.get("items") or [], out):
         if c["verdict"] == ABSENT and not c["evidence"]:
-            c["evidence"] = ["the study has no variants or lengths this claim needs"]
+            named = {x for pair in item.get("pairs") or [] for x in pair}
+            named |= set(item["variants"]) if isinstance(item.get("variants"), list) else {item.get("variants")}
+            reasons = [f"{m} is kept out of the claims: {why}" for m, why in (held or {}).items() if m in named]
+            c["evidence"] = reasons or ["the study has no variants or lengths this claim needs"]
     return out
 
 
