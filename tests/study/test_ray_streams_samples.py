@@ -17,11 +17,12 @@ from ropekit.study.runner import run_study
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'ropekit[ray]')")
 
-#: One evaluation piece of 10 samples at 4096 tokens (about 0.3 s each on a CPU): it runs for seconds.
+#: One evaluation piece of 10 documents at three lengths up to 4096 tokens (30 samples, about 0.2 s each on a CPU):
+#: it runs for several seconds, several of the driver's drains of the inbox even on a loaded machine.
 SLOW = {
     **{k: v for k, v in SMALL.items() if k != "recipe"},
     "variants": [{"label": "pi", "method": "pi", "params": {"factor": 4}}],
-    "evals": {"ppl": {"lengths": [4096], "samples": 10, "score_mode": "truncate"}},
+    "evals": {"ppl": {"lengths": [2048, 3072, 4096], "samples": 10, "score_mode": "truncate"}},
 }
 #: Samples a running piece must have in the store before the driver is killed.
 K = 3
@@ -51,7 +52,7 @@ def test_driver_killed_mid_evaluation_keeps_the_streamed_samples_and_the_rerun_s
         n = _running_samples(out / "study.sqlite")
         return n is not None and n >= K
 
-    assert kill_driver_when(cmd, scoring, timeout=120), \
+    assert kill_driver_when(cmd, scoring, timeout=300), \
         "no running evaluation piece had samples in the store before the study ended"
 
     db = sqlite3.connect(out / "study.sqlite")  # writable: recovers the killed writer's WAL
