@@ -679,3 +679,31 @@ def test_interval_ends_a_few_ulps_off_zero_are_zero():
     assert stats.percentile_interval(np.array([noise] * 30 + [0.5] * 70)) == (0.0, 0.5)
     assert stats.percentile_interval(np.array([-noise] * 70 + [-0.5] * 30)) == (-0.5, 0.0)
     assert stats.percentile_interval(np.array([1e-6] * 30 + [0.5] * 70)) == (1e-6, 0.5)
+
+
+def test_subtasks_each_alike_compare_by_the_mean_of_their_newcombe_intervals():
+    """RULER at one length: A finds every needle of subtask a and none of b, the control none of either. Every
+    stratified paired resample is +50 again, which read "+50 [+50, +50]"; each subtask's Newcombe interval over its
+    own prompts, written out, and their mean (a macro average weighs subtasks equally) instead."""
+    def ruler(method, scores, sizes):
+        return [{"task": "ruler", "method": method, "params": {}, "length": 64, "subtask": sub, "sample": i,
+                 "score": scores[sub]} for sub, n in sizes.items() for i in range(n)]
+
+    sizes = {"a": 10, "b": 20}
+    recs = ruler("a", {"a": 1.0, "b": 0.0}, sizes) + ruler("ctl", {"a": 0.0, "b": 0.0}, sizes)
+    c = stats.Analysis(recs).compare("a", "ctl", "ruler", 64, "accuracy")
+    (a_lo, a_hi), (b_lo, b_hi) = newcombe(1.0, 0.0, 10), newcombe(0.0, 0.0, 20)
+    assert c["estimate"] == pytest.approx(0.5)
+    assert c["ci95"] == pytest.approx([(a_lo + b_lo) / 2, (a_hi + b_hi) / 2], abs=1e-12)
+    assert c["ci95"][0] < 0.5 < c["ci95"][1] and c["significant"]
+    # the same over two lengths: each length's interval, then the mean of their bounds
+    recs2 = recs + [dict(r, length=128) for r in recs]
+    c2 = stats.Analysis(recs2).compare("a", "ctl", "ruler", [64, 128], "accuracy")
+    assert c2["ci95"] == pytest.approx(c["ci95"], abs=1e-12)
+    # a subtask whose prompts differ within it: the bootstrap has something to resample and keeps it
+    mixed = recs + [{"task": "ruler", "method": m, "params": {}, "length": 64, "subtask": "c", "sample": i,
+                     "score": float(i % 2) if m == "a" else 0.0} for m in ("a", "ctl") for i in range(10)]
+    c3 = stats.Analysis(mixed).compare("a", "ctl", "ruler", 64, "accuracy")
+    strata_bounds = [newcombe(1.0, 0.0, 10), newcombe(0.0, 0.0, 20)]
+    assert c3["ci95"] != pytest.approx([sum(lo for lo, _ in strata_bounds) / 2, sum(hi for _, hi in strata_bounds) / 2])
+    assert c3["ci95"][0] < c3["ci95"][1]

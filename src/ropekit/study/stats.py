@@ -53,7 +53,8 @@ intervals. A unit that a method lacks contributes nothing to that method's sums.
 partial-credit fraction), every resample is that score again and the percentile interval is a point, which would
 read as certainty; such a cell gets Wilson's score interval (Wilson 1927) over its independent draws instead, a
 stratified cell whose every stratum is alike within itself the weighted mean of its strata's Wilson bounds, a paired
-difference whose two sides are each alike Newcombe's hybrid score interval (Newcombe 1998, method 10), and a mean
+difference whose two sides are each alike Newcombe's hybrid score interval (Newcombe 1998, method 10) — per
+stratum, then the weighted mean of the bounds, where each side is alike only within each stratum — and a mean
 over lengths whose every cell is alike the pooled Wilson interval (one score everywhere) or the mean of the cells'
 intervals (each length at its own score). "Alike" is decided on the scores, equal within :data:`ALIKE_TOLERANCE`,
 not on the interval's ends: resampled sums of 0.3 or 1/3 come back a rounding error apart.
@@ -380,29 +381,60 @@ def _side_values(pairs: list[tuple[_Metric, _Metric]], masks: list[np.ndarray]) 
     return values
 
 
-def _alike_difference_interval(pairs: list[tuple[_Metric, _Metric]], masks: list[np.ndarray], ns: list[int]
-                               ) -> tuple[float, float] | None:
+def _strata_difference_interval(pair: tuple[_Metric, _Metric], mask: np.ndarray, units: "_Units"
+                                ) -> tuple[float, float] | None:
+    """The stratified counterpart of Newcombe's interval at one length: where each side scored alike within every
+    stratum (RULER's subtasks) but not with one score across them, every stratified paired resample is the same
+    difference and the bootstrap interval is a point ("+50 [+50, +50]"). Each stratum's difference then gets
+    Newcombe's interval over its own draws, and the cell the weighted mean of their bounds with the weights of its
+    statistic (equal for a macro average, the strata's sizes otherwise), as :func:`_strata_alike_interval` does for
+    one cell: the bounds of a mean of differences that each lie in their own interval, so conservative."""
+    parts = []
+    for columns in units.columns:
+        inside = np.zeros_like(mask)
+        inside[columns] = mask[columns]
+        if not inside.any():
+            continue
+        values = _side_values([pair], [inside])
+        draws = units.independent(inside)
+        if values is None or draws < 2:
+            return None
+        parts.append((draws, _newcombe(values[0], values[1], draws)))
+    if len(parts) < 2:
+        return None
+    weights = np.array([1.0 if pair[0].macro else draws for draws, _ in parts])
+    weights = weights / weights.sum()
+    return (float(sum(w * lo for w, (_, (lo, _)) in zip(weights, parts))),
+            float(sum(w * hi for w, (_, (_, hi)) in zip(weights, parts))))
+
+
+def _alike_difference_interval(pairs: list[tuple[_Metric, _Metric]], masks: list[np.ndarray], ns: list[int],
+                               units: "_Units") -> tuple[float, float] | None:
     """Where each side of an accuracy comparison scored alike on every shared prompt (all found against all
     missed, say), every paired resample is the same difference and the bootstrap interval is a point ("+100
     [+100, +100]"). The difference of the two proportions then gets Newcombe's hybrid score interval (:func:`_newcombe`)
-    over the fewest draws of the compared lengths (``ns``): conservative here, as it ignores the pairing. Over
-    several lengths where each side is alike at every length but not with one score across them (all found at one
-    length, all missed at the next), every resample is again the same mean difference: each length then gets its own
-    Newcombe interval over its own draws, and the mean over the lengths the mean of their bounds (as
+    over the fewest draws of the compared lengths (``ns``): conservative here, as it ignores the pairing. Where each
+    side is alike within each length, or within each stratum of each length (:func:`_strata_difference_interval`),
+    but not with one score across them, every resample is again the same (mean) difference: each length then gets
+    its own interval over its own draws, and the mean over the lengths the mean of their bounds (as
     :func:`_strata_alike_interval` does for subtasks; conservative, as the bounds add up as if the lengths' errors
     went together)."""
     values = _side_values(pairs, masks)
     if values is not None:
         n = min(ns)
         return _newcombe(values[0], values[1], n) if n >= 2 else None
-    if len(pairs) < 2:
-        return None
     parts = []
     for pair, mask, n in zip(pairs, masks, ns):
         values = _side_values([pair], [mask])
-        if values is None or n < 2:
+        if values is not None:
+            if n < 2:
+                return None
+            parts.append(_newcombe(values[0], values[1], n))
+            continue
+        strata = _strata_difference_interval(pair, mask, units)
+        if strata is None:
             return None
-        parts.append(_newcombe(values[0], values[1], n))
+        parts.append(strata)
     return float(np.mean([lo for lo, _ in parts])), float(np.mean([hi for _, hi in parts]))
 
 
@@ -827,7 +859,7 @@ class Analysis:
         ci = percentile_interval(diff)
         n = min(ns)
         if not log:  # each side alike on its shared prompts: decided on the scores, not on the interval's ends
-            ci = _alike_difference_interval(pairs, masks, ns) or ci
+            ci = _alike_difference_interval(pairs, masks, ns, units) or ci
         significant = ci is not None and n >= MIN_PAIRED and (ci[0] > 0 or ci[1] < 0)
         direction = (1 if point > 0 else -1) if significant else 0
         if log:
