@@ -50,18 +50,6 @@ _GPT_OSS_MODEL_TYPES = frozenset({"gpt_oss"})
 _INTERLEAVED_ARCHITECTURES = frozenset({"CohereForCausalLM", "Cohere2ForCausalLM", "GPTJForCausalLM"})
 
 
-def _yarn_window(rope: dict[str, Any], max_len: int) -> str:
-    """Why vLLM could not serve ``max_len`` positions with this yarn, or ``""``: its YaRN embeddings (the plain and
-    the DeepSeek one) hold cos/sin for original × factor positions only, and its config check refuses a longer
-    ``--max-model-len``."""
-    original = rope.get("original_max_position_embeddings")
-    factor = float(rope.get("factor") or 1.0)
-    if original and max_len > float(original) * factor:
-        return (f"vLLM's yarn holds cos/sin for original window × factor = {float(original) * factor:g} positions, "
-                f"fewer than this export's {max_len}: extend with factor ≥ {max_len / float(original):.6g}")
-    return ""
-
-
 def _yarn_limit(config: dict[str, Any], rope: dict[str, Any], max_len: int) -> int:
     """The longest input vLLM serves this RoPE exactly: ``max_len``, or original window × factor where a yarn below
     it ends there (vLLM's yarn cos/sin cache and its ``--max-model-len`` check stop at that product). YaRN's
@@ -119,7 +107,7 @@ class VLLMServing:
     note: str = ""
 
 
-def _deepseek_yarn_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[str, Any] | None, str]:
+def _deepseek_yarn_overrides(rope: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """The rope dict for vLLM's DeepSeek attention, which serves any scaled RoPE as its own ``deepseek_yarn``.
 
     That embedding rounds YaRN's ramp bounds to whole dimensions and multiplies cos/sin by
@@ -141,9 +129,6 @@ def _deepseek_yarn_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[s
     if rope.get("truncate") is False:
         return None, ("vLLM's deepseek_yarn always rounds YaRN's ramp bounds to whole dimensions and this export "
                       "does not (truncate: false): leave truncate at its default to serve it with vLLM")
-    window = _yarn_window(rope, max_len)
-    if window:
-        return None, window
     factor = float(rope.get("factor") or 1.0)
     mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
     attention = _yarn_magnitude(rope)
@@ -171,9 +156,6 @@ def _gpt_oss_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[str, An
                       "served exactly; serve this export with transformers")
     if not rope.get("original_max_position_embeddings"):
         return None, "vLLM's gpt-oss attention needs original_max_position_embeddings, which this yarn export lacks"
-    window = _yarn_window(rope, max_len)
-    if window:
-        return None, window
     factor, attention = float(rope.get("factor") or 1.0), _yarn_magnitude(rope)
     own = deepseek_mscale(factor, 1.0)
     if abs(attention - own) > 1e-12 * own:
@@ -184,14 +166,13 @@ def _gpt_oss_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[str, An
     return {k: v for k, v in served.items() if k not in ("attention_factor", "attn_factor")}, ""
 
 
-def _rope_overrides(rope: dict[str, Any], max_len: int) -> tuple[dict[str, Any] | None, str]:
+def _rope_overrides(rope: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """``(the rope dict vLLM should read, "")`` or ``(None, why vLLM would compute something else)``."""
     kind = rope.get("rope_type", "default")
     if kind in _SAME_MATH:
         return rope, ""
-    if kind == "yarn":
-        window = _yarn_window(rope, max_len)
-        return (None, window) if window else (_yarn_overrides(rope), "")
+    if kind == "yarn":  # served up to original window × factor, the limit vllm_serving caps the length at
+        return _yarn_overrides(rope), ""
     if kind == "longrope":
         if list(rope.get("short_factor") or []) != list(rope.get("long_factor") or []):
             return None, ("vLLM's longrope applies the long factors at every length once the served context exceeds "
@@ -234,17 +215,17 @@ def vllm_serving(directory: str | Path) -> VLLMServing:
         served, whys = {}, []
         for key, value in rope.items():
             if isinstance(value, dict):
-                value, why = _rope_overrides(value, max_len)
+                value, why = _rope_overrides(value)
                 whys.append(why)
             served[key] = value
         why = next((w for w in whys if w), "")
         served = None if why else served
     elif serves_rope_as_deepseek_yarn(config):
-        served, why = _deepseek_yarn_overrides(rope, max_len)
+        served, why = _deepseek_yarn_overrides(rope)
     elif _is_architecture(config, _GPT_OSS_ARCHITECTURES, _GPT_OSS_MODEL_TYPES):
         served, why = _gpt_oss_overrides(rope, max_len)
     else:
-        served, why = _rope_overrides(rope, max_len)
+        served, why = _rope_overrides(rope)
     if served is not None and _rotates_interleaved(config) and any(
             r.get("rope_type") == "longrope" for r in ([served] + [v for v in served.values() if isinstance(v, dict)])):
         served, why = None, ("vLLM's longrope supports only the half-split (NeoX) rotary layout and this family "
