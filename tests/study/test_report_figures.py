@@ -75,3 +75,30 @@ def test_a_saved_figure_is_what_savefig_writes(tmp_path):
     ours, theirs = (Image.open(x) for x in (path, io.BytesIO(reference.getvalue())))
     assert ours.size == theirs.size and ours.info["dpi"] == pytest.approx(theirs.info["dpi"])
     assert np.array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+@pytest.mark.parametrize("low, high, labels", [
+    (3.0, 9000.0, ["3", "10", "30", "100", "300", "1000", "3000", "10000"]),  # 3.8 decades in view: 1 and 3
+    (3.0, 400.0, ["5", "10", "20", "50", "100", "200", "500"]),  # two to three decades: 1, 2, 5
+    (3.0, 60.0, ["3", "5", "10", "20", "30", "50"]),  # up to two decades: 1, 2, 3, 5
+])
+def test_a_log_axis_labels_as_many_ticks_as_its_span_has_room_for(low, high, labels):
+    """The report's scatter panel (4.6 inches wide, 7-point tick labels) over perplexities from 3 to 9,000 put
+    ``2000`` on top of ``3000`` when every decade was labelled at 1, 2, 3 and 5: the labels are the plain numbers of
+    the ticks the span leaves room for, and none overlap."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from ropekit.study.report_figures import _plain_log_labels
+
+    fig = Figure(figsize=(4.6, 4.6), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.plot([low, high], [0, 100], marker="o", linestyle="none")
+    ax.set_xscale("log")
+    lo, hi = ax.get_xlim()
+    _plain_log_labels(ax.xaxis, hi / lo)
+    ax.tick_params(labelsize=7)
+    assert text_overlaps(fig) == []
+    shown = [t.get_text() for t in ax.get_xticklabels() if lo <= t.get_position()[0] <= hi and t.get_text()]
+    assert shown == labels

@@ -41,11 +41,20 @@ def _mpl(text: Any) -> str:
 
 
 def _plain_log_labels(axis, span: float | None = None) -> None:
-    """Ticks of a log axis at 1, 2, 3, 5 × 10^k labelled as plain numbers (``20``, not ``2×10¹``); at
-    1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10^k when the axis spans less than a factor 4 (``span``)."""
+    """Ticks of a log axis labelled as plain numbers (``20``, not ``2×10¹``), as many per decade as the span leaves
+    room for: 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10^k when the axis spans less than a factor 4 (``span``), 1, 2, 3,
+    5 × 10^k up to two decades, 1, 2, 5 × 10^k up to three and 1, 3 × 10^k beyond (``2000`` beside ``3000`` overlapped
+    on a panel spanning 3 to 10,000)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    subs = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0) if span is not None and span < 4 else (1.0, 2.0, 3.0, 5.0)
+    if span is not None and span < 4:
+        subs: tuple[float, ...] = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+    elif span is None or span <= 1e2:
+        subs = (1.0, 2.0, 3.0, 5.0)
+    elif span <= 1e3:
+        subs = (1.0, 2.0, 5.0)
+    else:
+        subs = (1.0, 3.0)
     axis.set_major_locator(LogLocator(base=10, subs=subs))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(NullFormatter())
