@@ -484,6 +484,17 @@ class TrainingDataset(Dataset):
                 "attention_mask": pose_lib.attention_mask_for(L)}
 
 
+def _tokens_digest(docs: list[torch.Tensor], labels: list | None = None) -> str:
+    """A digest of a source's documents as tokenised, in order (and of their SFT labels)."""
+    h = hashlib.sha256()
+    for k, doc in enumerate(docs):
+        h.update(doc.numel().to_bytes(8, "little"))
+        h.update(doc.to(torch.int64).numpy().tobytes())
+        if labels is not None:
+            h.update(torch.as_tensor(labels[k]).to(torch.int64).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def build_training_data(spec: dict | None, tokenizer, seq_len: int, seed: int,
                         cache_dir: str | None = None) -> TrainingDataset:
     """Build the training :class:`TrainingDataset` described by ``spec`` (module doc) for rows of ``seq_len``."""
@@ -509,6 +520,8 @@ def build_training_data(spec: dict | None, tokenizer, seq_len: int, seed: int,
                                                                      if source.kind == "sft"}}
         if _is_builtin(source.path):  # the stdlib differs between Python versions: say which one was read
             info["corpus_digest"] = builtin_corpus_digest()
+        # what was read, token by token: a resumed run checks it trains on the same rows (a file edited since)
+        info["tokens_digest"] = _tokens_digest(data.docs, data.labels if source.kind == "sft" else None)
         if source.kind == "sft":
             rows = PackedPieces([(d, data.labels[k]) for d, k in zip(docs, chosen)], seq_len, pad_id=pad_id,
                                 pack=data_spec.pack_sft)

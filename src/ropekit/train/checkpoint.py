@@ -179,19 +179,21 @@ def load(accelerator, path: Path, ema=None) -> dict[str, Any]:
     return read_state(path)
 
 
-#: Top-level entries a resumed run may change: where it writes, and where a curriculum cut short by ``--max-steps``
-#: stops (``stop_at`` ends the run early without changing its schedule, so the run may go on to another stop).
-_MAY_CHANGE = ("output", "stop_at")
+#: Entries a resumed run may change: where it writes, where a curriculum cut short by ``--max-steps`` stops
+#: (``stop_at`` ends the run early without changing its schedule, so the run may go on to another stop), and the loss
+#: guard's limits (a resume replays the run exactly, so one the guard aborted only goes on past the abort with another
+#: ``max_skipped`` or spike test; the steps before the checkpoint are unchanged).
+_MAY_CHANGE = ("output", "stop_at", "train.guard")
 
 
 def config_diff(saved, current, prefix: str = "") -> str | None:
-    """The first setting whose value differs between a run's saved config and the current one (``output`` may
-    change on resume, and a curriculum's ``--max-steps`` stop), or ``None``."""
+    """The first setting whose value differs between a run's saved config and the current one (those of
+    :data:`_MAY_CHANGE` may change on resume), or ``None``."""
     if isinstance(saved, dict) and isinstance(current, dict):
         order = ("model", "method", "data", "train", "stages")
         keys = sorted(set(saved) | set(current), key=lambda k: (order.index(k) if k in order else len(order), k))
         for key in keys:
-            if not prefix and key in _MAY_CHANGE:
+            if (f"{prefix}.{key}" if prefix else key) in _MAY_CHANGE:
                 continue
             found = config_diff(saved.get(key), current.get(key), f"{prefix}.{key}" if prefix else key)
             if found:

@@ -58,7 +58,8 @@ class LossGuard:
             raise TrainingAborted(
                 f"training aborted at step {step}: {self.skipped} steps skipped by the loss guard "
                 f"(last: {reason}), more than train.guard.max_skipped={limit}",
-                "lower train.lr, check the data, or raise train.guard.max_skipped; --resume continues from the last checkpoint",
+                "raise train.guard.max_skipped (or loosen its spike test) and --resume from the last checkpoint (the "
+                "same settings replay the same abort), or lower train.lr or check the data in a new --out",
             )
 
     def state_dict(self) -> dict[str, Any]:

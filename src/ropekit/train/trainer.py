@@ -27,6 +27,7 @@ losses of an uninterrupted one (tests/train/test_train_resume.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -107,15 +108,34 @@ def check_resume(out: Path, cfg, resume: bool, own_files: Iterable[Path] = ()) -
 
 
 def _finished_already(out: Path, cfg) -> bool:
-    """Whether ``out`` holds the finished run of ``cfg`` (its last step, its config)."""
-    info = Path(out) / FINAL_DIR / TRAIN_INFO
-    if not info.is_file():
-        return False
-    try:
-        done = json.loads(info.read_text())
-    except json.JSONDecodeError:
-        return False
-    return done.get("step") == cfg.last_step and ckpt.config_diff(done.get("config", {}), json_safe(cfg.to_dict())) is None
+    """Whether ``out`` holds the finished run of ``cfg``: every export it owes (``final``, and ``final-ema`` when it
+    keeps an EMA) at its last step, with its config. A kill between the two exports leaves a run that is not
+    finished, so ``--resume`` trains again from the last checkpoint and writes both."""
+    owed = [FINAL_DIR] + ([FINAL_EMA_DIR] if cfg.train.ema is not None else [])
+    for name in owed:
+        info = Path(out) / name / TRAIN_INFO
+        if not info.is_file():
+            return False
+        try:
+            done = json.loads(info.read_text())
+        except json.JSONDecodeError:
+            return False
+        if done.get("step") != cfg.last_step or ckpt.config_diff(done.get("config", {}), json_safe(cfg.to_dict())) is not None:
+            return False
+    return True
+
+
+def data_fingerprint(summary: dict[str, Any]) -> str:
+    """A digest of what a stage's data read: each source's token digest (the documents as tokenised, in order:
+    :func:`~ropekit.data.training_data.build_training_data`). Everything else it builds from them follows from the
+    config, which a resume compares on its own. A summary without token digests (a dataset of the caller's) is
+    digested whole, less whether the tokenisation cache was hit."""
+    sources = summary.get("sources") or []
+    if sources and all("tokens_digest" in src for src in sources):
+        stable: Any = [src["tokens_digest"] for src in sources]
+    else:
+        stable = {**summary, "sources": [{k: v for k, v in src.items() if k != "cache"} for src in sources]}
+    return hashlib.sha256(json.dumps(json_safe(stable), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _written_by_a_run(name: str) -> bool:
@@ -217,6 +237,9 @@ class Trainer:
         self.cfg = cfg
         self.notes = list(notes)
         self._held_note: str | None = None
+        #: Each stage's data fingerprint (:func:`data_fingerprint`), and the one the resumed checkpoint recorded.
+        self._fingerprints: dict[int, str] = {}
+        self._resumed_data: tuple[int, str] | None = None
         self.own_files = list(own_files)
         self.acc = accelerator
         self.strategy = AccelerateStrategy(accelerator, cfg.train.context_parallel)
@@ -360,6 +383,18 @@ class Trainer:
             self._note(choice.describe(str(device)))
         return choice.on
 
+    def _check_resumed_data(self, stage: StagePlan, summary: dict[str, Any]) -> None:
+        """Refuse a resume whose stage reads other rows than the run trained on: another Python's built-in corpus,
+        a data file edited since. Before the stage's data record is written, so the run's record stays."""
+        fingerprint = data_fingerprint(summary)
+        self._fingerprints[stage.index] = fingerprint
+        if self._resumed_data is not None and self._resumed_data[0] == stage.index and self._resumed_data[1] != fingerprint:
+            raise RopekitError(f"--resume: the training data of stage {stage.name} differs from what the run in "
+                               f"'{self.out}' trained on (fingerprint {self._resumed_data[1]} in its checkpoint, "
+                               f"{fingerprint} now; data-{stage.name}.json describes the run's)",
+                               "resume where the same data is read (the built-in corpus is the running Python's "
+                               "standard library), or start a new --out")
+
     def _dataset(self, stage: StagePlan, *, hold_note: bool = False):
         """The stage's data (kept while the stage runs). ``hold_note``: its one-line summary is said when the stage
         begins, not now (the run reads its first stage's data before it has set anything up)."""
@@ -378,6 +413,8 @@ class Trainer:
                                         stage_seed(self.cfg.train.seed, stage.index), cache,
                                         shuffle=stage.config.data.shuffle)
             summary = getattr(dataset, "summary", None)
+            if summary is not None:
+                self._check_resumed_data(stage, summary)
             if self.is_main and summary is not None:
                 self.out.mkdir(parents=True, exist_ok=True)
                 ckpt.write_json_atomic(self.out / f"data-{stage.name}.json", json_safe(summary))
@@ -502,7 +539,7 @@ class Trainer:
             "scheduler": {"stage_step": done, "next_lr_step": done + 1},
             "data": {"stage": index, "samples_consumed": done * self.plan[index].config.micro_batch_size
                      * self.plan[index].config.grad_accum * self.strategy.data_world, "processes": self.world,
-                     "context_parallel": self.strategy.cp_size},
+                     "context_parallel": self.strategy.cp_size, "fingerprint": self._fingerprints.get(index)},
             "guard": self.guard.state_dict(),
             "tokens_seen": self.tokens_seen,
             "ema_updates": self.ema.updates if self.ema is not None else None,
@@ -522,10 +559,24 @@ class Trainer:
             # fresh rotary here, which has seen no input yet (Dynamic NTK's longest length starts over)
             longest = []
         ckpt.restore_rotary(base_model(self.unwrapped), longest, self.param_dtype, self.acc.device)
-        processes = state.get("data", {}).get("processes", self.world)
-        if processes != self.world:
-            self._note(f"resuming with {self.world} processes (the checkpoint was written by {processes}); the global "
-                       "batch keeps its size only if micro_batch_size × grad_accum × processes is unchanged")
+        guard_then = (state.get("config", {}).get("train") or {}).get("guard")
+        guard_now = json_safe(self.cfg.to_dict())["train"].get("guard")
+        if guard_then != guard_now:
+            then, now = guard_then or {}, guard_now or {}
+            changed = ", ".join(f"{k} {then.get(k)} → {now.get(k)}" for k in sorted(set(then) | set(now))
+                                if then.get(k) != now.get(k))
+            self._note(f"train.guard changed on resume: {changed or f'{guard_then} → {guard_now}'}")
+        data = state.get("data", {})
+        if data.get("fingerprint"):  # checkpoints written before fingerprints were recorded have none to compare
+            self._resumed_data = (int(data.get("stage", 0)), str(data["fingerprint"]))
+        processes, cp = data.get("processes", self.world), data.get("context_parallel", self.strategy.cp_size)
+        if processes != self.world or cp != self.strategy.cp_size:
+            # each step's samples are read at stream positions counted in the run's processes: with another count
+            # the resumed steps would read samples trained on already, with another global batch
+            raise RopekitError(f"--resume: the checkpoint was written by {processes} processes (context parallel "
+                               f"{cp}) and this launch has {self.world} (context parallel {self.strategy.cp_size}); "
+                               "the data order and the global batch depend on them",
+                               f"resume with {processes} processes and the same context parallelism, or start a new --out")
 
     def _note(self, text: str) -> None:
         if self.is_main:  # one line, also in a log file (rich would wrap it at 80 columns off a terminal)
@@ -556,12 +607,12 @@ class Trainer:
         if not self.cfg.output.save_final:
             return None, None
         final = self.out / FINAL_DIR
-        self._export(final)
         ema_dir = None
-        if self.ema is not None:
+        if self.ema is not None:  # before final: a run whose final exists has written every export it owes
             ema_dir = self.out / FINAL_EMA_DIR
             with self.ema.swap():
                 self._export(ema_dir)
+        self._export(final)
         self.acc.wait_for_everyone()
         return final, ema_dir
 
@@ -575,6 +626,7 @@ class Trainer:
         if self._finished_already():
             self._note(f"{self.out} is already trained to step {cfg.last_step}; nothing to do")
             return TrainResult(out_dir=self.out, step=cfg.last_step, final_dir=self.out / FINAL_DIR,
+                               ema_dir=self.out / FINAL_EMA_DIR if cfg.train.ema is not None else None,
                                losses=logged_losses(self.out, cfg.last_step)[-1:], trained_on=self._recorded_placement())
         self.acc.wait_for_everyone()
         start_step = found[0] if found else 0
