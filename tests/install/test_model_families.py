@@ -460,3 +460,85 @@ def test_multimodal_rope_is_refused_before_anything_changes(model_type):
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     with pytest.raises(RopekitError):
         ropekit.rope_info(model)
+
+
+def test_llama4_nope_layers_and_its_interleaved_rotation_are_read_off_its_model_file():
+    """Llama 4 rotates under ``if self.use_rope:  # <comment>`` with ``apply_rotary_emb`` (not
+    ``apply_rotary_pos_emb``) and pairs adjacent channels as complex numbers (no ``rotate_half``): neither was
+    detected, and Self-Extend was accepted — re-rotating its NoPE layer and rotating the others in the half-split
+    layout. The reference: the config's ``no_rope_layers`` (1 = RoPE) and the model file's complex rotation applied
+    to a probe, written out."""
+    from transformers.models.llama4 import modeling_llama4
+
+    from ropekit.install.capabilities import model_features
+
+    model = _from_config("llama4_text", head_dim=16, intermediate_size_mlp=96, num_local_experts=2)
+    want_nope = tuple(i for i, use in enumerate(model.config.no_rope_layers) if not use)
+    assert want_nope == (3,)  # every 4th layer by default
+    features = model_features(model)
+    assert features.nope_layers == want_nope
+    # the model file's rotation of [0, 1, 2, 3] by a quarter turn: (0, 1) and (2, 3) pair up
+    quarter = torch.polar(torch.ones(1, 1, 2), torch.full((1, 1, 2), torch.pi / 2))
+    probe = torch.arange(4.0).view(1, 1, 1, 4)
+    rotated, _ = modeling_llama4.apply_rotary_emb(probe, probe, quarter)
+    assert torch.allclose(rotated.flatten(), torch.tensor([-1.0, 0.0, -3.0, 2.0]), atol=1e-6)  # adjacent pairs
+    assert features.rotary_layout == "interleaved"
+    for method in ("self_extend", "lm_infinite", "dual_chunk"):
+        with pytest.raises(RopekitError, match="apply no RoPE|interleaved") as err:
+            ropekit.extend(model, method, **_example(method, model))
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("model_type, extra, rope_on", [
+    ("afmoe", {"layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": 32,
+               "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32, "num_dense_layers": 1}, "sliding"),
+])
+def test_afmoe_global_layers_are_nope(model_type, extra, rope_on):
+    """AFMoE rotates only ``if self.is_local_attention``: its full-attention layers are NoPE, and the attention-side
+    methods — installed on exactly those layers — re-rotated them (logits moved by 0.29). The reference: the
+    config's layer types."""
+    from ropekit.install.capabilities import model_features
+
+    model = _from_config(model_type, **extra)
+    want = tuple(i for i, t in enumerate(model.config.layer_types) if t == "full_attention")
+    assert model_features(model).nope_layers == want == (1, 3)
+    for method in ("self_extend", "dual_chunk"):
+        with pytest.raises(RopekitError, match="apply no RoPE"):
+            ropekit.extend(model, method, **_example(method, model))
+
+
+def test_a_decoder_that_decides_which_layers_rotate_refuses_the_re_rotating_methods():
+    """LaraMini's attention rotates ``if position_embeddings is not None`` and its decoder passes none to the
+    full-attention layers: which layers are NoPE is not the attention module's to say, and Self-Extend was installed
+    on exactly those layers (logits moved by 0.22). Refused; a frequency method still applies."""
+    from ropekit.install.capabilities import model_features
+
+    model = _from_config("lara_mini", layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=32)
+    features = model_features(model)
+    assert features.rope_layers_unknown and features.describe()["layers_without_rope"] is None
+    for method in ("self_extend", "dual_chunk", "lm_infinite"):
+        with pytest.raises(RopekitError, match="only where the decoder passes position embeddings"):
+            ropekit.extend(model, method, **_example(method, model))
+    ropekit.extend(model, "pi", factor=2.0)
+
+
+@pytest.mark.parametrize("model_type, extra, why", [
+    ("granite_swa", {"layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": 32},
+     "copies of the config"),
+    ("phimoe", {"num_local_experts": 2, "num_experts_per_tok": 1}, "recomputes its frequencies"),
+])
+def test_rotary_modules_a_config_rope_type_does_not_reach_refuse_frequency_methods(model_type, extra, why):
+    """Granite SWA runs rotary modules built from deep copies of the config, so PI ×4 gave the plain model's logits
+    exactly (transformers' own `linear` ×4 differs by 2e-2); PhiMoE recomputes its frequencies from the config at
+    every call and reads long/short mscale keys ropekit's rope types lack (KeyError at the first forward). Both
+    refused in one line, the model left as it was."""
+    model = _from_config(model_type, **extra)
+    ids = torch.randint(3, 120, (1, 24))
+    with torch.no_grad():
+        plain = model(ids).logits
+    for method in ("pi", "yarn", "dynamic_ntk"):
+        with pytest.raises(RopekitError, match=why) as err:
+            ropekit.extend(model, method, factor=4.0)
+        assert "\n" not in str(err.value)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, plain)

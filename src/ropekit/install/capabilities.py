@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import sys
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -47,6 +48,12 @@ class ModelFeatures:
     length_dependence: str
     attention_interface: bool = True  # its attention runs through transformers' AttentionInterface
     nope_layers: tuple[int, ...] = ()  # layers whose attention applies no RoPE
+    #: Where RoPE applies is decided outside the attention (its decoder passes position embeddings to some
+    #: layers only), so ``nope_layers`` cannot be read off the attention module.
+    rope_layers_unknown: bool = False
+    #: Why ropekit's rope type would not reach the rotary modules the layers use, or "" (they are built from
+    #: copies of the config, or recompute their frequencies from config keys of their own at every call).
+    rotary_unreached: str = ""
 
     def describe(self) -> dict:
         """JSON-ready facts for ``ropekit inspect``."""
@@ -59,16 +66,24 @@ class ModelFeatures:
             "sliding_window_layers": list(self.sliding_layers),
             "rope_per_layer_type": list(self.layer_rope_types),
             "attention_interface": self.attention_interface,
-            "layers_without_rope": list(self.nope_layers),
+            "layers_without_rope": None if self.rope_layers_unknown else list(self.nope_layers),
             "rope_length_dependence": self.length_dependence,
         }
 
 
 def _rotary_layout(model) -> str:
-    """Ask the model file's own ``rotate_half`` (the function its attention applies) which channels pair up."""
+    """Ask the model file's own ``rotate_half`` (the function its attention applies) which channels pair up. A file
+    without one that rotates adjacent pairs its own way — as complex numbers (Llama 4's ``view_as_complex``) or with
+    ``rotate_every_two`` (GPT-J, CodeGen) — is interleaved."""
+    if model_file_global(model, "rotate_every_two") is not None:
+        return "interleaved"
     rotate = model_file_global(model, "rotate_half")
     if rotate is None:
-        return "half"
+        try:
+            source = inspect.getsource(sys.modules[type(model).__module__])
+        except (KeyError, OSError, TypeError):
+            return "half"
+        return "interleaved" if "view_as_complex(" in source else "half"
     probe = rotate(torch.arange(4.0))
     return "half" if torch.equal(probe, torch.tensor([-2.0, -3.0, 0.0, 1.0])) else "interleaved"
 
@@ -110,6 +125,10 @@ def _dispatches_attention(cls) -> bool:
 _ROPE_GUARDS = {
     # SmolLM3, Llama 4, Mistral Large 4: `no_rope_layers`
     "self.use_rope": lambda m: not m.use_rope,
+    # AFMoE: RoPE on the local (sliding) layers only
+    "self.is_local_attention": lambda m: not m.is_local_attention,
+    # Cohere 2 MoE: RoPE where the layer slides, or where the config forces it
+    "self.sliding_window is not None or self.force_rope": lambda m: m.sliding_window is None and not m.force_rope,
     # EXAONE 4 / 4.5 / MoE: global NoPE in hybrid models
     "self.sliding_window is None or self.is_sliding": lambda m: m.sliding_window is not None and not m.is_sliding,
     # Cohere 2: RoPE only where the layer slides
@@ -124,13 +143,43 @@ def _rope_guard(cls) -> str | None:
         source = inspect.getsource(cls.forward)
     except (OSError, TypeError):
         return None
-    for guard in _ROPE_GUARDS:
-        # the guard's `if`, then the rotation inside its block (indented deeper, before the block ends)
-        found = re.search(rf"^(\s*)if {re.escape(guard)}:\n((?:\1\s+.*\n|\s*\n)*?)\1\s+.*apply_rotary_pos_emb\(",
+    for guard in (*_ROPE_GUARDS, _CALLER_GUARD):
+        # the guard's `if` (a comment may follow), then the rotation inside its block (indented deeper, before the
+        # block ends): apply_rotary_pos_emb, Llama 4's apply_rotary_emb
+        found = re.search(rf"^(\s*)if {re.escape(guard)}:[ \t]*(?:#.*)?\n((?:\1\s+.*\n|\s*\n)*?)\1\s+.*apply_rotary\w*\(",
                           source, re.MULTILINE)
         if found:
             return guard
     return None
+
+
+#: The guard of attention modules that rotate whenever their decoder passes them position embeddings (LaraMini,
+#: Granite SWA and hybrid, Beam, MuseSpark): which layers get none is decided by the decoder, not by the module.
+_CALLER_GUARD = "position_embeddings is not None"
+
+
+def _rope_layers_unknown(model) -> bool:
+    """Whether some attention module applies RoPE only when its caller passes position embeddings."""
+    return any(_rope_guard(type(module)) == _CALLER_GUARD for module in attention_modules(model))
+
+
+def _rotary_unreached(model, config) -> str:
+    """Why a rope type ropekit writes into the config would not reach the rotary modules the layers use, or ""."""
+    from ..adapters.transformers import rotary_modules
+
+    for _, _, rotary in rotary_modules(model):
+        own = getattr(rotary, "config", None)
+        if own is not None and own is not config and type(own) is type(config):
+            return ("its rotary embeddings are built from copies of the config (RoPE bases per layer), which the "
+                    "config's rope type ropekit writes does not reach")
+        try:
+            forward = inspect.getsource(type(rotary).forward)
+        except (OSError, TypeError):
+            continue
+        if "rope_init_fn(self.config)" in forward:
+            return ("its rotary embedding recomputes its frequencies from the config at every call and reads "
+                    "scaling keys of its own (short_mscale, long_mscale) for any scaled rope type")
+    return ""
 
 
 def _nope_layers(model) -> tuple[int, ...]:
@@ -139,7 +188,7 @@ def _nope_layers(model) -> tuple[int, ...]:
     for module in attention_modules(model):
         guard = _rope_guard(type(module))
         try:
-            if guard is not None and _ROPE_GUARDS[guard](module):
+            if guard in _ROPE_GUARDS and _ROPE_GUARDS[guard](module):
                 found.append(int(module.layer_idx))
         except AttributeError:  # a module without the attributes its own condition names: take it as RoPE
             continue
@@ -181,6 +230,8 @@ def model_features(model) -> ModelFeatures:
         length_dependence=length_dependence(info)[0],
         attention_interface=_dispatches_attention(type(model)),
         nope_layers=_nope_layers(model),
+        rope_layers_unknown=_rope_layers_unknown(model),
+        rotary_unreached=_rotary_unreached(model, config),
     )
 
 
@@ -205,6 +256,11 @@ def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dic
         except RopekitError:
             params = None
     access = set(method.attention_access)
+    rescales = bool({"frequencies", "frequencies_per_head", "length_dependent"} & set(method.changes))
+    if features.rotary_unreached and (rescales or method.replaces_rotary_output):
+        return Refusal(f"{method.name} on {family}: {features.rotary_unreached}",
+                       "use the model as it is, or an attention-side method where its attention allows one",
+                       "rotary modules out of reach")
     frequency_alternative = "use a frequency method (pi, ntk, yarn, llama3, longrope, abf, dynamic_ntk)"
     static_alternative = "use a method with static frequencies (pi, ntk, yarn, llama3, abf) or an attention-side method"
     combined = method.length_dependence(info, params)[0] if params is not None else features.length_dependence
@@ -261,6 +317,14 @@ def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dic
                 f"so {method.name}'s own attention would be recorded but never run",
                 frequency_alternative,
                 "no AttentionInterface",
+            )
+        if features.rope_layers_unknown and "rotates" in access:
+            return Refusal(
+                f"{method.name} on {family}: its attention applies RoPE only where the decoder passes position "
+                f"embeddings, so which layers carry none cannot be read off the model, and {method.name} re-rotates "
+                "queries and keys in every layer it changes",
+                frequency_alternative,
+                "layers without RoPE",
             )
         if features.nope_layers and "rotates" in access:
             layers = features.nope_layers
