@@ -542,3 +542,22 @@ def test_rotary_modules_a_config_rope_type_does_not_reach_refuse_frequency_metho
         assert "\n" not in str(err.value)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, plain)
+
+
+def test_inspect_agrees_with_extend_on_a_hybrid_model():
+    """Qwen3-Next puts linear-attention layers between its attention layers: ``inspect`` listed Self-Extend, HARPE,
+    Entropy-ABF… as applicable and ``extend`` refused them (its attention transforms follow every layer). Each
+    method ``inspect`` lists installs, and each one it rules out is refused by ``extend`` with the same line."""
+    model = _from_config("qwen3_next", num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+                         head_dim=16, linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
+                         linear_value_head_dim=8, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                         shared_expert_intermediate_size=16)
+    report = ropekit.inspect_model(model)
+    verdicts = {row["name"]: row["applies"] for row in report["methods"]}
+    for method in ATTENTION_SIDE + ["entropy_abf", "longlora"]:
+        assert verdicts[method] is False, method
+        with pytest.raises(RopekitError, match="1 attention modules for 2 layers"):
+            ropekit.extend(copy.deepcopy(model), method, **_example(method, model))
+    for method in ("pi", "yarn"):
+        assert verdicts[method] is True
+        ropekit.extend(copy.deepcopy(model), method, factor=2.0)

@@ -51,6 +51,10 @@ class ModelFeatures:
     #: Where RoPE applies is decided outside the attention (its decoder passes position embeddings to some
     #: layers only), so ``nope_layers`` cannot be read off the attention module.
     rope_layers_unknown: bool = False
+    #: Attention modules found, and the decoder's layers: fewer modules than layers is a hybrid (linear attention or
+    #: state-space layers between them), whose layer numbering ropekit's attention transforms do not follow.
+    attention_layers: int = 0
+    layers: int = 0
     #: Why ropekit's rope type would not reach the rotary modules the layers use, or "" (they are built from
     #: copies of the config, or recompute their frequencies from config keys of their own at every call).
     rotary_unreached: str = ""
@@ -231,6 +235,8 @@ def model_features(model) -> ModelFeatures:
         attention_interface=_dispatches_attention(type(model)),
         nope_layers=_nope_layers(model),
         rope_layers_unknown=_rope_layers_unknown(model),
+        attention_layers=len(attention_modules(model)),
+        layers=int(config.num_hidden_layers),
         rotary_unreached=_rotary_unreached(model, config),
     )
 
@@ -309,6 +315,16 @@ def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dic
                 f"with RoPE per layer type ({', '.join(features.layer_rope_types)})",
                 static_alternative,
                 "RoPE per layer type",
+            )
+    if access or {"logit_scale_per_position", "frequencies_per_head"} & set(method.changes):
+        if features.layers and features.attention_layers != features.layers:
+            # the installer's own count (install_transforms), asked here too so that inspect agrees with extend
+            return Refusal(
+                f"{method.name} on {family}: found {features.attention_layers} attention modules for "
+                f"{features.layers} layers (the others are another kind of layer), and {method.name} changes the "
+                "attention of every layer",
+                frequency_alternative,
+                "hybrid layers",
             )
     if access or "logit_scale_per_position" in method.changes:
         if not features.attention_interface:
