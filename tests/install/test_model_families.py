@@ -561,3 +561,29 @@ def test_inspect_agrees_with_extend_on_a_hybrid_model():
     for method in ("pi", "yarn"):
         assert verdicts[method] is True
         ropekit.extend(copy.deepcopy(model), method, factor=2.0)
+
+
+def test_a_text_model_whose_mrope_sections_see_one_position_takes_frequency_methods():
+    """Qwen3.5's language model (what AutoModelForCausalLM builds from a Qwen3.5 checkpoint) carries M-RoPE sections
+    in its config, but expands 1-D positions to three identical streams: its RoPE is plain 1-D RoPE, and YaRN ×4 on
+    it was refused as multimodal. Now it installs, and equals transformers' own yarn on the same weights exactly (a
+    model with a vision tower is still refused: test_multimodal_rope_is_refused_before_anything_changes)."""
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    shape = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=128, head_dim=16,
+                 layer_types=["linear_attention", "full_attention"], linear_num_value_heads=2, linear_num_key_heads=2,
+                 linear_key_head_dim=8, linear_value_head_dim=8)
+    base = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True}
+
+    def build(rope):
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(CONFIG_MAPPING["qwen3_5_text"](**shape, rope_parameters=rope)).eval()
+
+    model = build(base)
+    ropekit.extend(model, "yarn", factor=4.0)
+    reference = build({**base, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128})
+    ids = torch.randint(3, 120, (1, 300))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)

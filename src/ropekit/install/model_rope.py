@@ -30,7 +30,7 @@ def rope_info(model, layer_type: str | None = None) -> RopeInfo:
     without RoPE raises a one-line :class:`UnsupportedModelError`."""
     config = text_config(model)
     rope = getattr(config, "rope_parameters", None) or {}
-    if isinstance(rope, dict) and "mrope_section" in rope:
+    if isinstance(rope, dict) and "mrope_section" in rope and not _text_only_mrope(model):
         # Qwen2-VL's M-RoPE (Wang et al. 2024, "Qwen2-VL"): positions are (time, height, width) triples, the rotary
         # channels split among them; a model with a vision tower also has a rotary module of its own there
         raise UnsupportedModelError(
@@ -52,6 +52,30 @@ def rope_info(model, layer_type: str | None = None) -> RopeInfo:
         if rotary_dim != info.rotary_dim:
             info = dataclasses.replace(info, rotary_dim=rotary_dim, partial_rotary_factor=rotary_dim / info.head_dim)
     return info
+
+
+def _text_only_mrope(model) -> bool:
+    """Whether a model whose config names M-RoPE sections computes plain 1-D RoPE: a language model without a vision
+    tower (what ``AutoModelForCausalLM`` builds from a Qwen3.5 checkpoint) whose rotary module, given 1-D positions,
+    returns cos/sin of ``[θ·m, θ·m]`` — Qwen3.5's expands them to three identical (time, height, width) streams, so
+    every section rotates at the same position. Probed on the module, not assumed from the family."""
+    if not isinstance(model, torch.nn.Module) or getattr(getattr(model, "config", None), "vision_config", None):
+        return False
+    modules = rotary_modules(model)
+    if len(modules) != 1 or not hasattr(modules[0][2], "inv_freq"):
+        return False
+    rotary = modules[0][2]
+    inv_freq = rotary.inv_freq.float()
+    positions = torch.tensor([[0, 1, 7, 4096]], device=inv_freq.device)
+    with torch.no_grad():
+        out = rotary(torch.zeros(1, 4, 2 * inv_freq.numel(), device=inv_freq.device), positions)
+    if not isinstance(out, tuple) or len(out) != 2 or out[0].shape[-1] != 2 * inv_freq.numel():
+        return False
+    angles = positions[..., None].float() * inv_freq
+    scale = getattr(rotary, "attention_scaling", 1.0)
+    emb = torch.cat((angles, angles), dim=-1)
+    return bool(torch.allclose(out[0].float(), emb.cos() * scale, atol=1e-6)
+                and torch.allclose(out[1].float(), emb.sin() * scale, atol=1e-6))
 
 
 def installed(model_or_config) -> dict[str, Any] | None:
