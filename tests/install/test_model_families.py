@@ -587,3 +587,46 @@ def test_a_text_model_whose_mrope_sections_see_one_position_takes_frequency_meth
     ids = torch.randint(3, 120, (1, 300))
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reference(ids).logits)
+
+
+def test_a_config_with_per_layer_attention_shapes_is_refused_in_one_line():
+    """Gemma 4's config refuses a global ``head_dim`` (transformers' heterogeneous per-layer configs); ropekit read it
+    and crashed with transformers' AmbiguousGlobalPerLayerAttributeError. One line now, by extend and inspect."""
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    config = CONFIG_MAPPING["gemma4_text"](vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                           max_position_embeddings=128)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    for call in (lambda: ropekit.extend(model, "yarn", factor=2.0), lambda: ropekit.inspect_model(model)):
+        with pytest.raises(RopekitError, match="sets its attention shape per layer") as err:
+            call()
+        assert "\n" not in str(err.value)
+
+
+def test_a_rope_entry_for_a_layer_type_no_layer_has_is_not_the_one_extended():
+    """A Gemma 3 config whose layers all slide still carries a ``full_attention`` RoPE entry, for which the model
+    builds no frequencies: ropekit picked it as the type to extend and crashed with AttributeError (extend and
+    inspect). The types are the layers' own now: YaRN ×2 goes to the sliding layers, equal to transformers' own yarn
+    written into that entry."""
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    def build(sliding_rope):
+        config = CONFIG_MAPPING["gemma3_text"](
+            vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=128, sliding_window=32,
+            layer_types=["sliding_attention"] * 2,
+            rope_parameters={"sliding_attention": sliding_rope,
+                             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}})
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(config).eval()
+
+    plain = {"rope_type": "default", "rope_theta": 10000.0}
+    model = build(plain)
+    report = ropekit.inspect_model(model)  # it raised AttributeError
+    assert any(row["name"] == "yarn" and row["applies"] for row in report["methods"])
+    ropekit.extend(model, "yarn", factor=2.0)
+    reference = build({**plain, "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128})
+    ids = torch.randint(3, 120, (1, 200))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=0, atol=1e-6)

@@ -74,7 +74,16 @@ class RopeInfo:
                 "ropekit extends RoPE models such as Llama, Mistral, Qwen2/3, Phi-3 and GPT-NeoX",
             )
         num_heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        try:
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        except RuntimeError as e:
+            if type(e).__name__ != "AmbiguousGlobalPerLayerAttributeError":
+                raise
+            # transformers' heterogeneous configs (Gemma 4): head_dim and more differ between layers
+            raise UnsupportedModelError(
+                f"model type '{model_type}' sets its attention shape per layer (its config refuses one global "
+                "head_dim), which ropekit's RoPE facts and methods assume shared by every layer",
+                "use a model whose layers share one head size (Gemma 3, Qwen3, Llama)") from None
         prf = float(rope.get("partial_rotary_factor", 1.0) or 1.0)
         declared = int(config.max_position_embeddings)
         window = effective_window(rope, declared)
@@ -96,9 +105,12 @@ class RopeInfo:
 
 
 def layer_rope_types(config) -> tuple[str, ...]:
-    """The layer types that have RoPE settings of their own (Gemma 3), or ``()`` for one RoPE everywhere."""
+    """The layer types that have RoPE settings of their own (Gemma 3), or ``()`` for one RoPE everywhere. A type no
+    layer has (a Gemma 3 config whose ``layer_types`` are all sliding keeps a ``full_attention`` entry) is left out:
+    the model builds no frequencies for it."""
     rope = getattr(config, "rope_parameters", None) or {}
-    return tuple(key for key, value in rope.items() if isinstance(value, dict))
+    used = set(getattr(config, "layer_types", None) or ())
+    return tuple(key for key, value in rope.items() if isinstance(value, dict) and (not used or key in used))
 
 
 def primary_layer_type(types: tuple[str, ...]) -> str:
