@@ -3,8 +3,9 @@
     python scripts/precision_table.py FP32_STUDY_DIR BF16_STUDY_DIR [--train FP32_RUN BF16_RUN] > table.md
 
 Perplexity: the bf16/fp32 ratio of exp(Σ NLL / Σ tokens) over the same documents, with a 95 % paired percentile
-bootstrap over documents; passkey: accuracy in each dtype and their difference, paired bootstrap over prompts
-(the same resampling as the study report: ropekit.study.stats, 2,000 resamples, fixed seed). With --train, the
+bootstrap over documents; passkey: accuracy in each dtype and their difference, paired bootstrap over prompts, or
+Tango's paired score interval where both dtypes found exactly the same prompts (the same statistics as the study
+report: ropekit.study.stats, 2,000 resamples, fixed seed). With --train, the
 loss curves of two runs of one recipe (metrics.jsonl) step by step.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ropekit.study.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, percentile_interval
+from ropekit.study.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, no_discordance_interval, percentile_interval
 from ropekit.study.store import StudyStore
 
 
@@ -70,6 +71,9 @@ def passkey_rows(fp32: Path, bf16: Path) -> list[str]:
         idx = _draws(len(x))
         diff = (x[idx, 1] - x[idx, 0]).mean(1) * 100
         ci = percentile_interval(diff)
+        if np.array_equal(x[:, 0], x[:, 1]) and np.isin(x, (0.0, 1.0)).all() and len(x) >= 2:
+            # the same prompts found in both dtypes: every resample is 0 again, a point; Tango's paired score interval
+            ci = tuple(100 * end for end in no_discordance_interval(len(x)))
         rows.append(f"| {method} | {length} | {len(x)} | {x[:, 0].mean():.0%} | {x[:, 1].mean():.0%} | "
                     f"{(x[:, 1].mean() - x[:, 0].mean()) * 100:+.1f} {'—' if ci is None else f'[{ci[0]:+.1f}, {ci[1]:+.1f}]'} | "
                     f"{sum(v[2] for v in values)} | {sum(v[3] for v in values)} |")

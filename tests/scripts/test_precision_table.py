@@ -47,3 +47,17 @@ def test_the_table_from_two_studies(tmp_path):
     # passkey: 2 of 4 against 1 of 4; one answer changed (42 -> 9), two replies besides (the -> is, 42 -> 9)
     n, acc32, acc16, diff, answers, replies = rows["base16384"]
     assert (n, acc32, acc16, answers, replies) == ("4", "50%", "25%", "1", "2") and diff.startswith("-25.0")
+
+
+def test_the_same_prompts_found_in_both_dtypes_get_tangos_paired_interval(tmp_path):
+    """Both dtypes find the same 2 of 4 passkeys: every paired resample is 0, which the table showed as
+    "+0.0 [+0.0, +0.0]"; Tango's paired score interval now, which with no discordant prompt is ±z²/(n + z²) (its
+    score statistic −√(nΔ/(1 − Δ)) = −z solved by hand: Δ = z²/(n + z²))."""
+    fp32 = _study(tmp_path / "fp32", [200.0, 300.0], ["42", "42", "7", "the the"])
+    bf16 = _study(tmp_path / "bf16", [200.0, 300.0], ["42", "42", "8", "the is"])
+    done = subprocess.run([sys.executable, str(SCRIPT), fp32, bf16], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    (row,) = [line for line in done.stdout.splitlines() if line.startswith("| base | 16384")]
+    z2 = 1.959963984540054 ** 2
+    bound = 100 * z2 / (4 + z2)
+    assert row.split("|")[6].strip() == f"+0.0 [{-bound:+.1f}, {bound:+.1f}]"

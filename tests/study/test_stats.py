@@ -707,3 +707,48 @@ def test_subtasks_each_alike_compare_by_the_mean_of_their_newcombe_intervals():
     strata_bounds = [newcombe(1.0, 0.0, 10), newcombe(0.0, 0.0, 20)]
     assert c3["ci95"] != pytest.approx([sum(lo for lo, _ in strata_bounds) / 2, sum(hi for _, hi in strata_bounds) / 2])
     assert c3["ci95"][0] < c3["ci95"][1]
+
+
+def tango_interval(b, c, n, z=Z):
+    """Tango's score interval for a paired difference of proportions (Tango 1998, Statistics in Medicine 17:891),
+    solved numerically: the Δ where (b − c − nΔ)/√(n(2q̂ + Δ(1 − Δ))) = ∓z, q̂ the constrained maximum-likelihood
+    estimate of the (0, 1) cell's probability."""
+    def score(delta):
+        w = -b - c + (2 * n - b + c) * delta
+        q = (math.sqrt(w * w + 8 * n * c * delta * (1 - delta)) - w) / (4 * n)
+        return (b - c - n * delta) / math.sqrt(n * (2 * q + delta * (1 - delta)))
+
+    def solve(target, lo, hi):  # score decreases in Δ
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if score(mid) > target else (lo, mid)
+        return (lo + hi) / 2
+
+    estimate = (b - c) / n
+    return solve(z, -1 + 1e-12, estimate), solve(-z, estimate, 1 - 1e-12)
+
+
+def test_two_methods_that_find_the_same_prompts_get_tangos_paired_interval_not_a_point():
+    """Both find 19 of 20 passkeys, missing the same one: every paired difference is 0, and the bootstrap's
+    "+0 [+0, +0]" read as certainty that they retrieve alike (the smollm2 and quick retention tables). Tango's paired
+    score interval instead, solved from its score statistic: ±16 points at n = 20, whatever the two find (Newcombe's
+    paired method would shrink to a point at 10 of 20); not significant, as before. Over two lengths, the mean of the
+    per-length bounds."""
+    found = [1.0] * 19 + [0.0]
+    recs = [acc_record(m, 64, s, t) for m in ("a", "b") for t, s in enumerate(found)]
+    c = stats.Analysis(recs).compare("a", "b", "passkey", 64, "accuracy")
+    want = tango_interval(0, 0, 20)
+    assert want[1] == pytest.approx(0.1611251580528194, abs=1e-9)  # the Wilson bound of 0 of 20
+    assert c["estimate"] == 0 and c["ci95"] == pytest.approx(list(want), abs=1e-9)
+    assert not c["significant"]
+    # a second length of 30 prompts where both find the same 15
+    half = [float(t % 2) for t in range(30)]
+    recs2 = recs + [acc_record(m, 128, s, t) for m in ("a", "b") for t, s in enumerate(half)]
+    c2 = stats.Analysis(recs2).compare("a", "b", "passkey", [64, 128], "accuracy")
+    other = tango_interval(0, 0, 30)
+    assert c2["ci95"] == pytest.approx([(want[0] + other[0]) / 2, (want[1] + other[1]) / 2], abs=1e-9)
+    # a prompt found by one side only leaves the bootstrap its interval
+    moved = [acc_record("a", 64, s, t) for t, s in enumerate(found)] + \
+            [acc_record("b", 64, s, t) for t, s in enumerate([0.0] + found[1:])]
+    c3 = stats.Analysis(moved).compare("a", "b", "passkey", 64, "accuracy")
+    assert c3["ci95"] != pytest.approx(list(want))

@@ -54,7 +54,9 @@ partial-credit fraction), every resample is that score again and the percentile 
 read as certainty; such a cell gets Wilson's score interval (Wilson 1927) over its independent draws instead, a
 stratified cell whose every stratum is alike within itself the weighted mean of its strata's Wilson bounds, a paired
 difference whose two sides are each alike Newcombe's hybrid score interval (Newcombe 1998, method 10) — per
-stratum, then the weighted mean of the bounds, where each side is alike only within each stratum — and a mean
+stratum, then the weighted mean of the bounds, where each side is alike only within each stratum — two sides that
+found and missed exactly the same prompts (every paired difference 0, a point interval again) Tango's score interval
+for paired proportions (Tango 1998, Statistics in Medicine 17:891), ±z²/(n + z²) there, and a mean
 over lengths whose every cell is alike the pooled Wilson interval (one score everywhere) or the mean of the cells'
 intervals (each length at its own score). "Alike" is decided on the scores, equal within :data:`ALIKE_TOLERANCE`,
 not on the interval's ends: resampled sums of 0.3 or 1/3 come back a rounding error apart.
@@ -436,6 +438,51 @@ def _alike_difference_interval(pairs: list[tuple[_Metric, _Metric]], masks: list
             return None
         parts.append(strata)
     return float(np.mean([lo for lo, _ in parts])), float(np.mean([hi for _, hi in parts]))
+
+
+def no_discordance_interval(n: int, z: float = Z_95) -> tuple[float, float]:
+    """Tango's score interval for the difference of two proportions on the same ``n`` prompts (Tango 1998,
+    Statistics in Medicine 17:891) where no prompt was found by one side only: the score statistic
+    (b − c − nΔ)/√(n(2q̂ + Δ(1 − Δ))), with b = c = 0 and q̂ its constrained estimate (0), equals z at
+    Δ = ±z²/(n + z²) — the Wilson bound of 0 discordant prompts of n."""
+    bound = z * z / (n + z * z)
+    return -bound, bound
+
+
+def _concordant_interval(pairs: list[tuple[_Metric, _Metric]], masks: list[np.ndarray], units: "_Units"
+                         ) -> tuple[float, float] | None:
+    """Where two sides found and missed the same prompts — every paired difference 0 — but neither scored alike,
+    every paired resample is 0 again and the bootstrap interval is the point "+0 [+0, +0]", read as certainty that
+    they do not differ. One seed of found-or-missed prompts then gets Tango's paired score interval per stratum
+    (:func:`no_discordance_interval`), weighted as the statistic weighs its strata, and the mean of the bounds over
+    the lengths (as :func:`_alike_difference_interval` does). None otherwise (clusters, several seeds, partial credit,
+    a prompt found by one side only)."""
+    if units.clusters is not None:
+        return None
+    per_length = []
+    for (ma, mb), mask in zip(pairs, masks):
+        parts = []
+        for columns in units.columns:
+            inside = np.zeros_like(mask)
+            inside[columns] = mask[columns]
+            if not inside.any():
+                continue
+            x, y = _unit_scores(ma, inside), _unit_scores(mb, inside)
+            if x is None or y is None or x.shape[0] != 1 or y.shape[0] != 1:
+                return None
+            x, y = x[0], y[0]
+            if not (np.all((x == 0) | (x == 1)) and np.all((y == 0) | (y == 1))):
+                return None
+            if not np.array_equal(x, y) or x.size < 2:
+                return None
+            parts.append((x.size, no_discordance_interval(x.size)))
+        if not parts:
+            return None
+        weights = np.array([1.0 if ma.macro else draws for draws, _ in parts])
+        weights = weights / weights.sum()
+        per_length.append((float(sum(w * lo for w, (_, (lo, _)) in zip(weights, parts))),
+                           float(sum(w * hi for w, (_, (_, hi)) in zip(weights, parts)))))
+    return float(np.mean([lo for lo, _ in per_length])), float(np.mean([hi for _, hi in per_length]))
 
 
 @dataclass
@@ -860,6 +907,8 @@ class Analysis:
         n = min(ns)
         if not log:  # each side alike on its shared prompts: decided on the scores, not on the interval's ends
             ci = _alike_difference_interval(pairs, masks, ns, units) or ci
+            if ci is not None and ci[0] == ci[1] == 0.0:  # the same prompts found and missed on both sides
+                ci = _concordant_interval(pairs, masks, units) or ci
         significant = ci is not None and n >= MIN_PAIRED and (ci[0] > 0 or ci[1] < 0)
         direction = (1 if point > 0 else -1) if significant else 0
         if log:
