@@ -15,18 +15,7 @@ import ropekit.train.trainer as trainer_module
 from ropekit.errors import RopekitError
 from ropekit.train import TrainingAborted, train
 from ropekit.train.checkpoint import list_checkpoints
-
-
-class Killed(Exception):
-    """Stands in for SIGKILL: nothing after the raise runs."""
-
-
-def kill_at(step: int):
-    def callback(info):
-        if info.step == step:
-            raise Killed(step)
-
-    return callback
+from step_kill import Killed, kill_at
 
 
 def ema_config(make_config, name, tmp_path, **output):

@@ -12,18 +12,7 @@ import ropekit
 from ropekit.errors import RopekitError
 from ropekit.train import train
 from ropekit.train.checkpoint import list_checkpoints, read_state
-
-
-class Killed(Exception):
-    """Stands in for SIGKILL: raised from a callback, so nothing after the step runs."""
-
-
-def kill_at(step: int):
-    def callback(info):
-        if info.step == step:
-            raise Killed(step)
-
-    return callback
+from step_kill import Killed, kill_at
 
 
 def metrics(out_dir) -> list[dict]:

@@ -11,18 +11,7 @@ import json
 import pytest
 
 from ropekit.train import train
-
-
-class Killed(Exception):
-    """Stands in for SIGKILL after a step was logged."""
-
-
-def kill_at(step: int):
-    def callback(info):
-        if info.step == step:
-            raise Killed(step)
-
-    return callback
+from step_kill import Killed, kill_at
 
 
 def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:

@@ -331,6 +331,25 @@ def _all_alike_interval(metric: _Metric, observed: np.ndarray, draws: int) -> tu
     return wilson_interval(value * draws, draws)
 
 
+def _per_stratum(mask: np.ndarray, units: "_Units"):
+    """``mask`` cut to each stratum of the task (RULER's subtasks; the one stratum of a task without any), the
+    strata it does not reach left out."""
+    for columns in units.columns:
+        inside = np.zeros_like(mask)
+        inside[columns] = mask[columns]
+        if inside.any():
+            yield inside
+
+
+def _weighted_bounds(parts: list[tuple[int, tuple[float, float]]], macro: bool) -> tuple[float, float]:
+    """The mean of the strata's ``(draws, (low, high))`` bounds with the weights of the statistic: equal for a macro
+    average, the strata's draws otherwise."""
+    weights = np.array([1.0 if macro else draws for draws, _ in parts])
+    weights = weights / weights.sum()
+    return (float(sum(w * lo for w, (_, (lo, _)) in zip(weights, parts))),
+            float(sum(w * hi for w, (_, (_, hi)) in zip(weights, parts))))
+
+
 def _strata_alike_interval(metric: _Metric, observed: np.ndarray, units: "_Units") -> tuple[float, float] | None:
     """The stratified counterpart of :func:`_all_alike_interval`: where every stratum's prompts (RULER's subtasks,
     say) scored alike within it — all passed in one, all failed in another — every stratified resample is the same
@@ -339,23 +358,14 @@ def _strata_alike_interval(metric: _Metric, observed: np.ndarray, units: "_Units
     macro average, the strata's sizes otherwise): the bounds of a mean of proportions that each lie in their own
     interval, so conservative."""
     parts = []
-    for columns in units.columns:
-        inside = np.zeros_like(observed)
-        inside[columns] = observed[columns]
-        if not inside.any():
-            continue
+    for inside in _per_stratum(observed, units):
         scores = _unit_scores(metric, inside)
         value = None if scores is None else _alike_value(scores)
         if value is None:
             return None
         draws = units.independent(inside)
-        parts.append((value, draws, wilson_interval(value * draws, draws)))
-    if len(parts) < 2:
-        return None
-    weights = np.array([1.0 if metric.macro else draws for _, draws, _ in parts])
-    weights = weights / weights.sum()
-    return (float(sum(w * lo for w, (_, _, (lo, _)) in zip(weights, parts))),
-            float(sum(w * hi for w, (_, _, (_, hi)) in zip(weights, parts))))
+        parts.append((draws, wilson_interval(value * draws, draws)))
+    return _weighted_bounds(parts, metric.macro) if len(parts) >= 2 else None
 
 
 def _newcombe(pa: float, pb: float, n: int) -> tuple[float, float]:
@@ -392,22 +402,13 @@ def _strata_difference_interval(pair: tuple[_Metric, _Metric], mask: np.ndarray,
     statistic (equal for a macro average, the strata's sizes otherwise), as :func:`_strata_alike_interval` does for
     one cell: the bounds of a mean of differences that each lie in their own interval, so conservative."""
     parts = []
-    for columns in units.columns:
-        inside = np.zeros_like(mask)
-        inside[columns] = mask[columns]
-        if not inside.any():
-            continue
+    for inside in _per_stratum(mask, units):
         values = _side_values([pair], [inside])
         draws = units.independent(inside)
         if values is None or draws < 2:
             return None
         parts.append((draws, _newcombe(values[0], values[1], draws)))
-    if len(parts) < 2:
-        return None
-    weights = np.array([1.0 if pair[0].macro else draws for draws, _ in parts])
-    weights = weights / weights.sum()
-    return (float(sum(w * lo for w, (_, (lo, _)) in zip(weights, parts))),
-            float(sum(w * hi for w, (_, (_, hi)) in zip(weights, parts))))
+    return _weighted_bounds(parts, pair[0].macro) if len(parts) >= 2 else None
 
 
 def _alike_difference_interval(pairs: list[tuple[_Metric, _Metric]], masks: list[np.ndarray], ns: list[int],
@@ -462,11 +463,7 @@ def _concordant_interval(pairs: list[tuple[_Metric, _Metric]], masks: list[np.nd
     per_length = []
     for (ma, mb), mask in zip(pairs, masks):
         parts = []
-        for columns in units.columns:
-            inside = np.zeros_like(mask)
-            inside[columns] = mask[columns]
-            if not inside.any():
-                continue
+        for inside in _per_stratum(mask, units):
             x, y = _unit_scores(ma, inside), _unit_scores(mb, inside)
             if x is None or y is None or x.shape[0] != 1 or y.shape[0] != 1:
                 return None
@@ -478,10 +475,7 @@ def _concordant_interval(pairs: list[tuple[_Metric, _Metric]], masks: list[np.nd
             parts.append((x.size, no_discordance_interval(x.size)))
         if not parts:
             return None
-        weights = np.array([1.0 if ma.macro else draws for draws, _ in parts])
-        weights = weights / weights.sum()
-        per_length.append((float(sum(w * lo for w, (_, (lo, _)) in zip(weights, parts))),
-                           float(sum(w * hi for w, (_, (_, hi)) in zip(weights, parts)))))
+        per_length.append(_weighted_bounds(parts, ma.macro))
     return float(np.mean([lo for lo, _ in per_length])), float(np.mean([hi for _, hi in per_length]))
 
 
