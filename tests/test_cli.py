@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, GPTJConfig, GPTJForCausalLM
 
 import ropekit
 from ropekit.models.tiny import TINY_WINDOW, build_tiny_model
@@ -115,8 +115,18 @@ def _gpt2_dir(tmp_path):
     return path
 
 
+def _gptj_dir(tmp_path):
+    """GPT-J rotates q/k, but with a sinusoid table its attention builds itself (no rope_parameters)."""
+    path = tmp_path / "gptj"
+    config = GPTJConfig(n_layer=1, n_embd=32, n_head=2, rotary_dim=8, vocab_size=64, n_positions=64)
+    GPTJForCausalLM(config).save_pretrained(path)
+    return path
+
+
 BAD_INPUTS = {
     "model without RoPE": (lambda tmp: ["extend", str(_gpt2_dir(tmp)), "--method", "pi", "--factor", "2"], "no rotary position embedding"),
+    "model with its own rotary table": (lambda tmp: ["extend", str(_gptj_dir(tmp)), "--method", "yarn", "--factor", "2"],
+                                        "rotates q/k with a table its attention module builds itself (rotary_dim 8)"),
     "factor below 1": (lambda tmp: ["extend", "tiny", "--method", "pi", "--factor", "0.5"], "factor"),
     "target not above the window": (lambda tmp: ["extend", "tiny", "--method", "yarn", "--target-length", str(TINY_WINDOW)], "not longer than the model's window"),
     "factor given twice": (lambda tmp: ["extend", "tiny", "--method", "yarn", "--factor", "2", "--param", "factor=2"], "factor given twice"),

@@ -931,3 +931,48 @@ def test_a_count_held_back_is_sent_when_its_second_is_over():
     on_piece(piece)
     with pytest.raises(queue_module.Empty):
         sent.get(timeout=0.8)
+
+
+def test_a_recipe_with_an_ema_has_its_variants_evaluated_with_the_averaged_weights(run_cli, tmp_path):
+    """``train.ema`` in the recipe: the EMA model (``runs/LABEL/final-ema``) is the one the study records and scores,
+    checked against ``ropekit eval ppl`` run on each exported model; a directory moved with its runs finds it."""
+    import shutil
+
+    from ropekit.study.store import open_study
+
+    recipe = copy.deepcopy(SMALL["recipe"])
+    recipe["train"]["ema"] = {"decay": 0.5, "every": 1}  # far from the last step's weights after 6 steps
+    raw = {**SMALL, "recipe": recipe,
+           "variants": [{"label": "pi-ft", "method": "pi", "params": {"factor": 4}, "finetune": True}],
+           "evals": {"ppl": {"lengths": [64], "samples": 2, "score_mode": "truncate"}}}
+    first = tmp_path / "first"
+    status = run_study(parse_study(raw), first, progress=False)
+    assert status["by_status"]["done"] == 2 and status["by_status"]["failed"] == 0
+    store = open_study(first)
+    assert [a["path"] for a in store.artifacts("train:pi-ft")] == [str(first / "runs" / "pi-ft" / "final-ema")]
+    studied = sorted(s["ppl"] for s in store.samples(piece="eval:ppl:pi-ft"))
+    store.close()
+
+    def scores(model_dir):
+        out = tmp_path / f"{model_dir.name}.jsonl"
+        code, _, stderr = run_cli("eval", "ppl", str(model_dir), "--lengths", "64", "--samples", "2",
+                                  "--score-mode", "truncate", "--dtype", "float32", "--out", str(out))
+        assert code == 0, stderr
+        return sorted(json.loads(line)["ppl"] for line in out.read_text().splitlines() if line.strip())
+
+    averaged, last = scores(first / "runs" / "pi-ft" / "final-ema"), scores(first / "runs" / "pi-ft" / "final")
+    assert max(abs(a - b) for a, b in zip(averaged, last)) > 1e-3  # the two models do differ
+    assert studied == pytest.approx(averaged, rel=1e-5)
+
+    # moved with its runs, the evaluation redone: the EMA model is found at its new place
+    moved = tmp_path / "moved"
+    shutil.copytree(first, moved)
+    shutil.rmtree(first)
+    store = open_study(moved)
+    store.reset_piece("eval:ppl:pi-ft")
+    store.close()
+    status = run_study(parse_study(raw), moved, progress=False)
+    assert status["by_status"]["done"] == 2 and status["by_status"]["failed"] == 0
+    store = open_study(moved)
+    assert sorted(s["ppl"] for s in store.samples(piece="eval:ppl:pi-ft")) == pytest.approx(averaged, rel=1e-5)
+    store.close()

@@ -69,6 +69,16 @@ class RopeInfo:
             raise UnsupportedModelError(f"model type '{model_type}' has one RoPE for every layer, not per layer type",
                                         "leave layer_types out")
         if not rope or "rope_theta" not in rope or rope.get("rope_theta") is None:
+            own = _own_rotary_setting(config)
+            if own:
+                # GPT-J, CodeGen: the attention builds its own sinusoid table (base 10,000 in the model file),
+                # so there is no frequency setting a method could write
+                raise UnsupportedModelError(
+                    f"model type '{model_type}' rotates q/k with a table its attention module builds itself "
+                    f"({own}), outside transformers' rope_parameters, so no method can reach its frequencies",
+                    "ropekit extends models whose config carries rope_parameters, such as Llama, Mistral, "
+                    "Qwen2/3, Phi-3 and GPT-NeoX",
+                )
             raise UnsupportedModelError(
                 f"model type '{model_type}' has no rotary position embedding (RoPE)",
                 "ropekit extends RoPE models such as Llama, Mistral, Qwen2/3, Phi-3 and GPT-NeoX",
@@ -102,6 +112,18 @@ class RopeInfo:
             config_window=None if window == declared else declared,
             layer_type=layer_type,
         )
+
+
+def _own_rotary_setting(config) -> str:
+    """The rotary setting of a config that has no ``rope_parameters`` but rotates q/k anyway, as ``name value``,
+    or "" when it has none (GPT-2, BERT: no RoPE at all)."""
+    for name in ("rotary_dim", "rotary_embedding_base", "rotary_emb_base"):
+        value = getattr(config, name, None)
+        if value:
+            return f"{name} {value}"
+    if getattr(config, "position_embedding_type", None) == "rotary":
+        return "position_embedding_type 'rotary'"
+    return ""
 
 
 def layer_rope_types(config) -> tuple[str, ...]:

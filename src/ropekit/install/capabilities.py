@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..adapters.transformers import attention_modules, model_file_global, rotary_attention_factor
+from ..adapters.transformers import attention_modules, model_file_global, rotary_attention_factor, rotary_modules
 from ..core.base_rope import length_dependence
 from ..core.rope_info import RopeInfo, layer_rope_types
 from ..errors import RopekitError
@@ -169,8 +169,6 @@ def _rope_layers_unknown(model) -> bool:
 
 def _rotary_unreached(model, config) -> str:
     """Why a rope type ropekit writes into the config would not reach the rotary modules the layers use, or ""."""
-    from ..adapters.transformers import rotary_modules
-
     for _, _, rotary in rotary_modules(model):
         own = getattr(rotary, "config", None)
         if own is not None and own is not config and type(own) is type(config):

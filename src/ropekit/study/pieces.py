@@ -214,7 +214,9 @@ def _run_train(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path,
         for line in path.read_text().splitlines():
             if line.strip():
                 metrics.append(json.loads(line))
-    artifacts = {"model": str(result.final_dir)} if result.final_dir else {}
+    # a recipe that keeps an EMA of the weights asks for the averaged model: that is the one evaluated
+    evaluated = result.ema_dir if cfg.train.ema is not None and result.ema_dir else result.final_dir
+    artifacts = {"model": str(evaluated)} if evaluated else {}
     placed = result.trained_on  # the run's own record, also when an earlier process trained and exported it
     where = (computed_on(device=placed["device"], dtype=cfg.model.dtype, precision=cfg.train.precision,
                          corpus=trained_corpus(out), hardware=placed.get("hardware"))
@@ -265,11 +267,14 @@ def _run_search(config: StudyConfig, store, piece: PlannedPiece, study_dir: Path
             "placement": computed_on(loaded.model)}
 
 
-def produced_model_dir(study_dir: Path, producer: str) -> Path:
+def produced_model_dir(study_dir: Path, producer: str, leaf: str | None = None) -> Path:
     """Where the piece ``producer`` (``train:LABEL[@seedN]`` or ``search:LABEL[@seedN]``) writes its model in
-    ``study_dir``: ``runs/LABEL/final`` (:func:`ropekit.train.train`'s final directory) or ``search/LABEL/model``."""
+    ``study_dir``: ``runs/LABEL/final`` (:func:`ropekit.train.train`'s final directory; ``leaf`` ``final-ema`` for a
+    recipe with an EMA) or ``search/LABEL/model``."""
     kind, _, name = producer.partition(":")
-    return study_dir / RUNS_DIR / name / FINAL_DIR if kind == "train" else study_dir / SEARCH_DIR / name / "model"
+    if kind == "train":
+        return study_dir / RUNS_DIR / name / (leaf or FINAL_DIR)
+    return study_dir / SEARCH_DIR / name / "model"
 
 
 def produced_model(store, study_dir: Path | None, producer: str) -> str | None:
@@ -277,7 +282,8 @@ def produced_model(store, study_dir: Path | None, producer: str) -> str | None:
     study directory was moved or copied to another machine with its runs — the same place in ``study_dir``;
     None when neither exists (the model has to be produced again: ``ropekit study --retrain LABEL``)."""
     recorded = [a["path"] for a in store.artifacts(producer) if a["name"] == "model"]
-    candidates = [Path(p) for p in recorded] + ([produced_model_dir(study_dir, producer)] if study_dir else [])
+    leaf = Path(recorded[0]).name if recorded else None  # final, or final-ema
+    candidates = [Path(p) for p in recorded] + ([produced_model_dir(study_dir, producer, leaf)] if study_dir else [])
     return next((str(c) for c in candidates if (c / "config.json").is_file()), None)
 
 
