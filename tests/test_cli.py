@@ -8,7 +8,8 @@ import sys
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, GPTJConfig, GPTJForCausalLM
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, GPTJConfig, GPTJForCausalLM, StableLmConfig,
+                          StableLmForCausalLM)
 
 import ropekit
 from ropekit.models.tiny import TINY_WINDOW, build_tiny_model
@@ -123,7 +124,19 @@ def _gptj_dir(tmp_path):
     return path
 
 
+def _odd_rotary_dir(tmp_path):
+    """StableLM rotating 7 of 16 channels: transformers accepts it (rounding up to 8, exponents over 7)."""
+    path = tmp_path / "odd"
+    config = StableLmConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                            num_key_value_heads=4, intermediate_size=64, max_position_embeddings=64,
+                            partial_rotary_factor=0.4375)
+    StableLmForCausalLM(config).save_pretrained(path)
+    return path
+
+
 BAD_INPUTS = {
+    "odd rotary dimension": (lambda tmp: ["extend", str(_odd_rotary_dir(tmp)), "--method", "pi", "--factor", "2"],
+                             "rotates an odd number of channels (head_dim 16 × partial_rotary_factor 0.4375 = 7)"),
     "model without RoPE": (lambda tmp: ["extend", str(_gpt2_dir(tmp)), "--method", "pi", "--factor", "2"], "no rotary position embedding"),
     "model with its own rotary table": (lambda tmp: ["extend", str(_gptj_dir(tmp)), "--method", "yarn", "--factor", "2"],
                                         "rotates q/k with a table its attention module builds itself (rotary_dim 8)"),

@@ -95,6 +95,14 @@ class RopeInfo:
                 "head_dim), which ropekit's RoPE facts and methods assume shared by every layer",
                 "use a model whose layers share one head size (Gemma 3, Qwen3, Llama)") from None
         prf = float(rope.get("partial_rotary_factor", 1.0) or 1.0)
+        if int(head_dim * prf) % 2:
+            # transformers rounds such a dimension up: ceil(d/2) frequencies with exponents 2i/d, rotating d + 1
+            # channels, which no method's formula (pairs 2i < d, exponents over d) describes
+            raise UnsupportedModelError(
+                f"model type '{model_type}' rotates an odd number of channels (head_dim {head_dim} × "
+                f"partial_rotary_factor {prf:g} = {int(head_dim * prf)}), which transformers rounds up to "
+                f"{int(head_dim * prf) + 1} with frequencies over {int(head_dim * prf)}: no method's formula describes it",
+                "use a partial_rotary_factor that gives an even rotary dimension")
         declared = int(config.max_position_embeddings)
         window = effective_window(rope, declared)
         return cls(
