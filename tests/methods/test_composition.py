@@ -414,3 +414,41 @@ def test_every_method_states_its_composition_rule(method, run_cli):
     assert code == 0
     listed = {d["name"]: d for d in json.loads(out)}
     assert listed[method]["composition"] == m.composition
+
+
+def test_longrope_on_a_switching_base_is_refused_with_the_switch_that_fits_and_that_setting_installs():
+    """LongRoPE's switch defaults to the effective window (128), the switching base's to its original one (32): the
+    refusal names original_max_position_embeddings=32, and with it both switch together, the model's frequencies
+    at every length those of one LongRoPE switch (short set up to 32 tokens, long beyond). Methods that follow the
+    length on their own schedule get no such hint (no setting of theirs fits)."""
+    from ropekit.errors import UnsupportedModelError
+
+    long_factor = [2.0] * PAIRS
+    with pytest.raises(UnsupportedModelError) as refused:
+        ropekit.extend(prescaled("longrope"), "longrope", long_factor=long_factor, factor=2.0)
+    assert "pass --param original_max_position_embeddings=32 to switch where this model's RoPE does" in str(refused.value)
+    with pytest.raises(UnsupportedModelError) as refused:
+        ropekit.extend(prescaled("longrope"), "dynamic_ntk", factor=2.0)
+    assert "original_max_position_embeddings" not in str(refused.value)
+
+    model = prescaled("longrope")
+    ropekit.extend(model, "longrope", long_factor=long_factor, factor=2.0, original_max_position_embeddings=32)
+    for length in (20, 32, 33, 100):
+        theta, _ = effective(prescaled("longrope"), seq_len=length)  # the base's own set at this length
+        want = theta.double() / (torch.tensor(long_factor, dtype=torch.float64) if length > 32 else 1.0)
+        with torch.no_grad():
+            model(torch.zeros(1, length, dtype=torch.long))
+        torch.testing.assert_close(model.model.rotary_emb.inv_freq.double(), want, rtol=1e-6, atol=0)
+
+
+def test_a_model_the_method_cannot_serve_is_named_before_a_parameter_it_lacks():
+    """HARPE asked without a factor on an already scaled model: the refusal is the model's ('already scaled'), not
+    the peak-valley search's request for a factor that could never make it install; on a plain model the missing
+    parameter is still what is said."""
+    from ropekit.errors import RopekitError, UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="already scaled"):
+        ropekit.extend(prescaled("llama3"), "harpe")
+    with pytest.raises(RopekitError, match="factor") as plain:
+        ropekit.extend(build_tiny_model("llama", window=512), "harpe")
+    assert "already scaled" not in str(plain.value)

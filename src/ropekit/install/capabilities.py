@@ -247,6 +247,20 @@ class Refusal(NamedTuple):
     feature: str
 
 
+def _switch_that_fits(method: Method, info: RopeInfo, params: dict | None) -> int | None:
+    """The length a method with its own switch would have to switch at to combine with the model's switching RoPE
+    (LongRoPE on Phi-3.5: the model's original window, not the effective one), when that setting is accepted."""
+    kind, at = length_dependence(info)
+    if kind != "switch" or params is None or params.get("original_max_position_embeddings") in (None, at):
+        return None
+    given = {k: v for k, v in params.items() if v is not None}
+    try:
+        moved = method.resolve(info, {**given, "original_max_position_embeddings": at})
+    except RopekitError:
+        return None
+    return at if method.length_dependence(info, moved)[0] == kind else None
+
+
 def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dict | None = None) -> Refusal | None:
     """A :class:`Refusal` when ``method`` (with resolved ``params``, or its :meth:`~Method.example_params`) cannot
     be installed exactly into a model with ``features``, else ``None``."""
@@ -279,10 +293,15 @@ def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dic
         if combined != features.length_dependence:
             how = ("are recomputed for each input's own length" if combined == "per_input"
                    else "switch at another length than this model's RoPE does")
+            fix = static_alternative
+            at = _switch_that_fits(method, info, params)
+            if at is not None:  # LongRoPE's switch defaults to the effective window; the model's set switches earlier
+                fix = (f"pass --param original_max_position_embeddings={at} to switch where this model's RoPE does, "
+                       f"or {static_alternative}")
             return Refusal(
                 f"{method.name} on {family}: its frequencies {how}, and this model's "
                 f"'{features.rope_type}' RoPE already changes with the length on its own schedule",
-                static_alternative,
+                fix,
                 "other switch length",
             )
         if "frequencies_per_head" in method.changes:

@@ -30,7 +30,7 @@ from ..adapters import transformers as hf
 from ..attention import PerHeadRotation, QueryLogitScale, install_transforms
 from ..attention.interface import attention_modules, kernel_of
 from ..core.rope_info import RopeInfo, layer_rope_types, primary_layer_type
-from ..errors import InvalidParameterError, UnsupportedModelError
+from ..errors import InvalidParameterError, RopekitError, UnsupportedModelError
 from ..methods import AttentionSpec, Method, get_method
 from .capabilities import model_features, why_not
 from .model_rope import rebuild_rotary, rope_info, rotary_inv_freq, rotary_modules, text_config
@@ -211,12 +211,20 @@ def install_resolved(model: PreTrainedModel, m: Method, given: dict[str | None, 
     config = text_config(model)
     types = tuple(given)
     resolved = {}
+    features = model_features(model)
     for layer_type in types:
         info = rope_info(model, layer_type)
-        resolved[layer_type] = m.resolve(info, given[layer_type])
+        try:
+            resolved[layer_type] = m.resolve(info, given[layer_type])
+        except RopekitError:
+            # a model the method cannot serve at all is named before a parameter it would have needed (HARPE on
+            # an already scaled model, asked without a factor)
+            refusal = why_not(m, info, features)
+            if refusal is not None:
+                raise UnsupportedModelError(refusal.problem, refusal.fix) from None
+            raise
     primary = types[0]
     info = rope_info(model, primary)
-    features = model_features(model)
     refusal = why_not(m, info, features, resolved[primary])
     if refusal is not None:
         raise UnsupportedModelError(refusal.problem, refusal.fix)
