@@ -90,14 +90,22 @@ def test_study_label_list_naming_nothing(run_cli, tmp_path, monkeypatch, flag, v
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
 
 
-def test_extend_gguf_overwrite_refuses_a_non_gguf_file(run_cli, tmp_path, monkeypatch):
+@pytest.mark.parametrize("command", ["extend", "export"])
+def test_gguf_overwrite_refuses_a_non_gguf_file(run_cli, tmp_path, monkeypatch, command):
+    """``--overwrite`` replaces a GGUF, never a user's file that happens to end in .gguf (extend and export alike)."""
     monkeypatch.chdir(tmp_path)
+    if command == "export":
+        code, _, err = run_cli("extend", "tiny", "-m", "pi", "-f", "4", "-o", "model")
+        assert code == 0, err
     Path("x.gguf").write_bytes(b"notgguf\n")
-    code, _, err = run_cli("extend", "tiny", "-m", "pi", "-f", "4", "-o", "x.gguf", "--format", "gguf", "--overwrite")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    args = (["extend", "tiny", "-m", "pi", "-f", "4", "-o", "x.gguf", "--format", "gguf", "--overwrite"]
+            if command == "extend" else ["export", "model", "--format", "gguf", "-o", "x.gguf", "--overwrite"])
+    code, _, err = run_cli(*args)
     line = _one_error_line(code, err)
     assert "x.gguf" in line and "not a GGUF" in line
     assert Path("x.gguf").read_bytes() == b"notgguf\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.gguf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 @pytest.mark.parametrize("chunks", ["2,2", "3,2,3"])
@@ -109,3 +117,16 @@ def test_pose_coverage_repeated_chunks(run_cli, tmp_path, monkeypatch, chunks):
     assert "--chunks" in line and "distinct" in line
     assert out.strip() == ""
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("out", [".", "", "../here"])
+def test_extend_into_the_current_directory_is_refused_before_anything_is_written(run_cli, tmp_path, monkeypatch, out):
+    """The extended model replaces its --out directory whole (one rename): the current directory, or one holding
+    it, would be swapped from under the process, which then reported its own successful write as a refusal."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    code, _, err = run_cli("extend", "tiny", "-m", "yarn", "-f", "2", "-o", out)
+    line = _one_error_line(code, err)
+    assert "is the current directory or holds it" in line
+    assert list(here.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["here"]

@@ -149,6 +149,25 @@ class TaskProgress:
         self.task.update(advance=n, description=description)
 
 
+def check_gguf_replacement(target, overwrite: bool) -> None:
+    """Refuse ``target`` when it exists and ``--overwrite`` was not given, or when it is a file that is not a GGUF:
+    ``--overwrite`` replaces a GGUF, never an arbitrary file that happens to end in .gguf."""
+    from pathlib import Path
+
+    target = Path(target)
+    if target.exists() and not overwrite:
+        raise RopekitError(f"'{target}' exists", "pass another --out, or --overwrite")
+    if target.is_file():
+        try:
+            with open(target, "rb") as fh:
+                magic = fh.read(4)
+        except OSError as e:
+            raise RopekitError(f"cannot read '{target}': {e.strerror or e}", "pass another --out") from None
+        if magic != b"GGUF":
+            raise RopekitError(f"'{target}' exists and is not a GGUF file; --overwrite replaces only a GGUF",
+                               "pass another --out, or remove that file yourself")
+
+
 def parse_params(items: list[str] | None) -> dict[str, str]:
     """``["key=value", ...]`` → dict; values stay strings (each method's Param converts and validates them)."""
     params: dict[str, str] = {}

@@ -70,9 +70,9 @@ def export_cmd(
     from ..runtime.atomic import check_target
 
     check_target(target, kind="file")  # a directory, a FIFO or an unwritable place, before the model loads
-    if target.exists() and not overwrite:
-        raise RopekitError(f"'{target}' exists", "pass another --out, or --overwrite")
-    from .common import load_model
+    from .common import check_gguf_replacement, load_model
+
+    check_gguf_replacement(target, overwrite)
 
     freeze_length = saved_freeze_length(directory, freeze_length)  # an export saved frozen keeps its length
     loaded = load_model(directory)

@@ -9,13 +9,15 @@ from typing import Optional
 import typer
 
 from ..errors import RopekitError
-from .common import MODEL_HELP, AttnOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, load_model, out, parse_params, print_json
+from .common import (MODEL_HELP, AttnOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, check_gguf_replacement, load_model, out,
+                     parse_params, print_json)
 
 
 def _check_out_dir(path: Path, overwrite: bool) -> None:
     from ..runtime.atomic import check_target
 
-    check_target(path, kind="dir")  # a FIFO, a read-only filesystem, a parent that is a file: before loading
+    # a FIFO, a read-only filesystem, a parent that is a file, the current directory: before loading
+    check_target(path, kind="dir", whole=True)
     if path.exists() and not path.is_dir():
         raise RopekitError(f"--out '{path}' exists and is a file", "pass a directory path")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
@@ -33,17 +35,7 @@ def _gguf_target(out: Path, outtype: str, overwrite: bool) -> Path:
         raise RopekitError(f"--out '{out}' exists and is a file", "pass a .gguf path or a directory")
     if target.is_dir():
         raise RopekitError(f"--out '{target}' is a directory", "pass a .gguf file path")
-    if target.exists() and not overwrite:
-        raise RopekitError(f"'{target}' exists", "pass another --out, or --overwrite")
-    if target.is_file():  # --overwrite replaces a GGUF, never an arbitrary file that happens to end in .gguf
-        try:
-            with open(target, "rb") as fh:
-                magic = fh.read(4)
-        except OSError as e:
-            raise RopekitError(f"cannot read '{target}': {e.strerror or e}", "pass another --out") from None
-        if magic != b"GGUF":
-            raise RopekitError(f"'{target}' exists and is not a GGUF file; --overwrite replaces only a GGUF",
-                               "pass another --out, or remove that file yourself")
+    check_gguf_replacement(target, overwrite)
     from ..runtime.atomic import check_target
 
     check_target(target, kind="file")

@@ -19,7 +19,7 @@ def _check_out(path: Path, overwrite: bool) -> None:
     from ..runtime.atomic import check_target
     from ..study.recommend_output import check_replaceable
 
-    check_target(path, kind="dir")
+    check_target(path, kind="dir", whole=True)
     if path.exists() and not path.is_dir():
         raise RopekitError(f"--out '{path}' exists and is a file", "pass a directory path")
     if path.is_dir() and any(path.iterdir()):

@@ -120,11 +120,18 @@ def _existing_ancestor(path: Path) -> Path:
     return Path(".")
 
 
-def check_target(path: str | os.PathLike, *, what: str = "--out", kind: str = "any") -> Path:
+def check_target(path: str | os.PathLike, *, what: str = "--out", kind: str = "any", whole: bool = False) -> Path:
     """Refuse, in one line, a target ropekit cannot write whole; return it (made absolute).
 
-    ``kind``: ``file``, ``dir`` or ``any`` — an existing target of the other kind is refused as well."""
+    ``kind``: ``file``, ``dir`` or ``any`` — an existing target of the other kind is refused as well. ``whole``: the
+    directory is replaced by another in one rename (:func:`atomic_dir`), so it may not be the current directory or
+    hold it (``--out .`` or ``--out ''``): the process would go on in the replaced one and read nothing back."""
     target = Path(os.path.abspath(Path(path).expanduser()))
+    if whole:
+        here = Path(os.path.realpath(os.getcwd()))
+        if here == Path(os.path.realpath(target)) or Path(os.path.realpath(target)) in here.parents:
+            raise RopekitError(f"{what} '{_shown(path)}' is the current directory or holds it, and ropekit replaces the "
+                               "directory it writes whole", "pass a new directory, e.g. --out extended")
     ancestor = _existing_ancestor(target.parent)
     if not ancestor.is_dir():
         raise RopekitError(f"{what} '{_shown(path)}' is under '{ancestor}', which is a file, not a directory",
@@ -235,7 +242,7 @@ def atomic_dir(target: str | os.PathLike, *, replace: bool = False, what: str = 
     """Yield a new empty directory beside ``target``; when the block ends without an exception it becomes
     ``target`` in one rename. An empty existing ``target`` is replaced; a non-empty one only with ``replace``
     (moved aside, the new one renamed in, the old one deleted). On any exception the new directory is removed."""
-    target = check_target(target, what=what, kind="dir")
+    target = check_target(target, what=what, kind="dir", whole=True)
     if os.path.isdir(target) and any(os.scandir(target)) and not replace:
         raise RopekitError(f"{what} '{target}' exists and is not empty", "pass a new directory, or --overwrite")
     target.parent.mkdir(parents=True, exist_ok=True)
