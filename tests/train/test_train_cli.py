@@ -124,6 +124,17 @@ def test_tiny_full_runs_a_few_steps_and_loads_with_its_method(run_cli, monkeypat
     code, _, err = run_cli("train", str(config), "--out", str(out_dir), "--max-steps", "2", "--resume")
     assert code == 2 and f"checkpoint {damaged} cannot be read back" in err and len(err.strip().splitlines()) == 1
     assert optimizer.stat().st_size == 100
+    # the same for truncated weights and an unreadable trainer state (safetensors' and json's own errors)
+    weights = next(damaged.glob("model*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    state = damaged / "trainer_state.json"
+    for broken in (None, b"x", b"[1, 2]"):
+        if broken is not None:
+            state.write_bytes(broken)
+        code, _, err = run_cli("train", str(config), "--out", str(out_dir), "--max-steps", "2", "--resume")
+        assert code == 2 and f"checkpoint {damaged} cannot be read back" in err, err
+        assert len(err.strip().splitlines()) == 1 and "internal error" not in err
+    assert weights.stat().st_size == 100 and state.read_bytes() == b"[1, 2]"
 
 
 def test_resume_of_a_finished_run_without_checkpoints_keeps_its_model(run_cli, monkeypatch, tmp_path):

@@ -70,8 +70,22 @@ def latest(out_dir: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
+def _damaged(path: Path, err: BaseException) -> RopekitError:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return RopekitError(f"checkpoint {path} cannot be read back ({first})",
+                        f"if its files are damaged, move {path} away to resume from the checkpoint before it, or "
+                        "train without --resume into a new output.dir")
+
+
 def read_state(path: Path) -> dict[str, Any]:
-    return json.loads((Path(path) / STATE_FILE).read_text())
+    """The trainer state a checkpoint saved; a damaged state file is one line naming the checkpoint."""
+    try:
+        state = json.loads((Path(path) / STATE_FILE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _damaged(path, err) from None
+    if not isinstance(state, dict):
+        raise _damaged(path, ValueError(f"{STATE_FILE} holds no trainer state"))
+    return state
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -167,15 +181,14 @@ def prune(out_dir: Path, keep_last: int | None, keep: Path | None = None) -> Non
 def load(accelerator, path: Path, ema=None) -> dict[str, Any]:
     """Restore model, optimizer, RNG states (and the EMA) from checkpoint ``path``; return its trainer state. A
     damaged file (torch cannot read it back) is one line naming the checkpoint."""
+    from safetensors import SafetensorError
+
     try:
         accelerator.load_state(str(path))
         if ema is not None:
             ema.load(path, accelerator.process_index)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise RopekitError(f"checkpoint {path} cannot be read back ({first})",
-                           f"if its files are damaged, move {path} away to resume from the checkpoint before it, or "
-                           "train without --resume into a new output.dir") from err
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, SafetensorError) as err:
+        raise _damaged(path, err) from err
     return read_state(path)
 
 
