@@ -130,3 +130,39 @@ def test_extend_into_the_current_directory_is_refused_before_anything_is_written
     line = _one_error_line(code, err)
     assert "is the current directory or holds it" in line
     assert list(here.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["here"]
+
+
+#: One edit of a saved tiny Llama's config.json → what the single error line must say. Before: a base of NaN, 0 or
+#: -5 and a window of 0 or -1 were extended (exit 0, a model of NaN frequencies written) or crashed `inspect`; a
+#: 'ropekit' entry that is not a mapping and an unloadable architecture were internal errors or said nothing.
+BROKEN_CONFIGS = {
+    "theta nan": (("rope_parameters", "rope_theta"), float("nan"), "rope_theta nan, which is not a RoPE base"),
+    "theta zero": (("rope_parameters", "rope_theta"), 0, "rope_theta 0, which is not a RoPE base"),
+    "theta negative": (("rope_parameters", "rope_theta"), -5, "rope_theta -5, which is not a RoPE base"),
+    "window zero": (("max_position_embeddings",), 0, "max_position_embeddings 0, which is not a window"),
+    "window negative": (("max_position_embeddings",), -1, "max_position_embeddings -1, which is not a window"),
+    "record not a mapping": (("ropekit",), "garbage", "has a 'ropekit' entry that is not ropekit's record"),
+    "hidden size": (("hidden_size",), 33, "The hidden size (33) is not a multiple of the number of attention heads"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_CONFIGS))
+def test_a_broken_config_is_one_line_for_inspect_and_extend(run_cli, tmp_path, monkeypatch, case):
+    import json
+
+    from ropekit.models.tiny import build_tiny_model
+
+    monkeypatch.chdir(tmp_path)
+    build_tiny_model("llama").save_pretrained("model")
+    keys, value, words = BROKEN_CONFIGS[case]
+    config = json.loads(Path("model/config.json").read_text())
+    node = config
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    Path("model/config.json").write_text(json.dumps(config))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for args in (["inspect", "model"], ["extend", "model", "-m", "pi", "-f", "2", "-o", "out"]):
+        code, _, err = run_cli(*args)
+        assert words in _one_error_line(code, err), (args, err)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before

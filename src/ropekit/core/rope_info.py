@@ -4,6 +4,7 @@ needs to know about the model it works on, and nothing about the model object it
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,7 @@ class RopeInfo:
                 f"model type '{model_type}' has no rotary position embedding (RoPE)",
                 "ropekit extends RoPE models such as Llama, Mistral, Qwen2/3, Phi-3 and GPT-NeoX",
             )
+        _check_numbers(model_type, rope, config)
         num_heads = config.num_attention_heads
         try:
             head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
@@ -120,6 +122,26 @@ class RopeInfo:
             config_window=None if window == declared else declared,
             layer_type=layer_type,
         )
+
+
+def _check_numbers(model_type: str, rope: dict[str, Any], config) -> None:
+    """Refuse a config whose RoPE numbers no formula can start from: a base that is not a finite number above 1
+    (θ_i = b^(−2i/d) must fall with i), a window or original window that is not a positive whole number."""
+    theta = rope.get("rope_theta")
+    try:
+        good_theta = not isinstance(theta, bool) and math.isfinite(float(theta)) and float(theta) > 1
+    except (TypeError, ValueError):
+        good_theta = False
+    if not good_theta:
+        raise UnsupportedModelError(f"model type '{model_type}' has rope_theta {theta!r}, which is not a RoPE base "
+                                    "(a finite number above 1)", "correct rope_parameters.rope_theta in config.json")
+    for where, value in (("max_position_embeddings", getattr(config, "max_position_embeddings", None)),
+                         ("rope_parameters.original_max_position_embeddings",
+                          rope.get("original_max_position_embeddings") or 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value < 1 or value != int(value):
+            raise UnsupportedModelError(f"model type '{model_type}' has {where} {value!r}, which is not a window "
+                                        "(a positive whole number of tokens)", f"correct {where} in config.json")
 
 
 def _own_rotary_setting(config) -> str:

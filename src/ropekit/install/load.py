@@ -38,6 +38,10 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, attn_imple
     except json.JSONDecodeError as err:
         raise ModelLoadError(f"'{config_path}' is not valid JSON ({err.msg} at line {err.lineno})", "re-export the model") from None
     record = data.pop("ropekit", None) if isinstance(data, dict) else None
+    if record is not None and not isinstance(record, dict):
+        raise ModelLoadError(f"'{config_path}' has a 'ropekit' entry that is not ropekit's record (a mapping of "
+                             f"method and parameters) but {type(record).__name__} {str(record)[:40]!r}",
+                             "re-export the model, or remove that key to load the model as it is")
     frozen = bool(record) and (record.get("export") or {}).get("freeze_length") is not None
     if frozen:  # the static model its config describes, not the length-following method it was frozen from
         record = None

@@ -419,8 +419,15 @@ def _resolve_dtype(dtype):
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0].rstrip(".! ")[:300]
+    """The first line of an error that says something: transformers' config validation heads its reason with a
+    line ending in ':' (the reason follows), and a KeyError's text is only the missing key."""
+    if isinstance(exc, KeyError) and exc.args:
+        return f"no entry {exc.args[0]!r} (KeyError)"
+    lines = [line.strip() for line in (str(exc).strip() or type(exc).__name__).splitlines() if line.strip()]
+    text = lines[0]
+    if text.endswith(":") and len(lines) > 1:
+        text = f"{text} {lines[1]}"
+    return text.rstrip(".! ")[:300]
 
 
 def _truthy(value: str | None) -> bool:
