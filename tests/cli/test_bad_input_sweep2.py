@@ -166,3 +166,20 @@ def test_a_broken_config_is_one_line_for_inspect_and_extend(run_cli, tmp_path, m
         code, _, err = run_cli(*args)
         assert words in _one_error_line(code, err), (args, err)
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_refused_evaluation_leaves_no_folder_for_its_results(run_cli, tmp_path, monkeypatch):
+    """--out in folders that do not exist yet: they appear with the first record, not for a run refused before it."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli("eval", "passkey", "tiny", "--lengths", "64", "--out", "new/sub/passkey.jsonl")
+    assert "too short for the passkey prompt" in _one_error_line(code, err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_longbench_file_is_refused_not_scored_zero_of_zero(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("lb").mkdir()
+    Path("lb/hotpotqa.jsonl").write_text("")
+    code, _, err = run_cli("eval", "longbench", "tiny", "--lengths", "256", "--data", "lb", "--out", "lb.jsonl")
+    assert "no items in hotpotqa.jsonl" in _one_error_line(code, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lb"]

@@ -605,6 +605,10 @@ def test_a_missing_eval_data_file_is_refused_up_front_unless_its_pieces_are_done
     code, stdout, stderr = run_cli("study", str(config), "--out", str(tmp_path / "never"))
     assert code == 2 and stderr.strip().count("\n") == 0 and "Traceback" not in stderr
     assert f"evaluation 'ppl' reads '{data}', which does not exist" in stderr and not (tmp_path / "never").exists()
+    data.write_text("")  # an empty file could only fail its pieces: refused the same way
+    code, stdout, stderr = run_cli("study", str(config), "--out", str(tmp_path / "never"))
+    assert code == 2 and stderr.strip().count("\n") == 0 and "Traceback" not in stderr
+    assert f"evaluation 'ppl' reads '{data}', which is empty" in stderr and not (tmp_path / "never").exists()
     data.write_text("".join(json.dumps({"text": f"document {i}: " + "the quick brown fox jumps. " * 40}) + "\n"
                             for i in range(2)))
     pieces = len(plan(parse_study(raw)))  # the base model's and PI's ppl

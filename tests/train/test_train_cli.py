@@ -172,7 +172,8 @@ def test_a_missing_data_path_or_an_unwritable_output_is_one_line_before_the_run_
 
 
 @pytest.mark.parametrize("source, needle", [
-    (lambda p: (p / "empty.txt").write_text(""), "holds no text"),
+    (lambda p: (p / "empty.txt").write_text(""), "empty.txt' is empty"),
+    (lambda p: (p / "blank.txt").write_text("  \n\n"), "holds no text"),
     (lambda p: (p / "wrong.jsonl").write_text('{"body": "a"}\n'), "has no 'text' field"),
 ])
 def test_unusable_training_data_writes_nothing_and_the_fixed_command_runs(run_cli, tmp_path, source, needle):

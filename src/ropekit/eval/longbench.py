@@ -379,6 +379,10 @@ def run(
     names = select(folder, tasks)
     budgets = list(lengths) if lengths else [default_budget(ctx.model)]
     items = {name: load_items(folder / f"{name}.jsonl", samples) for name in names}
+    empty = [name for name, rows in items.items() if not rows and samples != 0]
+    if empty:  # a file cut to nothing would score "0/0" and print a results path that was never written
+        raise RopekitError(f"'{folder}' has no items in {', '.join(f'{n}.jsonl' for n in empty)}",
+                           "re-extract the files from data.zip, or leave those datasets out with --tasks")
     ctx.set_total(len(budgets) * sum(len(v) for v in items.values()))
     for budget in budgets:
         for name in names:

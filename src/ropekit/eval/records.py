@@ -97,7 +97,6 @@ class RecordWriter:
                     tmp.write_text("".join(line + "\n" for line in lines))
             for record in records:
                 self.done[self.key(record)] = record
-        self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def required_fields(self) -> tuple[str, ...]:
         """The fields every record of a resumed file must carry: ``task``, and those of the fields every evaluation
@@ -115,6 +114,8 @@ class RecordWriter:
         if self.path is None:
             return
         line = json.dumps(record, sort_keys=True, default=str) + "\n"
+        # the folder appears with the first record, so a run refused before it leaves nothing behind
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as fh:
             # the missing newline goes in with the first record, so a resume that is then refused leaves the file as it was
             fh.write(("\n" if self._unterminated else "") + line)

@@ -269,15 +269,18 @@ def require_eval_data(config: StudyConfig, study_dir: Path, only: Sequence[str] 
     on a fresh checkout, whose data file is not committed). Finished pieces no longer read their data."""
     from ..data.corpora import is_builtin
 
-    missing = {name: str(options["data"]) for name, options in config.evals.items()
-               if isinstance(options.get("data"), (str, Path)) and not is_builtin(options["data"])
-               and not Path(options["data"]).expanduser().exists()}
+    files = {name: Path(options["data"]).expanduser() for name, options in config.evals.items()
+             if isinstance(options.get("data"), (str, Path)) and not is_builtin(options["data"])}
+    missing = {name: ("which does not exist", path) for name, path in files.items() if not path.exists()}
+    missing.update({name: ("which is empty", path) for name, path in files.items()
+                    if path.is_file() and path.stat().st_size == 0})
     if not missing:
         return
     done = _done_pieces(study_dir)
     for piece in select_pieces(config, only):
         if piece.kind == "eval" and piece.task in missing and piece.id not in done:
-            raise RopekitError(f"evaluation '{piece.task}' reads '{missing[piece.task]}', which does not exist "
+            why, path = missing[piece.task]
+            raise RopekitError(f"evaluation '{piece.task}' reads '{path}', {why} "
                                f"(relative paths are read from {Path.cwd()})",
                                "write that file first (the study's YAML may say how it was made), or run the study "
                                "from the directory that holds it")

@@ -195,10 +195,16 @@ def require_local_sources(cfg, where: str = "") -> None:
 
     for i, stage in enumerate(cfg.stages):
         for source in validate_data_spec(data_spec(stage.data.spec, stage.data.shuffle), stage.seq_len).sources:
-            if source.path.strip().lower() != "builtin" and not Path(source.path).expanduser().exists():
-                at = f"stages[{i}] ({stage.name}): " if cfg.curriculum else ""
+            if source.path.strip().lower() == "builtin":
+                continue
+            path = Path(source.path).expanduser()
+            at = f"stages[{i}] ({stage.name}): " if cfg.curriculum else ""
+            if not path.exists():
                 raise RopekitError(f"{where}{at}data source '{source.path}' does not exist",
                                    "pass an existing file or directory, or 'builtin'")
+            if path.is_file() and path.stat().st_size == 0:
+                raise RopekitError(f"{where}{at}data source '{source.path}' is empty",
+                                   "pass a file that holds the training text, or 'builtin'")
 
 
 def validate_spec(spec: dict[str, Any], seq_len: int, shuffle: bool = True) -> None:
