@@ -183,3 +183,11 @@ def test_an_empty_longbench_file_is_refused_not_scored_zero_of_zero(run_cli, tmp
     code, _, err = run_cli("eval", "longbench", "tiny", "--lengths", "256", "--data", "lb", "--out", "lb.jsonl")
     assert "no items in hotpotqa.jsonl" in _one_error_line(code, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lb"]
+
+
+def test_search_with_an_empty_data_file_says_so_before_announcing_the_search(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("empty.jsonl").write_text("")
+    code, out, err = run_cli("search", "tiny", "--target-length", "512", "--data", "empty.jsonl", "--out", "srch")
+    assert "--data 'empty.jsonl' is empty" in _one_error_line(code, err) and out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.jsonl"]

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from ..errors import RopekitError
 from .common import MODEL_HELP, AttnOpt, DeviceOpt, DtypeOpt, err, out, print_json, resolve_placement
 
 BUILTIN_BASE = "builtin-base"
@@ -48,6 +49,12 @@ def search_cmd(
                                    worker_init)
 
     starts = parse_start_tokens(start_tokens, target_length)  # a malformed value fails before any loading
+    from ..data.corpora import is_builtin
+
+    if not is_builtin(data) and Path(data).expanduser().is_file() and Path(data).expanduser().stat().st_size == 0:
+        # read only after the model loads and the search announces itself: said first instead
+        raise RopekitError(f"--data '{data}' is empty",
+                           "pass a file of documents, or leave --data out for the built-in corpus")
     if model == BUILTIN_BASE:
         from ..train.builtin_base import pretrain_base
 
