@@ -191,3 +191,16 @@ def test_search_with_an_empty_data_file_says_so_before_announcing_the_search(run
     code, out, err = run_cli("search", "tiny", "--target-length", "512", "--data", "empty.jsonl", "--out", "srch")
     assert "--data 'empty.jsonl' is empty" in _one_error_line(code, err) and out == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.jsonl"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["train", "."], "is a directory, not a YAML file"),  # was "not found" for a directory that exists
+    (["extend", "tiny", "-m", "dual_chunk", "--param", "chunk_size=10", "--param", "local_size=100", "-o", "dc"],
+     "local_size 100 must be below half of chunk_size 10 (chunks are chunk_size − local_size tokens long)"),
+])
+def test_messages_say_what_is_wrong(run_cli, tmp_path, monkeypatch, args, words):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(*args)
+    line = _one_error_line(code, err)
+    assert words in line and "-90" not in line
+    assert list(tmp_path.iterdir()) == []

@@ -101,9 +101,10 @@ class DualChunk(Method):
                 f"pass chunk_size ≤ {info.window}",
             )
         if 2 * local >= size:
+            chunk = (f"the chunk of {size - local} tokens must be longer than the local part" if local < size
+                     else "chunks are chunk_size − local_size tokens long")
             raise InvalidParameterError(
-                f"dual_chunk: local_size {local} must be below half of chunk_size {size} (the chunk of "
-                f"{size - local} tokens must be longer than the local part)",
+                f"dual_chunk: local_size {local} must be below half of chunk_size {size} ({chunk})",
                 f"pass e.g. local_size={max(1, size // 32)}",
             )
 

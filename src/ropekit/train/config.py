@@ -613,7 +613,9 @@ def load_config(path: str | Path) -> TrainConfig:
     """Read and validate a YAML training config; every problem is one line naming the key."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ConfigError(f"config file '{path}' not found", "pass a YAML file, e.g. from `ropekit train --example tiny-full > tiny.yaml`")
+        what = "is a directory, not a YAML file" if path.is_dir() else "not found"
+        raise ConfigError(f"config file '{path}' {what}",
+                          "pass a YAML file, e.g. from `ropekit train --example tiny-full > tiny.yaml`")
     return parse_config(read_yaml_file(path, error_cls=ConfigError), f"'{path}'")
 
 
