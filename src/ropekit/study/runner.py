@@ -377,8 +377,8 @@ def require_models(config: StudyConfig, study_dir: Path, retrain: Sequence[str] 
             raise RopekitError(
                 f"the model '{producer}' produced ({recorded or 'not recorded'}) is not on this machine, and "
                 f"{len(unfinished)} of its {len(evals)} evaluations {'is' if len(unfinished) == 1 else 'are'} unfinished",
-                f"copy it to {produced_model_dir(study_dir, producer, recorded and Path(recorded).name)}, or pass --retrain {piece.label} to produce it "
-                f"again here ({redone} redone with the new model)")
+                f"copy it to {produced_model_dir(study_dir, producer, recorded and Path(recorded).name)}, or pass "
+                f"--retrain {piece.label} to produce it again here ({redone} redone with the new model)")
     finally:
         store.close()
 
