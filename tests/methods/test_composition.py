@@ -8,6 +8,7 @@ transformers' own implementation of the model's rope type.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -439,6 +440,23 @@ def test_longrope_on_a_switching_base_is_refused_with_the_switch_that_fits_and_t
         with torch.no_grad():
             model(torch.zeros(1, length, dtype=torch.long))
         torch.testing.assert_close(model.model.rotary_emb.inv_freq.double(), want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("params, said", [
+    ({"factor": -1.0}, "parameter 'factor' must be ≥ 1"),
+    ({"long_factor": [2.0] * (PAIRS + 1)}, f"this model has {PAIRS} rotary pairs"),
+    ({"bogus": 1}, "unknown parameter 'bogus'"),
+])
+def test_a_parameter_error_is_not_hidden_by_a_refusal_of_the_example_setting(params, said):
+    """LongRoPE on a switching base with the switch that fits already given (original_max_position_embeddings=32)
+    and one bad parameter: the bad parameter is what is said. Asked with the example setting (switching at the
+    effective window) the capability check would refuse, and that refusal told the user to pass what they had."""
+    from ropekit.errors import InvalidParameterError
+
+    given = {"long_factor": [2.0] * PAIRS, "factor": 2.0, "original_max_position_embeddings": 32, **params}
+    with pytest.raises(InvalidParameterError, match=re.escape(said)) as refused:
+        ropekit.extend(prescaled("longrope"), "longrope", **given)
+    assert "switch where this model's RoPE does" not in str(refused.value)
 
 
 def test_a_model_the_method_cannot_serve_is_named_before_a_parameter_it_lacks():

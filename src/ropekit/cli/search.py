@@ -49,11 +49,11 @@ def search_cmd(
                                    worker_init)
 
     starts = parse_start_tokens(start_tokens, target_length)  # a malformed value fails before any loading
-    from ..data.corpora import is_builtin
+    from ..data.corpora import unreadable_corpus
 
-    if not is_builtin(data) and Path(data).expanduser().is_file() and Path(data).expanduser().stat().st_size == 0:
+    if why := unreadable_corpus(data):
         # read only after the model loads and the search announces itself: said first instead
-        raise RopekitError(f"--data '{data}' is empty",
+        raise RopekitError(f"--data '{data}' {why}",
                            "pass a file of documents, or leave --data out for the built-in corpus")
     if model == BUILTIN_BASE:
         from ..train.builtin_base import pretrain_base

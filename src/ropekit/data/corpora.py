@@ -196,6 +196,22 @@ def existing_corpus(path: str | Path) -> Path:
     return p.resolve()
 
 
+def unreadable_corpus(path: str | Path | None, *, builtins: bool = True) -> str | None:
+    """Why the corpus at ``path`` cannot hold a document at all (``"does not exist"``, ``"is empty"``), else None.
+
+    Built-in names are always readable (with ``builtins=False`` every path is a path: training data knows only
+    its own built-in name). Callers ask this before they load a model or write anything, so a missing or empty
+    data file costs one line instead of a run that fails when it first reads the data."""
+    if builtins and is_builtin(path):
+        return None
+    p = Path(path).expanduser()
+    if not p.exists():
+        return "does not exist"
+    if p.is_file() and p.stat().st_size == 0:
+        return "is empty"
+    return None
+
+
 def _is_saved_dataset(p: Path) -> bool:
     return (p / "dataset_info.json").is_file() or (p / "state.json").is_file() or (p / "dataset_dict.json").is_file()
 

@@ -261,14 +261,19 @@ def _switch_that_fits(method: Method, info: RopeInfo, params: dict | None) -> in
     return at if method.length_dependence(info, moved)[0] == kind else None
 
 
-def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dict | None = None) -> Refusal | None:
+def why_not(method: Method, info: RopeInfo, features: ModelFeatures, params: dict | None = None, *,
+            example: bool = True) -> Refusal | None:
     """A :class:`Refusal` when ``method`` (with resolved ``params``, or its :meth:`~Method.example_params`) cannot
-    be installed exactly into a model with ``features``, else ``None``."""
+    be installed exactly into a model with ``features``, else ``None``.
+
+    ``example=False`` (with ``params=None``) asks only what holds whatever the parameters are: the installer asks it
+    when the user's own parameters do not resolve, so that a refusal of the example setting (a switch length the
+    user may have set right) does not hide the user's parameter error."""
     family = features.family
     generic = method.not_applicable(info)
     if generic is not None:
         return Refusal(f"{method.name} on {family}: {generic}", "use another method", "rotary dimension")
-    if params is None:
+    if params is None and example:
         try:
             params = method.resolve(info, method.example_params(info))
         except RopekitError:

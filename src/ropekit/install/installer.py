@@ -217,9 +217,9 @@ def install_resolved(model: PreTrainedModel, m: Method, given: dict[str | None, 
         try:
             resolved[layer_type] = m.resolve(info, given[layer_type])
         except RopekitError:
-            # a model the method cannot serve at all is named before a parameter it would have needed (HARPE on
-            # an already scaled model, asked without a factor)
-            refusal = why_not(m, info, features)
+            # a model the method cannot serve with any parameters is named before a parameter it would have
+            # needed (HARPE on an already scaled model, asked without a factor)
+            refusal = why_not(m, info, features, example=False)
             if refusal is not None:
                 raise UnsupportedModelError(refusal.problem, refusal.fix) from None
             raise

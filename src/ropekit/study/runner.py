@@ -267,13 +267,10 @@ def require_eval_data(config: StudyConfig, study_dir: Path, only: Sequence[str] 
     """Refuse, before anything is written, an evaluation whose ``data:`` path does not exist while a piece of it is
     unfinished: otherwise that piece fails only when its turn comes, perhaps hours into the run (a study continued
     on a fresh checkout, whose data file is not committed). Finished pieces no longer read their data."""
-    from ..data.corpora import is_builtin
+    from ..data.corpora import unreadable_corpus
 
-    files = {name: Path(options["data"]).expanduser() for name, options in config.evals.items()
-             if isinstance(options.get("data"), (str, Path)) and not is_builtin(options["data"])}
-    missing = {name: ("which does not exist", path) for name, path in files.items() if not path.exists()}
-    missing.update({name: ("which is empty", path) for name, path in files.items()
-                    if path.is_file() and path.stat().st_size == 0})
+    missing = {name: (f"which {why}", Path(options["data"]).expanduser()) for name, options in config.evals.items()
+               if isinstance(options.get("data"), (str, Path)) and (why := unreadable_corpus(options["data"]))}
     if not missing:
         return
     done = _done_pieces(study_dir)

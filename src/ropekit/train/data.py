@@ -189,22 +189,17 @@ def build_dataset(spec: dict[str, Any], tokenizer, seq_len: int, seed: int, cach
 def require_local_sources(cfg, where: str = "") -> None:
     """A data source path of ``cfg`` (a :class:`~ropekit.train.config.TrainConfig`) that does not exist, in one line
     (prefixed by ``where``) before anything is written or loaded."""
-    from pathlib import Path
-
+    from ..data.corpora import unreadable_corpus
     from ..data.training_data import validate_data_spec
 
     for i, stage in enumerate(cfg.stages):
         for source in validate_data_spec(data_spec(stage.data.spec, stage.data.shuffle), stage.seq_len).sources:
             if source.path.strip().lower() == "builtin":
                 continue
-            path = Path(source.path).expanduser()
             at = f"stages[{i}] ({stage.name}): " if cfg.curriculum else ""
-            if not path.exists():
-                raise RopekitError(f"{where}{at}data source '{source.path}' does not exist",
-                                   "pass an existing file or directory, or 'builtin'")
-            if path.is_file() and path.stat().st_size == 0:
-                raise RopekitError(f"{where}{at}data source '{source.path}' is empty",
-                                   "pass a file that holds the training text, or 'builtin'")
+            if why := unreadable_corpus(source.path, builtins=False):
+                raise RopekitError(f"{where}{at}data source '{source.path}' {why}",
+                                   "pass a file or directory that holds the training text, or 'builtin'")
 
 
 def validate_spec(spec: dict[str, Any], seq_len: int, shuffle: bool = True) -> None:
