@@ -440,3 +440,23 @@ def test_a_file_that_is_not_a_study_is_refused_without_being_changed(tmp_path):
     assert (foreign / "study.sqlite").read_bytes()[18:20] == b"\x01\x01"  # still a rollback-journal file
     assert (empty / "study.sqlite").stat().st_size == 0
     assert sorted(p.name for p in foreign.iterdir()) == ["study.sqlite"]
+
+
+@pytest.mark.parametrize("create", [True, False])
+def test_a_damaged_database_is_refused_and_left_as_it_was_found(tmp_path, create):
+    """A study database cut short (a copy interrupted): SQLite makes the -wal and -shm files of a WAL database as
+    it opens it, even read-only, and kept them after the refusal; the directory and the file stay as they were."""
+    path = tmp_path / "study" / "study.sqlite"
+    path.parent.mkdir()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("CREATE TABLE filler (x BLOB)")
+    db.executemany("INSERT INTO filler VALUES (?)", [(os.urandom(1000),) for _ in range(200)])
+    db.commit()
+    db.close()
+    path.write_bytes(path.read_bytes()[:20_000])
+    before = path.read_bytes()
+    with pytest.raises(RopekitError, match="not a ropekit study database"):
+        StudyStore(path, create=create)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["study.sqlite"]
+    assert path.read_bytes() == before

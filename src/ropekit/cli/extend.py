@@ -94,6 +94,11 @@ def extend_cmd(
     from .catalog import check as check_method
 
     params = parse_params(param)
+    if "target_length" in params:  # `--param target_length=N`, as `ropekit eval` and training YAML take it
+        if target_length is not None:
+            raise RopekitError("target length given twice (--target-length and --param target_length)",
+                               "pass only one of them")
+        target_length = params.pop("target_length")  # still text: converted (and checked) where the factor is set
     check_method(method, params)  # a typo is one line, before torch and the model load
     if "factor" in params:  # `--param factor=S` names the method's own parameter: the same as `--factor S`
         if factor is not None:

@@ -49,6 +49,8 @@ def _factor_from(info: RopeInfo, factor: float | None, target_length: int | None
         raise InvalidParameterError("both factor and target_length were given", "pass only one of them")
     if target_length is None:
         return factor
+    if isinstance(target_length, str) and target_length.strip().isdecimal():
+        target_length = int(target_length)  # `--param target_length=N` arrives as text, as every --param does
     if isinstance(target_length, bool) or not isinstance(target_length, int):
         raise InvalidParameterError(
             f"target_length must be an integer number of tokens, got {target_length!r}", "pass e.g. 32768"

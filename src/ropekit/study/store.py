@@ -460,6 +460,19 @@ class StudyStore:
         #: Opened for reading only: a study published on a read-only filesystem or directory (``status``,
         #: ``report --out elsewhere``), where SQLite cannot create the WAL's ``-shm`` and ``-wal`` files.
         self.read_only = not create and not os.access(self.path.parent, os.W_OK)
+        logs = [self.path.with_name(self.path.name + suffix) for suffix in ("-wal", "-shm")]
+        new_logs = [log for log in logs if not log.exists()]
+        try:
+            self._open(create, timeout)
+        except RopekitError:
+            # SQLite makes a WAL database's -wal and -shm files on opening it, even read-only, and leaves them when
+            # the file then proves damaged: a refused database is left as it was found
+            if not any(log.exists() and log.stat().st_size > 0 for log in new_logs if log.name.endswith("-wal")):
+                for log in new_logs:
+                    log.unlink(missing_ok=True)
+            raise
+
+    def _open(self, create: bool, timeout: float) -> None:
         if not self.read_only:
             self._refuse_another_file(create)  # before the read-write connection turns any file into WAL mode
         if self.read_only:
