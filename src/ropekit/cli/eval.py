@@ -112,7 +112,7 @@ WindowLengths = Annotated[Optional[str], typer.Option("--lengths", "-l", help="C
                                                       "4k,16k (default: the model's window; with --method, the extended one).")]
 Method = Annotated[Optional[str], typer.Option("--method", "-m", help="Method installed before evaluating (default: the model as it is).")]
 Params = Annotated[Optional[list[str]], typer.Option("--param", "-p", help="key=value for --method; repeatable.")]
-Seed = Annotated[int, typer.Option("--seed", help="Seed of every generated sample.")]
+Seed = Annotated[int, typer.Option("--seed", min=0, help="Seed of every generated sample (a whole number ≥ 0).")]
 Out = Annotated[Optional[Path], typer.Option("--out", "-o", help="JSONL file: one record per scored sample, written as it finishes.")]
 Resume = Annotated[bool, typer.Option("--resume", help="Skip samples already in --out.")]
 Json = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]

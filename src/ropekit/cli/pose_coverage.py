@@ -24,7 +24,7 @@ def pose_coverage_cmd(
     chunks: Optional[str] = typer.Option(None, "--chunks", "-n", help="PoSE chunk counts, comma-separated (default 2,3)."),
     scheme: str = typer.Option("both", "--scheme", help="pose | randpos | both (RandPos is PoSE's baseline)."),
     steps: int = typer.Option(10_000, "--steps", help="Sampled training examples per curve."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the sampler (example k is the dataset's item k of epoch 0)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the sampler (example k is the dataset's item k of epoch 0)."),
     exact: str = typer.Option("auto", "--exact", help="Exact curves: auto (where cheap enough) | always | never."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the figure (PNG) here, as the paper's Fig. 5."),
     json_out: bool = typer.Option(False, "--json", help="Print the whole report (every curve) as JSON."),

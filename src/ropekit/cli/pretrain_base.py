@@ -10,7 +10,7 @@ from .common import out, print_json
 
 
 def pretrain_base_cmd(
-    seed: int = typer.Option(0, "--seed", help="Seed of the tokenizer sample, the weights and the batches."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the tokenizer sample, the weights and the batches."),
     steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Optimizer steps (default: the built-in setting)."),
     force: bool = typer.Option(False, "--force", help="Train again from scratch even when the shipped or a cached model "
                                                       "matches the settings (the result replaces the cache entry)."),

@@ -21,7 +21,7 @@ def search_cmd(
                                        "training split of the built-in base model's corpus."),
     evaluations: int = typer.Option(128, "--evaluations", min=1, help="Perplexity evaluations (the paper: about 1,300)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Processes evaluating candidates in parallel."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the document choice and the evolution."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the document choice and the evolution."),
     documents: int = typer.Option(4, "--documents", min=1, help="Search documents of the target length."),
     fixed_pairs: int = typer.Option(0, "--fixed-pairs", min=0, help="Rotary pairs (highest frequencies) kept at 1."),
     population: Optional[int] = typer.Option(None, "--population", min=4, help="Population (default: budget/4, at most 64)."),
