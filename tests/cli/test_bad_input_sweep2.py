@@ -219,3 +219,15 @@ def test_a_negative_seed_is_refused_as_the_yaml_seed_is(run_cli, args, tmp_path,
     code, out, err = run_cli(*args, "--seed", "-1")
     assert "--seed" in _one_error_line(code, err)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, flag", [
+    (("--window", "-5"), "--window"),
+    (("--target", "-3"), "--target"),
+    (("--steps", "0"), "--steps"),
+    (("--window", "300", "--target", "256"), "--window 300"),
+])
+def test_pose_coverage_names_the_flag_it_refuses(run_cli, args, flag):
+    """``--window -5`` was refused as "the train length -5": a name the command line does not have."""
+    code, out, err = run_cli("pose-coverage", *args)
+    assert flag in _one_error_line(code, err) and out == ""

@@ -101,8 +101,8 @@ def test_scheme_exact_and_plot_options(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--window", "64", "--target", "32"], "below the training length"),
-    (["--window", "0"], "not a positive integer"),
+    (["--window", "64", "--target", "32"], "--target 32 is below --window 64"),
+    (["--window", "0"], "--window"),
     (["--window", "4", "--target", "16", "--chunks", "5"], "do not fit"),
     (["--window", "8", "--target", "16", "--chunks", "0"], "--chunks"),
     (["--window", "8", "--target", "16", "--chunks", "two"], "--chunks"),

@@ -19,11 +19,11 @@ _EXACT = {"auto": "auto", "always": True, "never": False}
 
 
 def pose_coverage_cmd(
-    window: int = typer.Option(2048, "--window", "-w", help="Training window L_c in tokens (the paper's Fig. 5: 2048)."),
-    target: int = typer.Option(16384, "--target", "-t", help="Target length L_t in tokens (the paper's Fig. 5: 16384)."),
+    window: int = typer.Option(2048, "--window", "-w", min=1, help="Training window L_c in tokens (the paper's Fig. 5: 2048)."),
+    target: int = typer.Option(16384, "--target", "-t", min=1, help="Target length L_t in tokens (the paper's Fig. 5: 16384)."),
     chunks: Optional[str] = typer.Option(None, "--chunks", "-n", help="PoSE chunk counts, comma-separated (default 2,3)."),
     scheme: str = typer.Option("both", "--scheme", help="pose | randpos | both (RandPos is PoSE's baseline)."),
-    steps: int = typer.Option(10_000, "--steps", help="Sampled training examples per curve."),
+    steps: int = typer.Option(10_000, "--steps", min=1, help="Sampled training examples per curve."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the sampler (example k is the dataset's item k of epoch 0)."),
     exact: str = typer.Option("auto", "--exact", help="Exact curves: auto (where cheap enough) | always | never."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the figure (PNG) here, as the paper's Fig. 5."),
@@ -41,6 +41,9 @@ def pose_coverage_cmd(
         raise RopekitError(f"--scheme '{scheme}' is not pose, randpos or both", "pass e.g. --scheme both")
     if exact not in _EXACT:
         raise RopekitError(f"--exact '{exact}' is not auto, always or never", "pass e.g. --exact auto")
+    if target < window:  # said in the flags' names (the library speaks of train and target lengths)
+        raise RopekitError(f"--target {target} is below --window {window}",
+                           "pass a target length (the context to simulate) of at least the training window")
     if plot is not None:
         check_figure_target(plot)
     with_pose, with_randpos = _SCHEMES[scheme]
