@@ -114,12 +114,14 @@ def engine_python(engine: Engine, python: str | os.PathLike | None = None) -> Pa
     the file system: it answers at once."""
     if python is not None:
         path = Path(python).expanduser()
-        if not str(python).strip() or not path.is_file():
+        if not str(python).strip() or not path.is_file() or not os.access(path, os.X_OK):
             what = ("is empty" if not str(python).strip() else "is a directory, not a Python executable" if path.is_dir()
-                    else "does not exist")
+                    else "does not exist" if not path.exists() else "is not an executable file")
             raise RopekitError(f"--python '{python}' {what}", f"pass the python of an environment with {engine.title}, "
                                "e.g. --python ~/venvs/engine/bin/python")
-        return path
+        # absolute (not resolved: a venv's python is a link whose target is outside the venv), so that a bare name
+        # of a file here is not looked up on PATH when it is run
+        return path.absolute()
     if engine.venv is None:
         return Path(sys.executable)
     for root in engine_roots():
@@ -220,8 +222,15 @@ def run_engine(engine: Engine, request: dict[str, Any], *, python: str | os.Path
         log = Path(name)
         with os.fdopen(handle, "w") as out:
             # its own process group: an engine's worker processes (vLLM's) go with it, however the runner ends
-            proc = subprocess.Popen([str(interpreter), str(RUNNERS / engine.runner), str(request_path), str(response_path)],
-                                    stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True)
+            try:
+                proc = subprocess.Popen([str(interpreter), str(RUNNERS / engine.runner), str(request_path),
+                                         str(response_path)],
+                                        stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True)
+            except OSError as e:  # not a program at all (a text file with the executable bit): nothing ran to log
+                log.unlink(missing_ok=True)
+                raise RopekitError(f"cannot run '{interpreter}' ({e.strerror or e})",
+                                   f"pass the python of an environment with {engine.title}, "
+                                   "e.g. --python ~/venvs/engine/bin/python") from None
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

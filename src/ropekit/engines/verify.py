@@ -113,6 +113,8 @@ def _require_engine_directory(directory: Path, engine: str) -> None:
     """transformers and vLLM load the export directory themselves: refuse, before anything starts, a path that is not
     a model directory, and an export written in ropekit's own format, which neither can load (``ropekit.load`` can)."""
     config = directory / "config.json"
+    if not directory.exists():
+        raise RopekitError(f"'{directory}' does not exist", "pass a directory written by `ropekit extend` (or save_pretrained)")
     if not config.is_file():
         raise RopekitError(f"'{directory}' is not a model directory (no config.json), which {engine} loads itself",
                            "pass a directory written by `ropekit extend` (or save_pretrained)")
