@@ -157,7 +157,7 @@ def train_cmd(
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Optimizer steps (overrides train.max_steps; with stages: stop after N steps)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the run directory."),
     example: Optional[str] = typer.Option(None, "--example", help="Print a ready config: NAME, or `list`."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Validate the config and print the plan; train nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate the config and print the plan; train nothing (data files are checked to exist and hold something, not read: a malformed record is found when training reads it)."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan / result (or --example list) as JSON."),
     bench_model: Optional[str] = typer.Option(None, "--model", help="bench: the model (default tiny)."),
     multiples: Optional[str] = typer.Option(None, "--multiples", help="bench: targets as multiples of the window (default 2,4,8)."),
