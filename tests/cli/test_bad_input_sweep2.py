@@ -133,7 +133,8 @@ def test_extend_into_the_current_directory_is_refused_before_anything_is_written
 
 
 #: One edit of a saved tiny Llama's config.json → what the single error line must say. Before: a base of NaN, 0 or
-#: -5 and a window of 0 or -1 were extended (exit 0, a model of NaN frequencies written) or crashed `inspect`; a
+#: -5 and a window of 0 or -1 were extended (exit 0, a model of NaN frequencies written) or crashed `inspect`; no
+#: layers was extended by PI and refused by Self-Extend as "every layer attends within a sliding window"; a
 #: 'ropekit' entry that is not a mapping and an unloadable architecture were internal errors or said nothing.
 BROKEN_CONFIGS = {
     "theta nan": (("rope_parameters", "rope_theta"), float("nan"), "rope_theta nan, which is not a RoPE base"),
@@ -141,6 +142,7 @@ BROKEN_CONFIGS = {
     "theta negative": (("rope_parameters", "rope_theta"), -5, "rope_theta -5, which is not a RoPE base"),
     "window zero": (("max_position_embeddings",), 0, "max_position_embeddings 0, which is not a window"),
     "window negative": (("max_position_embeddings",), -1, "max_position_embeddings -1, which is not a window"),
+    "no layers": (("num_hidden_layers",), 0, "num_hidden_layers 0, which is not a number of layers"),
     "record not a mapping": (("ropekit",), "garbage", "has a 'ropekit' entry that is not ropekit's record"),
     "hidden size": (("hidden_size",), 33, "The hidden size (33) is not a multiple of the number of attention heads"),
 }

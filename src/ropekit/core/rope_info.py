@@ -126,7 +126,7 @@ class RopeInfo:
 
 def _check_numbers(model_type: str, rope: dict[str, Any], config) -> None:
     """Refuse a config whose RoPE numbers no formula can start from: a base that is not a finite number above 1
-    (θ_i = b^(−2i/d) must fall with i), a window or original window that is not a positive whole number."""
+    (θ_i = b^(−2i/d) must fall with i), a window or original window that is not a positive whole number, no layers."""
     theta = rope.get("rope_theta")
     try:
         good_theta = not isinstance(theta, bool) and math.isfinite(float(theta)) and float(theta) > 1
@@ -135,6 +135,12 @@ def _check_numbers(model_type: str, rope: dict[str, Any], config) -> None:
     if not good_theta:
         raise UnsupportedModelError(f"model type '{model_type}' has rope_theta {theta!r}, which is not a RoPE base "
                                     "(a finite number above 1)", "correct rope_parameters.rope_theta in config.json")
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        # a model without layers has no attention for any method to change (it was refused as "every layer
+        # attends within a sliding window", or extended as if it were a model)
+        raise UnsupportedModelError(f"model type '{model_type}' has num_hidden_layers {layers!r}, which is not a "
+                                    "number of layers (a whole number ≥ 1)", "correct num_hidden_layers in config.json")
     for where, value in (("max_position_embeddings", getattr(config, "max_position_embeddings", None)),
                          ("rope_parameters.original_max_position_embeddings",
                           rope.get("original_max_position_embeddings") or 1)):
