@@ -441,6 +441,10 @@ def _retry_locked(fn, timeout: float):
         delay = min(delay * 2, 0.2)
 
 
+class _DamagedDatabase(RopekitError):
+    """A file SQLite cannot read as a database (cut short, overwritten): refused like any other non-study file."""
+
+
 class StudyStore:
     """Read and write one study's SQLite database (see the module docstring for the layout).
 
@@ -464,9 +468,10 @@ class StudyStore:
         new_logs = [log for log in logs if not log.exists()]
         try:
             self._open(create, timeout)
-        except RopekitError:
+        except _DamagedDatabase:
             # SQLite makes a WAL database's -wal and -shm files on opening it, even read-only, and leaves them when
-            # the file then proves damaged: a refused database is left as it was found
+            # the file then proves damaged: a refused database is left as it was found. Only then: a store refused
+            # for a lock may share the directory with a study whose workers have just made their log.
             if not any(log.exists() and log.stat().st_size > 0 for log in new_logs if log.name.endswith("-wal")):
                 for log in new_logs:
                     log.unlink(missing_ok=True)
@@ -493,7 +498,8 @@ class StudyStore:
             _retry_locked(lambda: self._init_schema(create), timeout)
         except sqlite3.DatabaseError as e:
             self._conn.close()
-            raise RopekitError(f"'{self.path}' is not a ropekit study database ({e})", "pass a study directory or its study.sqlite") from None
+            raise _DamagedDatabase(f"'{self.path}' is not a ropekit study database ({e})",
+                                   "pass a study directory or its study.sqlite") from None
         except BaseException:
             self._conn.close()
             raise
@@ -514,7 +520,7 @@ class StudyStore:
             version = probe.execute("PRAGMA user_version").fetchone()[0]
             tables = {r[0] for r in probe.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         except sqlite3.DatabaseError as e:
-            raise RopekitError(f"'{self.path}' is not a ropekit study database ({e})",
+            raise _DamagedDatabase(f"'{self.path}' is not a ropekit study database ({e})",
                                "pass a study directory or its study.sqlite") from None
         finally:
             if probe is not None:
