@@ -83,6 +83,8 @@ def test_plan_prints_candidates_parameters_and_sample_counts(run_cli, tmp_path):
     ("128", ["--engine", "sglang"], None, "unknown engine"),
     ("64", [], None, "not beyond the model's window"),
     ("128", ["--budget", "soon"], None, "--budget"),
+    ("128", ["--budget", "9" * 400], None, "--budget"),  # inf seconds: was an internal error after the model loaded
+    ("128", [], "yarn: {factor: abc}", "correct the value under 'yarn:' in the --params file"),  # not "--param"
     ("128", [], "yarn: [unclosed", "--params"),
     ("128", [], "yarn: {beta_fastt: 3}", "unknown parameter"),
     ("128", [], "yarnn: {factor: 3}", "unknown method"),
@@ -460,3 +462,28 @@ def test_step_3_drops_a_candidate_significantly_below_any_other_tied_one():
     assert verdict.winner == "C"
     assert verdict.why["D"].startswith("step 3") and "below C's" in verdict.why["D"]
     assert verdict.why["B"].startswith("step 4")
+
+
+def test_a_rerun_on_another_corpus_gets_a_study_of_its_own(tmp_path, monkeypatch):
+    """The study a rerun resumes is named by the corpus itself, not the text of --data: the same relative name from
+    another directory, or the file rewritten, resumed the first corpus's measurements (reported with its n)."""
+    import os
+
+    from ropekit.study.recommend import plan_identity
+
+    def identity(data):
+        return plan_identity("tiny", 256, "transformers", data, 30.0, False, False)
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "long.jsonl").write_text('{"text": "one"}\n' * (3 if name == "a" else 6))
+    monkeypatch.chdir(tmp_path / "a")
+    first = identity("long.jsonl")
+    assert identity("long.jsonl") == first == identity(str(tmp_path / "a" / "long.jsonl"))
+    monkeypatch.chdir(tmp_path / "b")
+    assert identity("long.jsonl") != first
+    monkeypatch.chdir(tmp_path / "a")
+    (tmp_path / "a" / "long.jsonl").write_text('{"text": "two"}\n' * 3)  # same size, rewritten later
+    os.utime(tmp_path / "a" / "long.jsonl", ns=(1, 1))
+    assert identity("long.jsonl") != first
+    assert identity(None) == identity(None) != identity("builtin-tests")

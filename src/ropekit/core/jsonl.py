@@ -25,3 +25,6 @@ def jsonl_rows(path: Path, fix: str) -> Iterator[tuple[int, object]]:
                 raise RopekitError(f"'{path}' line {number} is not JSON ({exc.msg})", fix) from None
             except UnicodeDecodeError:
                 raise RopekitError(f"'{path}' line {number} is not UTF-8 text", fix) from None
+            except (ValueError, RecursionError) as exc:  # JSON past the reader's limits: nesting, integer digits
+                raise RopekitError(f"'{path}' line {number} is JSON this reader cannot hold "
+                                   f"({str(exc).splitlines()[0][:80]})", fix) from None

@@ -231,7 +231,7 @@ def _file_texts(p: Path, name: str) -> Iterator[tuple[str, str]]:
     kind = _file_kind(p)
     if kind == "txt":
         try:
-            text = p.read_text(encoding="utf-8")
+            text = p.read_text(encoding="utf-8-sig")  # a byte-order mark is not text (JSON Lines drops it too)
         except UnicodeDecodeError as e:
             raise RopekitError(f"'{p}' is not UTF-8 text (byte {e.start})", "convert it to UTF-8") from None
         if text.strip():
@@ -251,6 +251,10 @@ def _jsonl_texts(p: Path, name: str) -> Iterator[tuple[str, str]]:
         if not isinstance(text, str):
             raise RopekitError(f"'{p}' line {number}: 'text' is a {type(text).__name__}, not a string",
                                'make "text" the document as one string')
+        if "\ud800" <= max(text, default="") and any("\ud800" <= c <= "\udfff" for c in text):
+            # JSON's \ud800 escape: a lone surrogate half, which is no character and no tokenizer takes
+            raise RopekitError(f"'{p}' line {number}: 'text' holds an unpaired surrogate escape (\\ud800–\\udfff)",
+                               "write the characters themselves, or both halves of the pair")
         if text.strip():
             yield f"{name}:{number}", text
 
@@ -268,7 +272,7 @@ def _parquet_texts(p: Path, name: str) -> Iterator[tuple[str, str]]:
         raise RopekitError(f"'{p}' has no column 'text' (columns: {', '.join(columns) or 'none'})",
                            "store the documents in a string column named 'text'")
     row = 0
-    for batch in pf.iter_batches(columns=["text"], batch_size=256):
+    for batch in _parquet_batches(pf, p):
         for text in batch.column(0).to_pylist():
             row += 1
             if text is not None and not isinstance(text, str):
@@ -276,6 +280,23 @@ def _parquet_texts(p: Path, name: str) -> Iterator[tuple[str, str]]:
                                    "store the documents in a string column named 'text'")
             if text and text.strip():
                 yield f"{name}:row {row}", text
+
+
+def _parquet_batches(pf, p: Path):
+    """The 'text' column in batches; a file whose footer reads but whose pages do not (a corrupt compressed page)
+    fails here, one batch in, as one line like the footer's own damage."""
+    import pyarrow as pa
+
+    batches = pf.iter_batches(columns=["text"], batch_size=256)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (OSError, ValueError, pa.ArrowException) as e:
+            raise RopekitError(f"'{p}' is not a readable parquet file ({type(e).__name__}: {str(e)[:80]})",
+                               "check the file") from None
+        yield batch
 
 
 def _dataset_texts(p: Path) -> Iterator[tuple[str, str]]:
@@ -289,6 +310,8 @@ def _dataset_texts(p: Path) -> Iterator[tuple[str, str]]:
     prefix = ""
     if isinstance(ds, datasets.DatasetDict):
         splits = list(ds)
+        if not splits:
+            raise RopekitError(f"saved dataset '{p}' has no splits", "save a dataset that holds the documents")
         chosen = splits[0] if len(splits) == 1 else next((s for s in ("test", "validation") if s in ds), None)
         if chosen is None:
             raise RopekitError(f"saved dataset '{p}' has splits {', '.join(splits)} and none is 'test' or 'validation'",

@@ -88,7 +88,7 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$", re.IGNOREC
 def parse_budget(text: str) -> float:
     """``"30m"``, ``"1.5h"``, ``"90s"`` or a number of seconds → seconds; a one-line error otherwise."""
     match = _DURATION.match(str(text))
-    if not match or float(match.group(1)) <= 0:
+    if not match or not 0 < float(match.group(1)) < 1e9:  # 1e9 s is 30 years; past it (or inf), no budget at all
         raise RecommendError(f"--budget {text!r} is not a positive duration", "pass e.g. --budget 30m, 2h or 600s")
     unit = (match.group(2) or "s").lower()
     return float(match.group(1)) * {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}[unit]
@@ -263,7 +263,9 @@ def candidates(model, facts: ModelFacts, target_length: int, engine: str,
             params = m.resolve(facts.info, given)
         except RopekitError as err:
             if m.name in overrides:  # the user's own values: a mistake to report, not a method to leave out
-                raise RecommendError(f"--params {m.name}: {err.problem}", err.fix) from None
+                # the method's own advice speaks of --param, which recommend has not: said for the file instead
+                raise RecommendError(f"--params {m.name}: {err.problem}",
+                                     f"correct the value under '{m.name}:' in the --params file") from None
             excluded.append({"method": m.name, "why": err.problem})
             continue
         refusal = why_not(m, facts.info, facts.features, params)
@@ -578,8 +580,25 @@ def plan_identity(model: str, target_length: int, engine: str, data: str | None,
     ``--methods``, a method that joined the registry) without the others being measured again
     (:meth:`ropekit.study.store.StudyStore.initialize`); a candidate with parameters of the user's own carries
     them in its label (:func:`candidates`), so it never meets a differently-set namesake."""
-    identity = json.dumps([model, target_length, engine, data, budget, search, train], default=str, sort_keys=True)
+    identity = json.dumps([model, target_length, engine, _data_identity(data), budget, search, train], default=str,
+                          sort_keys=True)
     return hashlib.sha256(identity.encode()).hexdigest()[:12]
+
+
+def _data_identity(data: str | None) -> Any:
+    """What makes ``--data`` the same corpus again: its absolute path and each file's size and modification time.
+    The text as given named another corpus when the command ran from another directory or the file was rewritten,
+    and the earlier study's measurements were resumed as if made on this one."""
+    from ..data.corpora import is_builtin
+
+    if data is None or is_builtin(data):
+        return data
+    path = Path(data).expanduser().absolute()
+    if not path.exists():
+        return str(path)
+    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
+    return [str(path), [[f.relative_to(path).as_posix() if f != path else "", f.stat().st_size, f.stat().st_mtime_ns]
+                        for f in files]]
 
 
 def _saved_plan(where: Path) -> dict[str, Any] | None:
