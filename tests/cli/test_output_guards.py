@@ -100,7 +100,7 @@ evals:
     (["export", "DIR", "--format", "gguf", "-o", "OUT/"], "is not a .gguf file name"),
     (["export", "DIR", "--format", "gguf", "--outtype", "", "-o", "OUT.gguf"], "--outtype '' is not one of"),
     (["export", "/nonexistent/model", "--format", "gguf"], "does not exist"),
-    (["verify", "tiny", "--engine", "transformers"], "'tiny' is not a model directory"),
+    (["verify", "tiny", "--engine", "transformers"], "'tiny' does not exist"),
     (["verify", "DIR", "--engine", "transformers", "--tolerance", "inf"], "--tolerance inf is not a finite number"),
     (["pretrain-base", "--seed", "99999999999999999999"], "is outside 0 … 2³² − 1"),  # was an internal error
     # /proc passes permission checks as root; the error named ropekit's temporary file, after the work
